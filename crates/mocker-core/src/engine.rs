@@ -1,0 +1,88 @@
+//! The engine: one rank's scheduler chosen by backend, built from one options value.
+
+use crate::config::{Backend, EngineConfig};
+use crate::kv::BlockPool;
+use crate::metrics::EngineMetrics;
+use crate::request::{Request, SeqKey};
+use crate::scheduler::vllm::{Pass, SchedulerOptions, SubmitError, VllmScheduler};
+use crate::timing::{build_timing_model, TimingModelError};
+
+/// Everything needed to build an engine.
+#[derive(Debug, Clone, Default)]
+pub struct EngineOptions {
+    /// Engine configuration (validated by the config module).
+    pub config: EngineConfig,
+    /// Data-parallel rank stamped on events and metrics.
+    pub dp_rank: u32,
+    /// Produce KV events in each pass (live shells do; offline replay need not).
+    pub record_kv_events: bool,
+}
+
+/// Why an engine could not be built or a request not accepted.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EngineError {
+    /// The configured timing model cannot be built.
+    #[error(transparent)]
+    Timing(#[from] TimingModelError),
+    /// The backend is not simulated yet.
+    #[error("engine.backend: {0:?} is not supported yet; expected one of: vllm, trtllm")]
+    UnsupportedBackend(Backend),
+    /// The request is malformed.
+    #[error(transparent)]
+    Submit(#[from] SubmitError),
+}
+
+/// One simulated engine rank: submit requests, then step forward passes.
+#[derive(Debug)]
+pub struct Engine {
+    scheduler: VllmScheduler,
+}
+
+impl Engine {
+    /// Builds an engine.
+    pub fn new(options: EngineOptions) -> Result<Self, EngineError> {
+        let EngineOptions { config, dp_rank, record_kv_events } = options;
+        if config.backend == Backend::Sglang {
+            return Err(EngineError::UnsupportedBackend(config.backend));
+        }
+        let timing = build_timing_model(&config)?;
+        let scheduler = VllmScheduler::new(&config, timing, SchedulerOptions { dp_rank, record_kv_events });
+        Ok(Self { scheduler })
+    }
+
+    /// Queues a request for admission by the next pass.
+    pub fn submit(&mut self, request: Request) -> Result<SeqKey, EngineError> {
+        Ok(self.scheduler.submit(request)?)
+    }
+
+    /// Runs one forward pass starting at simulated time `now_ns`.
+    pub fn step(&mut self, now_ns: u64) -> &Pass {
+        self.scheduler.step(now_ns)
+    }
+
+    /// The most recent pass; its outputs are valid until the next `step`, so a shell can
+    /// deliver them at the pass end without copying.
+    pub fn last_pass(&self) -> &Pass {
+        self.scheduler.last_pass()
+    }
+
+    /// Whether the engine holds requests (a pass would do something).
+    pub fn has_work(&self) -> bool {
+        self.scheduler.has_work()
+    }
+
+    /// Requests held (running plus waiting).
+    pub fn num_requests(&self) -> usize {
+        self.scheduler.num_requests()
+    }
+
+    /// Current engine metrics.
+    pub fn metrics(&self) -> EngineMetrics {
+        self.scheduler.metrics()
+    }
+
+    /// The KV block pool, for inspection.
+    pub fn pool(&self) -> &BlockPool {
+        self.scheduler.pool()
+    }
+}

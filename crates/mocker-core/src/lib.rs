@@ -1,0 +1,17 @@
+//! mocker's simulation core: configuration, KV block management, schedulers, timing
+//! models, events and metrics as a synchronous, deterministic state machine stepped one
+//! forward pass at a time on a simulated clock. No I/O, no wall clock, no global state.
+
+pub mod config;
+pub mod engine;
+pub mod events;
+pub mod hashing;
+pub mod kv;
+pub mod metrics;
+pub mod request;
+pub mod scheduler;
+pub mod timing;
+
+pub use engine::{Engine, EngineError, EngineOptions};
+pub use request::{Admission, Output, Request, SeqKey};
+pub use scheduler::vllm::Pass;

@@ -1,0 +1,51 @@
+//! What callers submit to an engine and what a pass hands back for each request.
+
+/// A generation request as an engine receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// Caller's request id (a UUID as 128 bits); seeds deterministic output tokens.
+    pub uuid: u128,
+    /// Prompt token ids.
+    pub tokens: Vec<u32>,
+    /// Tokens to generate (no EOS is modelled).
+    pub max_output_tokens: usize,
+    /// Planned output tokens; when given, their count overrides `max_output_tokens`.
+    pub output_token_ids: Option<Vec<u32>>,
+}
+
+/// The engine's handle for a submitted request, valid until the pass after its terminal
+/// output starts (so a shell can still map that output to its owner).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqKey(pub u32);
+
+/// One request's output from a pass, stamped at the pass end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Output {
+    /// Handle returned by `submit`.
+    pub key: SeqKey,
+    /// The request's id.
+    pub uuid: u128,
+    /// The sampled token; `None` only for a terminal output without a token (rejection).
+    pub token_id: Option<u32>,
+    /// Index of this token in the request's output (0 for the first token).
+    pub index: u32,
+    /// Last output of the request; its KV has been released.
+    pub completed: bool,
+    /// The request can never run here (too long for the model or the KV pool).
+    pub rejected: bool,
+    /// Prefix-cache hit at first admission, carried by the request's first output only.
+    pub cached_tokens: Option<u32>,
+}
+
+/// A request moved from waiting to running in a pass (admissions happen at pass start).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    /// Handle returned by `submit`.
+    pub key: SeqKey,
+    /// The request's id.
+    pub uuid: u128,
+    /// Tokens reused from the prefix cache by this admission.
+    pub reused_tokens: u32,
+    /// Whether the request had been preempted before.
+    pub readmission: bool,
+}

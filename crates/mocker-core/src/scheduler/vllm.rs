@@ -1,0 +1,794 @@
+//! The vLLM v1 scheduling step (also TRT-LLM's `guaranteed_no_evict`, as a policy switch):
+//! one token budget per pass, running requests first, then admissions from the waiting
+//! queue, chunked prefill and recompute preemption.
+
+use std::collections::VecDeque;
+
+use crate::config::{Backend, EngineConfig, PreemptionMode, WorkerType};
+use crate::events::{KvEvent, KvEventData, StoredBlock};
+use crate::hashing::{chain_hash, deterministic_output_token, extend_sequence_hashes, local_block_hash};
+use crate::kv::{BlockId, BlockPool};
+use crate::metrics::{EngineMetrics, ForwardPassMetrics};
+use crate::request::{Admission, Output, Request, SeqKey};
+use crate::timing::{scaled_nanos, DecodeShape, PrefillShape, TimingModel};
+
+/// Everything one forward pass did. Buffers are reused from pass to pass.
+#[derive(Debug, Default)]
+pub struct Pass {
+    /// Simulated time the pass started (ns).
+    pub start_ns: u64,
+    /// Simulated time the pass ends and its outputs are delivered (ns).
+    pub end_ns: u64,
+    /// Tokens and terminal signals, in running order.
+    pub outputs: Vec<Output>,
+    /// Requests admitted at pass start.
+    pub admissions: Vec<Admission>,
+    /// KV events, visible at pass end.
+    pub kv_events: Vec<KvEvent>,
+    /// The pass's shape and cost.
+    pub metrics: ForwardPassMetrics,
+}
+
+impl Pass {
+    /// Modelled duration of the pass (ns).
+    pub fn duration_ns(&self) -> u64 {
+        self.end_ns - self.start_ns
+    }
+
+    /// Whether the pass changed anything (a pass that did not cannot be repeated usefully).
+    pub fn had_effect(&self) -> bool {
+        !self.outputs.is_empty()
+            || !self.admissions.is_empty()
+            || !self.kv_events.is_empty()
+            || self.metrics.scheduled_tokens > 0
+            || self.metrics.num_preempted > 0
+    }
+
+    fn clear(&mut self, start_ns: u64) {
+        self.start_ns = start_ns;
+        self.end_ns = start_ns;
+        self.outputs.clear();
+        self.admissions.clear();
+        self.kv_events.clear();
+        self.metrics = ForwardPassMetrics::default();
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Fresh,
+    Running,
+    Preempted,
+}
+
+#[derive(Debug)]
+struct Seq {
+    uuid: u128,
+    prompt: Vec<u32>,
+    planned: Option<Vec<u32>>,
+    max_output: u32,
+    prompt_len: u32,
+    /// Prompt plus generated tokens; the last generated token is not yet computed.
+    len: u32,
+    num_computed: u32,
+    generated: u32,
+    status: Status,
+    blocks: Vec<BlockId>,
+    /// Sequence hashes of full blocks known so far (all prompt blocks, then generated ones
+    /// as they are computed). Empty when prefix caching is off.
+    hashes: Vec<u64>,
+    first_cached: Option<u32>,
+    sent_first: bool,
+    /// Finished in the current pass; retired once emission is done.
+    done: bool,
+    /// Pass in which `pass_*` were recorded.
+    pass_id: u64,
+    pass_tokens: u32,
+    pass_prompt_tokens: u32,
+    pass_prefix: u32,
+}
+
+impl Seq {
+    fn token_at(&self, pos: u32) -> u32 {
+        if pos < self.prompt_len {
+            self.prompt[pos as usize]
+        } else {
+            let k = pos - self.prompt_len;
+            match &self.planned {
+                Some(p) => p[k as usize],
+                None => deterministic_output_token(self.uuid, u64::from(k)),
+            }
+        }
+    }
+
+    fn generation_complete(&self, max_model_len: Option<usize>) -> bool {
+        self.generated >= self.max_output || max_model_len.is_some_and(|m| self.len as usize >= m)
+    }
+}
+
+enum Scheduled {
+    Yes,
+    Blocked,
+    CurrentPreempted,
+}
+
+/// Prefix-cache cost of admitting a waiting request.
+#[derive(Debug, Clone, Copy, Default)]
+struct PrefillCost {
+    cached: u32,
+    active_cached: u32,
+}
+
+/// Why a request could not be submitted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// The prompt is empty.
+    #[error("request {0:#x}: prompt is empty")]
+    EmptyPrompt(u128),
+    /// Nothing to generate.
+    #[error("request {0:#x}: max_output_tokens must be at least 1")]
+    NoOutput(u128),
+}
+
+/// One rank's vLLM-style scheduler, KV pool and timing model: a deterministic state machine
+/// stepped one forward pass at a time.
+#[derive(Debug)]
+pub struct VllmScheduler {
+    block_size: u32,
+    num_gpu_blocks: usize,
+    max_num_seqs: usize,
+    max_num_batched_tokens: u32,
+    max_model_len: Option<usize>,
+    chunked_prefill: bool,
+    prefix_caching: bool,
+    preemption: PreemptionMode,
+    trtllm: bool,
+    worker_type: WorkerType,
+    speedup: f64,
+    decode_speedup: f64,
+    dp_rank: u32,
+    record_kv_events: bool,
+    kv_token_ids: bool,
+    timing: Box<dyn TimingModel>,
+
+    seqs: Vec<Option<Seq>>,
+    free_slots: Vec<u32>,
+    /// Slots retired by the last pass: their keys still name that pass's outputs, so they
+    /// are reused only once the next pass starts.
+    retired_slots: Vec<u32>,
+    waiting: VecDeque<SeqKey>,
+    running: Vec<SeqKey>,
+    pool: BlockPool,
+
+    pass_id: u64,
+    next_event_id: u64,
+    totals: EngineMetrics,
+    /// Reusable scratch buffers (no allocation per pass).
+    evicted: Vec<u64>,
+    rejected: Vec<SeqKey>,
+    scratch_tokens: Vec<u32>,
+    pass: Pass,
+}
+
+/// Per-pass accumulators of the scheduling loop.
+#[derive(Default)]
+struct Budget {
+    tokens: u32,
+    preempted_any: bool,
+    batch_count: usize,
+    total_isl: usize,
+    total_prefix: usize,
+    prompt_tokens: usize,
+    scheduled_tokens: usize,
+    preempted: usize,
+}
+
+/// Options of a scheduler beyond its engine configuration.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SchedulerOptions {
+    /// Data-parallel rank stamped on events and metrics.
+    pub dp_rank: u32,
+    /// Produce KV events (costs an allocation per event; off for offline replay).
+    pub record_kv_events: bool,
+}
+
+impl VllmScheduler {
+    /// A scheduler for `config` (backend vllm or trtllm) with the given timing model.
+    pub fn new(config: &EngineConfig, timing: Box<dyn TimingModel>, options: SchedulerOptions) -> Self {
+        let prefix_caching = config.enable_prefix_caching;
+        Self {
+            block_size: config.block_size as u32,
+            num_gpu_blocks: config.num_gpu_blocks,
+            max_num_seqs: config.max_num_seqs,
+            max_num_batched_tokens: config.max_num_batched_tokens.min(u32::MAX as usize) as u32,
+            max_model_len: config.max_model_len,
+            chunked_prefill: config.enable_chunked_prefill,
+            prefix_caching,
+            preemption: config.preemption_mode,
+            trtllm: config.backend == Backend::Trtllm,
+            worker_type: config.worker_type,
+            speedup: config.speedup_ratio,
+            decode_speedup: config.speedup_ratio * config.decode_speedup_ratio,
+            dp_rank: options.dp_rank,
+            record_kv_events: options.record_kv_events && prefix_caching,
+            kv_token_ids: config.emit_kv_token_ids,
+            timing,
+            seqs: Vec::new(),
+            free_slots: Vec::new(),
+            retired_slots: Vec::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            pool: BlockPool::new(config.num_gpu_blocks),
+            pass_id: 0,
+            next_event_id: 0,
+            totals: EngineMetrics {
+                dp_rank: options.dp_rank,
+                total_blocks: config.num_gpu_blocks,
+                ..Default::default()
+            },
+            evicted: Vec::new(),
+            rejected: Vec::new(),
+            scratch_tokens: Vec::new(),
+            pass: Pass::default(),
+        }
+    }
+
+    /// Queues a request; it is considered for admission by the next pass.
+    pub fn submit(&mut self, request: Request) -> Result<SeqKey, SubmitError> {
+        if request.tokens.is_empty() {
+            return Err(SubmitError::EmptyPrompt(request.uuid));
+        }
+        let mut max_output = request.output_token_ids.as_ref().map_or(request.max_output_tokens, Vec::len);
+        if max_output == 0 {
+            return Err(SubmitError::NoOutput(request.uuid));
+        }
+        let prompt_len = request.tokens.len();
+        if self.trtllm {
+            // TRT-LLM caps generation at what the pool could ever hold for this request.
+            let cap = (self.num_gpu_blocks * self.block_size as usize).saturating_sub(prompt_len);
+            max_output = max_output.min(cap.max(1));
+        }
+        let mut hashes = Vec::new();
+        if self.prefix_caching {
+            extend_sequence_hashes(&request.tokens, self.block_size as usize, &mut hashes);
+        }
+        let seq = Seq {
+            uuid: request.uuid,
+            prompt: request.tokens,
+            planned: request.output_token_ids,
+            max_output: max_output.min(u32::MAX as usize) as u32,
+            prompt_len: prompt_len as u32,
+            len: prompt_len as u32,
+            num_computed: 0,
+            generated: 0,
+            status: Status::Fresh,
+            blocks: Vec::new(),
+            hashes,
+            first_cached: None,
+            sent_first: false,
+            done: false,
+            pass_id: u64::MAX,
+            pass_tokens: 0,
+            pass_prompt_tokens: 0,
+            pass_prefix: 0,
+        };
+        let key = match self.free_slots.pop() {
+            Some(slot) => {
+                self.seqs[slot as usize] = Some(seq);
+                SeqKey(slot)
+            }
+            None => {
+                self.seqs.push(Some(seq));
+                SeqKey((self.seqs.len() - 1) as u32)
+            }
+        };
+        self.waiting.push_back(key);
+        Ok(key)
+    }
+
+    /// Whether a pass would do anything (there is running or waiting work).
+    pub fn has_work(&self) -> bool {
+        !self.running.is_empty() || !self.waiting.is_empty()
+    }
+
+    /// Requests held by the engine (running plus waiting).
+    pub fn num_requests(&self) -> usize {
+        self.running.len() + self.waiting.len()
+    }
+
+    /// Current engine metrics.
+    pub fn metrics(&self) -> EngineMetrics {
+        let total = self.pool.capacity();
+        let active = self.pool.num_active();
+        let inactive = self.pool.num_inactive();
+        let frac = |n: usize| if total == 0 { 0.0 } else { n as f64 / total as f64 };
+        EngineMetrics {
+            running_requests: self.running.len(),
+            waiting_requests: self.waiting.len(),
+            active_blocks: active,
+            inactive_blocks: inactive,
+            total_blocks: total,
+            gpu_cache_usage_perc: frac(active),
+            physical_gpu_cache_usage_perc: frac(active + inactive),
+            ..self.totals
+        }
+    }
+
+    /// The most recent pass (its outputs stay here until the next `step`).
+    pub fn last_pass(&self) -> &Pass {
+        &self.pass
+    }
+
+    /// The KV block pool (read-only), for inspection and invariant checks.
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// Runs one forward pass starting at `now_ns` and returns what happened.
+    pub fn step(&mut self, now_ns: u64) -> &Pass {
+        let mut pass = std::mem::take(&mut self.pass);
+        pass.clear(now_ns);
+        self.free_slots.append(&mut self.retired_slots);
+        self.pass_id += 1;
+        let mut b = Budget { tokens: self.max_num_batched_tokens, ..Default::default() };
+
+        self.schedule_running(&mut b, &mut pass);
+        if !b.preempted_any {
+            self.admit_waiting(&mut b, &mut pass);
+        }
+        let (prefill_ns, decode_ns) = self.pass_cost(&b, &mut pass.metrics);
+        pass.end_ns = now_ns + prefill_ns + decode_ns;
+        self.emit(&mut pass);
+
+        let m = &mut pass.metrics;
+        m.dp_rank = self.dp_rank;
+        m.num_prefill_requests = b.batch_count;
+        m.sum_prefill_tokens = b.prompt_tokens;
+        m.sum_prefill_kv_tokens = b.total_prefix;
+        m.num_queued_requests = self.waiting.len();
+        m.scheduled_tokens = b.scheduled_tokens;
+        m.num_preempted = b.preempted;
+        m.wall_time_secs = (prefill_ns + decode_ns) as f64 / 1e9;
+        self.totals.prompt_tokens_computed_total += b.prompt_tokens as u64;
+        self.pass = pass;
+        &self.pass
+    }
+
+    /// (a) Running requests first, in running order, while budget remains.
+    fn schedule_running(&mut self, b: &mut Budget, pass: &mut Pass) {
+        let mut i = 0;
+        while i < self.running.len() && b.tokens > 0 {
+            let key = self.running[i];
+            match self.schedule(key, None, b, pass, &mut i) {
+                Scheduled::Yes => i += 1,
+                Scheduled::Blocked => break,
+                Scheduled::CurrentPreempted => {}
+            }
+        }
+    }
+
+    /// (b) Admissions from the waiting head, FCFS, while sequences and blocks allow.
+    fn admit_waiting(&mut self, b: &mut Budget, pass: &mut Pass) {
+        let bs = self.block_size as usize;
+        while self.running.len() < self.max_num_seqs {
+            let Some(&key) = self.waiting.front() else { break };
+            let seq = self.seq(key);
+            if self.never_fits(seq) {
+                self.waiting.pop_front();
+                self.reject(key, pass);
+                continue;
+            }
+            let cost = self.prefill_cost(seq);
+            let reused_blocks = cost.active_cached as usize / bs;
+            let free_capacity = self.num_gpu_blocks - self.pool.num_active();
+            let (needed, available) = if self.trtllm {
+                // Reserve every running request's footprint to completion: never evict.
+                let reserved: usize =
+                    self.running.iter().map(|&k| self.remaining_reservation(self.seq(k))).sum();
+                (self.to_completion_blocks(seq) - reused_blocks, free_capacity.saturating_sub(reserved))
+            } else {
+                // The whole known sequence must fit, even when it will be chunked.
+                ((seq.len as usize).div_ceil(bs) - reused_blocks, free_capacity)
+            };
+            if needed > available {
+                break;
+            }
+            let budget_before = b.tokens;
+            let mut cursor = usize::MAX;
+            match self.schedule(key, Some(cost), b, pass, &mut cursor) {
+                Scheduled::Yes => {}
+                Scheduled::Blocked | Scheduled::CurrentPreempted => break,
+            }
+            if budget_before == b.tokens && b.tokens == 0 {
+                break;
+            }
+        }
+    }
+
+    /// Requests that could never complete here are rejected instead of looping forever.
+    fn never_fits(&self, seq: &Seq) -> bool {
+        let prompt = seq.prompt_len as usize;
+        if self.max_model_len.is_some_and(|m| prompt >= m) {
+            return true;
+        }
+        if seq.status != Status::Fresh {
+            return false;
+        }
+        if !self.chunked_prefill && prompt > self.max_num_batched_tokens as usize {
+            return true;
+        }
+        if self.trtllm {
+            return self.to_completion_blocks(seq) > self.num_gpu_blocks;
+        }
+        // The last sampled token is never computed, so the peak footprint is
+        // prompt + output - 1 tokens.
+        let output =
+            self.max_model_len.map_or(seq.max_output as usize, |m| (seq.max_output as usize).min(m - prompt));
+        (prompt + output - 1).max(prompt).div_ceil(self.block_size as usize) > self.num_gpu_blocks
+    }
+
+    fn to_completion_blocks(&self, seq: &Seq) -> usize {
+        let mut out = seq.max_output as usize;
+        if let Some(m) = self.max_model_len {
+            out = out.min(m.saturating_sub(seq.prompt_len as usize));
+        }
+        (seq.prompt_len as usize + out).div_ceil(self.block_size as usize)
+    }
+
+    fn remaining_reservation(&self, seq: &Seq) -> usize {
+        self.to_completion_blocks(seq).saturating_sub(seq.blocks.len())
+    }
+
+    /// Prefix lookup for a waiting request, with vLLM's recompute rule.
+    fn prefill_cost(&self, seq: &Seq) -> PrefillCost {
+        if !self.prefix_caching || seq.num_computed != 0 {
+            return PrefillCost::default();
+        }
+        let m = self.pool.match_prefix(&seq.hashes);
+        if m.blocks == 0 {
+            return PrefillCost::default();
+        }
+        let bs = self.block_size;
+        let len = seq.len;
+        let mut cached = (m.blocks as u32 * bs).min(len);
+        let mut active_cached = (m.active_blocks as u32 * bs).min(len);
+        if !self.trtllm && !seq.generation_complete(self.max_model_len) {
+            // The last prompt token must be computed to sample from it.
+            let max_cached = (len - 1) / bs * bs;
+            cached = cached.min(max_cached);
+            active_cached = active_cached.min(max_cached);
+        }
+        PrefillCost { cached, active_cached }
+    }
+
+    /// Schedules `key` for this pass; `cost` is given for admissions from waiting.
+    /// `cursor` is the caller's position in `running`, kept valid across preemptions.
+    fn schedule(
+        &mut self,
+        key: SeqKey,
+        cost: Option<PrefillCost>,
+        b: &mut Budget,
+        pass: &mut Pass,
+        cursor: &mut usize,
+    ) -> Scheduled {
+        let bs = self.block_size;
+        let seq = self.seq(key);
+        let cached = match cost {
+            Some(c) if seq.num_computed == 0 => c.cached,
+            _ => 0,
+        };
+        let before = seq.num_computed + cached;
+        let remaining = seq.len - before;
+        let prompt_len = seq.prompt_len;
+        if before < prompt_len && !self.chunked_prefill && prompt_len - before > b.tokens {
+            return Scheduled::Blocked;
+        }
+        let mut want = remaining.min(b.tokens);
+        if want == 0 && remaining > 0 {
+            return Scheduled::Blocked;
+        }
+        let reusable = (cached / bs) as usize;
+        loop {
+            let target = (before + want).div_ceil(bs) as usize;
+            let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
+            let hits = &seq.hashes[..reusable.min(seq.hashes.len())];
+            if self.pool.allocate(&mut seq.blocks, target, hits, &mut self.evicted) {
+                seq.num_computed = before + want;
+                break;
+            }
+            if self.trtllm {
+                // guaranteed_no_evict never preempts; admission control should prevent this.
+                want = 0;
+                break;
+            }
+            let Some(victim_idx) = self.pick_victim() else {
+                want = 0;
+                break;
+            };
+            let victim = self.running[victim_idx];
+            self.preempt(victim_idx, b);
+            if *cursor != usize::MAX && victim_idx < *cursor {
+                *cursor -= 1;
+            }
+            if victim == key {
+                self.flush_evicted(pass);
+                return Scheduled::CurrentPreempted;
+            }
+        }
+        self.flush_evicted(pass);
+        let seq = self.seq(key);
+        if want == 0 && seq.num_computed < seq.len {
+            return Scheduled::Blocked;
+        }
+        let after = before + want;
+        if self.prefix_caching {
+            self.finalize_blocks(key, before, after, pass);
+        }
+        let prefix = before.min(prompt_len);
+        let prompt_tokens = after.min(prompt_len) - prefix;
+        let pass_id = self.pass_id;
+        let from_waiting = cost.is_some();
+        let seq = self.seq_mut(key);
+        seq.pass_id = pass_id;
+        seq.pass_tokens = want;
+        seq.pass_prompt_tokens = prompt_tokens;
+        seq.pass_prefix = prefix;
+        if prompt_tokens > 0 && self.worker_type != WorkerType::Decode {
+            b.batch_count += 1;
+            b.total_isl += (prefix + prompt_tokens) as usize;
+            b.total_prefix += prefix as usize;
+        }
+        b.prompt_tokens += prompt_tokens as usize;
+        b.scheduled_tokens += want as usize;
+        if from_waiting {
+            self.waiting.pop_front();
+            let seq = self.seq_mut(key);
+            let readmission = seq.status == Status::Preempted;
+            seq.status = Status::Running;
+            if seq.first_cached.is_none() {
+                seq.first_cached = Some(cached);
+            }
+            let uuid = seq.uuid;
+            let queried = seq.len;
+            self.running.push(key);
+            self.totals.prefix_cache_queries_total += u64::from(queried);
+            self.totals.prefix_cache_hits_total += u64::from(cached);
+            pass.admissions.push(Admission { key, uuid, reused_tokens: cached, readmission });
+        }
+        b.tokens -= want;
+        Scheduled::Yes
+    }
+
+    fn pick_victim(&self) -> Option<usize> {
+        if self.running.is_empty() {
+            return None;
+        }
+        Some(match self.preemption {
+            PreemptionMode::Lifo => self.running.len() - 1,
+            PreemptionMode::Fifo => 0,
+        })
+    }
+
+    /// Recompute preemption: the victim loses its KV and goes back to the waiting front.
+    fn preempt(&mut self, idx: usize, b: &mut Budget) {
+        let key = self.running.remove(idx);
+        let pass_id = self.pass_id;
+        let worker_type = self.worker_type;
+        let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
+        if seq.pass_id == pass_id {
+            // Already scheduled this pass: give back its budget and its share of the batch.
+            b.tokens += seq.pass_tokens;
+            b.scheduled_tokens -= seq.pass_tokens as usize;
+            b.prompt_tokens -= seq.pass_prompt_tokens as usize;
+            if seq.pass_prompt_tokens > 0 && worker_type != WorkerType::Decode {
+                b.batch_count -= 1;
+                b.total_isl -= (seq.pass_prefix + seq.pass_prompt_tokens) as usize;
+                b.total_prefix -= seq.pass_prefix as usize;
+            }
+            seq.pass_id = u64::MAX;
+        }
+        self.pool.release(&mut seq.blocks);
+        seq.num_computed = 0;
+        seq.status = Status::Preempted;
+        self.waiting.push_front(key);
+        self.totals.num_preemptions_total += 1;
+        b.preempted_any = true;
+        b.preempted += 1;
+    }
+
+    /// Registers the blocks completed by computing tokens [before, after) and records the
+    /// resulting Stored events (one per maximal run of newly visible blocks).
+    fn finalize_blocks(&mut self, key: SeqKey, before: u32, after: u32, pass: &mut Pass) {
+        let bs = self.block_size;
+        let (first, end) = (before / bs, after / bs);
+        if first >= end {
+            return;
+        }
+        let mut run: Vec<StoredBlock> = Vec::new();
+        let mut run_parent: Option<u64> = None;
+        let record = self.record_kv_events;
+        for blk in first..end {
+            let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
+            let idx = blk as usize;
+            let parent = if idx == 0 { None } else { Some(seq.hashes[idx - 1]) };
+            let need_tokens = idx >= seq.hashes.len() || record;
+            if need_tokens {
+                self.scratch_tokens.clear();
+                let seq = self.seqs[key.0 as usize].as_ref().expect("live seq");
+                let tokens = (blk * bs..(blk + 1) * bs).map(|p| seq.token_at(p));
+                self.scratch_tokens.extend(tokens);
+            }
+            let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
+            let (hash, local) = if idx < seq.hashes.len() {
+                let local = if record { local_block_hash(&self.scratch_tokens) } else { 0 };
+                (seq.hashes[idx], local)
+            } else {
+                let local = local_block_hash(&self.scratch_tokens);
+                let h = parent.map_or(local, |p| chain_hash(p, local));
+                seq.hashes.push(h);
+                (h, local)
+            };
+            let visible = self.pool.register(seq.blocks[idx], hash);
+            if !record {
+                continue;
+            }
+            if visible {
+                if run.is_empty() {
+                    run_parent = parent;
+                }
+                let token_ids = self.kv_token_ids.then(|| self.scratch_tokens.clone());
+                run.push(StoredBlock { block_hash: hash, tokens_hash: local, token_ids });
+            } else if !run.is_empty() {
+                let blocks = std::mem::take(&mut run);
+                self.push_event(pass, KvEventData::Stored { parent_hash: run_parent, blocks });
+            }
+        }
+        if !run.is_empty() {
+            self.push_event(pass, KvEventData::Stored { parent_hash: run_parent, blocks: run });
+        }
+    }
+
+    fn flush_evicted(&mut self, pass: &mut Pass) {
+        if self.evicted.is_empty() {
+            return;
+        }
+        if self.record_kv_events {
+            let block_hashes = std::mem::take(&mut self.evicted);
+            self.push_event(pass, KvEventData::Removed { block_hashes });
+        } else {
+            self.evicted.clear();
+        }
+    }
+
+    fn push_event(&mut self, pass: &mut Pass, data: KvEventData) {
+        pass.kv_events.push(KvEvent { event_id: self.next_event_id, dp_rank: self.dp_rank, data });
+        self.next_event_id += 1;
+    }
+
+    /// Pass cost from what was scheduled (§4.3 of the core spec).
+    fn pass_cost(&self, b: &Budget, m: &mut ForwardPassMetrics) -> (u64, u64) {
+        let prefill_ms = if b.batch_count == 0 || self.worker_type == WorkerType::Decode {
+            0.0
+        } else {
+            self.timing.prefill_ms(PrefillShape {
+                batch: b.batch_count,
+                mean_isl: b.total_isl / b.batch_count,
+                mean_prefix: b.total_prefix / b.batch_count,
+            })
+        };
+        let pass_id = self.pass_id;
+        let (mut batch, mut kv) = (0usize, 0usize);
+        for &key in &self.running {
+            let s = self.seq(key);
+            let fresh_prefill = s.generated == 0 && s.pass_id == pass_id && s.pass_prompt_tokens > 0;
+            if s.num_computed == s.len && !fresh_prefill && !s.generation_complete(self.max_model_len) {
+                batch += 1;
+                kv += s.len as usize;
+            }
+        }
+        m.num_decode_requests = batch;
+        m.sum_decode_kv_tokens = kv;
+        let decode_ms = if batch == 0 || self.worker_type == WorkerType::Prefill {
+            0.0
+        } else {
+            self.timing.decode_ms(DecodeShape {
+                batch,
+                active_kv_tokens: kv,
+                total_kv_tokens: self.num_gpu_blocks * self.block_size as usize,
+            })
+        };
+        (scaled_nanos(prefill_ms, self.speedup), scaled_nanos(decode_ms, self.decode_speedup))
+    }
+
+    /// Every ready request samples one token; finished ones release their KV.
+    fn emit(&mut self, pass: &mut Pass) {
+        let max_model_len = self.max_model_len;
+        let mut finished = false;
+        for i in 0..self.running.len() {
+            let key = self.running[i];
+            let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
+            if seq.num_computed != seq.len {
+                continue;
+            }
+            if seq.generation_complete(max_model_len) {
+                pass.outputs.push(Output {
+                    key,
+                    uuid: seq.uuid,
+                    token_id: None,
+                    index: seq.generated,
+                    completed: true,
+                    rejected: false,
+                    cached_tokens: None,
+                });
+                seq.done = true;
+                finished = true;
+                continue;
+            }
+            let index = seq.generated;
+            let token_id = seq.token_at(seq.len);
+            seq.generated += 1;
+            seq.len += 1;
+            let completed = seq.generation_complete(max_model_len);
+            let cached_tokens = if seq.sent_first { None } else { seq.first_cached };
+            seq.sent_first = true;
+            pass.outputs.push(Output {
+                key,
+                uuid: seq.uuid,
+                token_id: Some(token_id),
+                index,
+                completed,
+                rejected: false,
+                cached_tokens,
+            });
+            seq.done = completed;
+            finished |= completed;
+        }
+        self.totals.generation_tokens_total +=
+            pass.outputs.iter().filter(|o| o.token_id.is_some()).count() as u64;
+        if finished {
+            let seqs = &self.seqs;
+            let mut retired = std::mem::take(&mut self.rejected);
+            self.running.retain(|k| {
+                let done = seqs[k.0 as usize].as_ref().is_some_and(|s| s.done);
+                if done {
+                    retired.push(*k);
+                }
+                !done
+            });
+            self.rejected = retired;
+        }
+        for i in 0..self.rejected.len() {
+            let key = self.rejected[i];
+            self.retire(key);
+        }
+        self.rejected.clear();
+    }
+
+    fn reject(&mut self, key: SeqKey, pass: &mut Pass) {
+        let seq = self.seq(key);
+        pass.outputs.push(Output {
+            key,
+            uuid: seq.uuid,
+            token_id: None,
+            index: 0,
+            completed: true,
+            rejected: true,
+            cached_tokens: None,
+        });
+        self.rejected.push(key);
+    }
+
+    fn retire(&mut self, key: SeqKey) {
+        let mut seq = self.seqs[key.0 as usize].take().expect("live seq");
+        self.pool.release(&mut seq.blocks);
+        self.retired_slots.push(key.0);
+    }
+
+    fn seq(&self, key: SeqKey) -> &Seq {
+        self.seqs[key.0 as usize].as_ref().expect("live seq")
+    }
+
+    fn seq_mut(&mut self, key: SeqKey) -> &mut Seq {
+        self.seqs[key.0 as usize].as_mut().expect("live seq")
+    }
+}

@@ -1,0 +1,163 @@
+//! Forward-pass timing models: how long a pass takes on the modelled GPU.
+
+use crate::config::{EngineConfig, TimingModelConfig};
+
+/// What a timing model sees of one pass's prefill work.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrefillShape {
+    /// Requests that computed prompt tokens in the pass.
+    pub batch: usize,
+    /// Mean (floored) prompt length up to the end of this pass's chunk.
+    pub mean_isl: usize,
+    /// Mean (floored) tokens already present before the chunk (cache hits, earlier chunks).
+    pub mean_prefix: usize,
+}
+
+/// What a timing model sees of one pass's decode work.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DecodeShape {
+    /// Requests decoding one token in the pass.
+    pub batch: usize,
+    /// Sum of their sequence lengths (tokens whose KV is attended to).
+    pub active_kv_tokens: usize,
+    /// KV capacity of the rank in tokens (`num_gpu_blocks * block_size`).
+    pub total_kv_tokens: usize,
+}
+
+/// A model of raw (unscaled) pass costs in milliseconds. Profile-driven or external
+/// predictors implement this same pair of calls.
+pub trait TimingModel: std::fmt::Debug + Send {
+    /// Prefill cost in ms; 0 when nothing is prefilled.
+    fn prefill_ms(&self, shape: PrefillShape) -> f64;
+    /// Decode cost in ms; 0 when nothing decodes.
+    fn decode_ms(&self, shape: DecodeShape) -> f64;
+}
+
+/// The reference's default: a quadratic in prefill tokens and a quadratic in KV utilisation.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Polynomial;
+
+impl TimingModel for Polynomial {
+    #[inline]
+    fn prefill_ms(&self, s: PrefillShape) -> f64 {
+        let new = s.mean_isl.saturating_sub(s.mean_prefix);
+        if s.batch == 0 || new == 0 {
+            return 0.0;
+        }
+        let t = (s.batch * new) as f64;
+        4.209989e-07 * t * t + 1.518344e-02 * t + 1.650142e+01
+    }
+
+    #[inline]
+    fn decode_ms(&self, s: DecodeShape) -> f64 {
+        if s.batch == 0 {
+            return 0.0;
+        }
+        let p = if s.total_kv_tokens == 0 {
+            1.0
+        } else {
+            (s.active_kv_tokens as f64 / s.total_kv_tokens as f64).min(1.0)
+        };
+        (-25.74 * p * p + 54.01 * p + 5.74).max(1.0)
+    }
+}
+
+/// Constant costs whenever the pass has work of that kind; exact numbers for tests.
+#[derive(Debug, Clone, Copy)]
+pub struct Fixed {
+    /// Cost of any non-empty prefill.
+    pub prefill_ms: f64,
+    /// Cost of any non-empty decode.
+    pub decode_ms: f64,
+}
+
+impl TimingModel for Fixed {
+    fn prefill_ms(&self, s: PrefillShape) -> f64 {
+        if s.batch == 0 {
+            0.0
+        } else {
+            self.prefill_ms
+        }
+    }
+    fn decode_ms(&self, s: DecodeShape) -> f64 {
+        if s.batch == 0 {
+            0.0
+        } else {
+            self.decode_ms
+        }
+    }
+}
+
+/// Error building a timing model from configuration.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("engine.timing_model: {0}")]
+pub struct TimingModelError(pub String);
+
+/// Builds the configured timing model.
+pub fn build_timing_model(config: &EngineConfig) -> Result<Box<dyn TimingModel>, TimingModelError> {
+    match &config.timing_model {
+        TimingModelConfig::Polynomial => Ok(Box::new(Polynomial)),
+        TimingModelConfig::Fixed { prefill_ms, decode_ms } => {
+            Ok(Box::new(Fixed { prefill_ms: *prefill_ms, decode_ms: *decode_ms }))
+        }
+        TimingModelConfig::External { provider, .. } => Err(TimingModelError(format!(
+            "external timing provider {provider:?} is not supported yet; use polynomial or fixed"
+        ))),
+    }
+}
+
+/// Converts a raw cost to the simulated duration in integer nanoseconds: divided by the
+/// speedup ratio (0 means "no scaling", as in the reference) and rounded like a `Duration`.
+#[inline]
+pub fn scaled_nanos(raw_ms: f64, ratio: f64) -> u64 {
+    let ms = if ratio > 0.0 && raw_ms > 0.0 { raw_ms / ratio } else { raw_ms };
+    if ms <= 0.0 || !ms.is_finite() {
+        return 0;
+    }
+    (ms * 1e6).round() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(isl: usize) -> f64 {
+        Polynomial.prefill_ms(PrefillShape { batch: 1, mean_isl: isl, mean_prefix: 0 })
+    }
+    fn d(kv: usize, total: usize) -> f64 {
+        Polynomial.decode_ms(DecodeShape { batch: 1, active_kv_tokens: kv, total_kv_tokens: total })
+    }
+
+    #[test]
+    fn polynomial_matches_reference_examples() {
+        assert!((p(1000) - 32.1058589).abs() < 1e-6);
+        assert!((p(64) - 17.4748846).abs() < 1e-6);
+        assert!((p(2512) - 57.2987850).abs() < 1e-6);
+        assert!((d(1001, 1048576) - 5.791536).abs() < 1e-6);
+        assert!((d(1001, 1280) - 32.235622).abs() < 1e-6);
+        assert_eq!(p(0), 0.0);
+        assert_eq!(
+            Polynomial.decode_ms(DecodeShape { batch: 0, active_kv_tokens: 5, total_kv_tokens: 9 }),
+            0.0
+        );
+        // Full utilisation and beyond clamp to p = 1.
+        assert_eq!(d(10, 0), d(2000, 1000));
+    }
+
+    #[test]
+    fn prefill_uses_batch_times_new_tokens() {
+        let s = PrefillShape { batch: 9, mean_isl: 910, mean_prefix: 0 };
+        assert_eq!(Polynomial.prefill_ms(s), p(8190));
+        let hit = PrefillShape { batch: 1, mean_isl: 1024, mean_prefix: 960 };
+        assert!((Polynomial.prefill_ms(hit) - 17.474885).abs() < 1e-6);
+    }
+
+    #[test]
+    fn speedup_scaling_rounds_to_nanoseconds() {
+        assert_eq!(scaled_nanos(32.1058589, 0.0), 32_105_859);
+        assert_eq!(scaled_nanos(2.0, 2.0), 1_000_000);
+        assert_eq!(scaled_nanos(0.0, 2.0), 0);
+        // TTFT 16.052930 at speedup 2 for isl 1000.
+        assert_eq!(scaled_nanos(p(1000), 2.0), 16_052_929);
+    }
+}

@@ -1,0 +1,216 @@
+//! Per-request latency bookkeeping during a replay, folded into report inputs.
+//! Live requests hold a small record; completed ones leave only their scalar samples.
+
+use crate::report::{ExactDistribution, SketchDistribution, SummaryInputs};
+
+/// Index of a live request's record.
+pub type RecordId = u32;
+
+#[derive(Debug, Clone, Copy)]
+struct Record {
+    arrival_ns: u64,
+    first_ns: u64,
+    second_ns: u64,
+    last_ns: u64,
+    tokens: u32,
+    input_len: u32,
+    admitted: bool,
+    reused_max: u32,
+    reused_first: u32,
+}
+
+/// Collects what the report needs while a replay runs.
+#[derive(Debug, Default)]
+pub struct Collector {
+    records: Vec<Record>,
+    free: Vec<RecordId>,
+    num_requests: u64,
+    completed: u64,
+    input_tokens: u64,
+    output_tokens: u64,
+    reused: u64,
+    reused_first: u64,
+    duration_ns: u64,
+    ttft: ExactDistribution,
+    ttst: ExactDistribution,
+    tpot: ExactDistribution,
+    e2e: ExactDistribution,
+    itl: SketchDistribution,
+    per_user: SketchDistribution,
+    /// Gaps of one pass are usually identical: batch them into one sketch update.
+    run_gap_ns: u64,
+    run_len: u64,
+}
+
+impl Collector {
+    /// An empty collector.
+    pub fn new() -> Self {
+        Self { itl: SketchDistribution::new(), per_user: SketchDistribution::new(), ..Default::default() }
+    }
+
+    /// A request arrived (was dispatched) at `arrival_ns`.
+    pub fn on_arrival(&mut self, arrival_ns: u64, input_len: usize) -> RecordId {
+        self.num_requests += 1;
+        let rec = Record {
+            arrival_ns,
+            first_ns: 0,
+            second_ns: 0,
+            last_ns: 0,
+            tokens: 0,
+            input_len: input_len as u32,
+            admitted: false,
+            reused_max: 0,
+            reused_first: 0,
+        };
+        match self.free.pop() {
+            Some(id) => {
+                self.records[id as usize] = rec;
+                id
+            }
+            None => {
+                self.records.push(rec);
+                (self.records.len() - 1) as RecordId
+            }
+        }
+    }
+
+    /// The request was admitted by its engine, reusing `reused` cached tokens.
+    pub fn on_admission(&mut self, id: RecordId, reused: u32) {
+        let r = &mut self.records[id as usize];
+        if !r.admitted {
+            r.admitted = true;
+            r.reused_first = reused;
+        }
+        r.reused_max = r.reused_max.max(reused);
+    }
+
+    /// The request received a token at `t_ns`.
+    #[inline]
+    pub fn on_token(&mut self, id: RecordId, t_ns: u64) {
+        let r = &mut self.records[id as usize];
+        let (tokens, last_ns) = (r.tokens, r.last_ns);
+        match tokens {
+            0 => r.first_ns = t_ns,
+            1 => r.second_ns = t_ns,
+            _ => {}
+        }
+        r.tokens += 1;
+        r.last_ns = t_ns;
+        if tokens > 0 {
+            let gap = t_ns - last_ns;
+            if gap != self.run_gap_ns {
+                self.flush_gaps();
+                self.run_gap_ns = gap;
+            }
+            self.run_len += 1;
+        }
+    }
+
+    fn flush_gaps(&mut self) {
+        if self.run_len == 0 {
+            return;
+        }
+        let gap_ms = self.run_gap_ns as f64 / 1e6;
+        self.itl.add_n(gap_ms, self.run_len);
+        if self.run_gap_ns > 0 {
+            self.per_user.add_n(1000.0 / gap_ms, self.run_len);
+        }
+        self.run_len = 0;
+    }
+
+    /// The request finished at `t_ns` (after its last token).
+    pub fn on_complete(&mut self, id: RecordId, t_ns: u64) {
+        let r = self.records[id as usize];
+        self.free.push(id);
+        if !r.admitted || r.tokens == 0 {
+            return;
+        }
+        self.completed += 1;
+        self.input_tokens += u64::from(r.input_len);
+        self.output_tokens += u64::from(r.tokens);
+        self.reused += u64::from(r.reused_max);
+        self.reused_first += u64::from(r.reused_first);
+        self.duration_ns = self.duration_ns.max(t_ns);
+        let ms = |ns: u64| ns as f64 / 1e6;
+        self.ttft.push(ms(r.first_ns.saturating_sub(r.arrival_ns)));
+        self.e2e.push(ms(r.last_ns.saturating_sub(r.arrival_ns)));
+        if r.tokens >= 2 {
+            self.ttst.push(ms(r.second_ns - r.first_ns));
+            self.tpot.push(ms(r.last_ns - r.first_ns) / f64::from(r.tokens - 1));
+        }
+    }
+
+    /// The request ended without completing (rejected); it counts only in `num_requests`.
+    pub fn on_rejected(&mut self, id: RecordId) {
+        self.free.push(id);
+    }
+
+    /// Requests still live.
+    pub fn live(&self) -> usize {
+        self.records.len() - self.free.len()
+    }
+
+    /// Folds everything into report inputs; the caller fills in engine-side totals.
+    pub fn finish(mut self) -> SummaryInputs {
+        self.flush_gaps();
+        SummaryInputs {
+            num_requests: self.num_requests,
+            completed_requests: self.completed,
+            total_input_tokens: self.input_tokens,
+            total_output_tokens: self.output_tokens,
+            reused_input_tokens: self.reused,
+            first_admission_reused_input_tokens: self.reused_first,
+            duration_ms: self.duration_ns as f64 / 1e6,
+            ttft_ms: self.ttft,
+            ttst_ms: self.ttst,
+            tpot_ms: self.tpot,
+            e2e_latency_ms: self.e2e,
+            itl_ms: self.itl,
+            output_token_throughput_per_user: self.per_user,
+            ..Default::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latencies_come_from_token_times() {
+        let mut c = Collector::new();
+        let a = c.on_arrival(1_000_000, 10);
+        c.on_admission(a, 0);
+        for t in [11_000_000, 14_000_000, 17_000_000, 21_000_000] {
+            c.on_token(a, t);
+        }
+        c.on_complete(a, 21_000_000);
+        let b = c.on_arrival(0, 5);
+        c.on_rejected(b);
+        let mut s = c.finish();
+        assert_eq!(s.num_requests, 2);
+        assert_eq!(s.completed_requests, 1);
+        assert_eq!(s.total_output_tokens, 4);
+        assert_eq!(s.ttft_ms.summarize().mean, 10.0);
+        assert_eq!(s.e2e_latency_ms.summarize().mean, 20.0);
+        assert_eq!(s.ttst_ms.summarize().mean, 3.0);
+        assert!((s.tpot_ms.summarize().mean - 10.0 / 3.0).abs() < 1e-12);
+        let itl = s.itl_ms.summarize();
+        assert!((itl.mean - 10.0 / 3.0).abs() < 1e-12);
+        assert_eq!((itl.min, itl.max), (3.0, 4.0));
+        assert_eq!(s.duration_ms, 21.0);
+    }
+
+    #[test]
+    fn reuse_counts_the_best_admission_and_the_first() {
+        let mut c = Collector::new();
+        let a = c.on_arrival(0, 100);
+        c.on_admission(a, 0);
+        c.on_admission(a, 64);
+        c.on_token(a, 5);
+        c.on_complete(a, 5);
+        let s = c.finish();
+        assert_eq!(s.reused_input_tokens, 64);
+        assert_eq!(s.first_admission_reused_input_tokens, 0);
+    }
+}

@@ -1,0 +1,326 @@
+//! The offline discrete-event loop: W engines on one simulated clock that jumps from event
+//! to event (arrivals, pass ends, delayed turns) and never sleeps.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::time::Instant;
+
+use mocker_core::config::LaunchConfig;
+use mocker_core::{Engine, EngineError, EngineOptions, Request};
+
+use crate::collector::{Collector, RecordId};
+use crate::report::Summary;
+use crate::workload::{Load, SessionState, SyntheticSource, SyntheticWorkload, WorkloadError};
+
+/// What an offline replay runs.
+#[derive(Debug, Clone)]
+pub struct ReplayOptions {
+    /// Engine configuration shared by every worker.
+    pub launch: LaunchConfig,
+    /// Workers (engines), requests placed round-robin.
+    pub num_workers: usize,
+    /// The workload.
+    pub workload: SyntheticWorkload,
+}
+
+/// Why a replay could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// A workload parameter is out of range.
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
+    /// The engine could not be built or refused a request.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// Options that are valid alone but not together, or not supported.
+    #[error("{field}: {message}")]
+    Invalid {
+        /// The offending option.
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// The simulation cannot make progress.
+    #[error("offline replay reached a dead end with {0} in-flight requests remaining")]
+    DeadEnd(usize),
+}
+
+/// A finished replay.
+#[derive(Debug, Clone)]
+pub struct ReplayOutcome {
+    /// The report's summary (`.summary` of the reference).
+    pub summary: Summary,
+}
+
+struct Worker {
+    engine: Engine,
+    /// End of the pass in flight, with its start order for ties.
+    busy: Option<(u64, u64)>,
+    /// Collector record of each engine slot.
+    records: Vec<RecordId>,
+    /// Session of each engine slot.
+    sessions: Vec<SessionState>,
+}
+
+struct Sim {
+    workers: Vec<Worker>,
+    source: SyntheticSource,
+    collector: Collector,
+    concurrency: Option<usize>,
+    active_sessions: usize,
+    in_flight: usize,
+    next_worker: usize,
+    pass_seq: u64,
+    delay_ns: u64,
+    /// Sessions whose next turn is due at a future time.
+    delayed: BinaryHeap<Reverse<(u64, u64, SessionKey)>>,
+    /// Sessions whose next turn is due now.
+    ready: VecDeque<SessionState>,
+    delayed_seq: u64,
+}
+
+/// Orderable wrapper so sessions can sit in the delay heap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SessionKey(SessionState);
+
+impl PartialOrd for SessionKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for SessionKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.index.cmp(&other.0.index)
+    }
+}
+
+fn ms_to_ns(ms: f64) -> u64 {
+    (ms * 1e6).round() as u64
+}
+
+/// Runs a synthetic workload offline and returns its report.
+pub fn run_synthetic(options: &ReplayOptions) -> Result<ReplayOutcome, ReplayError> {
+    options.workload.validate()?;
+    if options.num_workers == 0 {
+        return Err(ReplayError::Invalid {
+            field: "num_workers",
+            message: "must be at least 1 (got 0)".into(),
+        });
+    }
+    if options.launch.dp_size != 1 {
+        return Err(ReplayError::Invalid {
+            field: "dp_size",
+            message: format!("offline replay supports dp_size 1 only (got {})", options.launch.dp_size),
+        });
+    }
+    let engine = &options.launch.engine;
+    let mut workers = Vec::with_capacity(options.num_workers);
+    for _ in 0..options.num_workers {
+        let engine = Engine::new(EngineOptions { config: engine.clone(), ..Default::default() })?;
+        workers.push(Worker { engine, busy: None, records: Vec::new(), sessions: Vec::new() });
+    }
+    let started = Instant::now();
+    let mut sim = Sim {
+        workers,
+        source: SyntheticSource::new(options.workload.clone(), engine.block_size),
+        collector: Collector::new(),
+        concurrency: match options.workload.load {
+            Load::Concurrency(c) => Some(c),
+            _ => None,
+        },
+        active_sessions: 0,
+        in_flight: 0,
+        next_worker: 0,
+        pass_seq: 0,
+        delay_ns: ms_to_ns(options.workload.inter_turn_delay_ms),
+        delayed: BinaryHeap::new(),
+        ready: VecDeque::new(),
+        delayed_seq: 0,
+    };
+    sim.run()?;
+    let wall_ms = started.elapsed().as_secs_f64() * 1e3;
+
+    let committed: u64 = sim.workers.iter().map(|w| w.engine.metrics().prompt_tokens_computed_total).sum();
+    let mut inputs = sim.collector.finish();
+    let duration_s = (inputs.duration_ms / 1000.0).max(1e-9);
+    inputs.committed_prefill_tokens = committed;
+    inputs.wall_time_ms = wall_ms;
+    inputs.decode_worker_seconds = options.num_workers as f64 * duration_s;
+    inputs.decode_gpus_per_worker = (options.launch.tensor_parallel_size * options.launch.dp_size) as u64;
+    Ok(ReplayOutcome { summary: Summary::from_inputs(inputs) })
+}
+
+impl Sim {
+    fn run(&mut self) -> Result<(), ReplayError> {
+        let mut now = 0;
+        loop {
+            self.drain(now)?;
+            if self.done() {
+                return Ok(());
+            }
+            let next_arrival = self.source.next_arrival_ms().map(ms_to_ns);
+            let next_delayed = self.delayed.peek().map(|Reverse((t, _, _))| *t);
+            let next_pass = self.workers.iter().filter_map(|w| w.busy.map(|(t, _)| t)).min();
+            match [next_arrival, next_delayed, next_pass].into_iter().flatten().min() {
+                Some(t) => now = t.max(now),
+                None => return Err(ReplayError::DeadEnd(self.in_flight)),
+            }
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.in_flight == 0
+            && self.source.sessions_remaining() == 0
+            && self.delayed.is_empty()
+            && self.ready.is_empty()
+            && self.workers.iter().all(|w| w.busy.is_none())
+    }
+
+    /// Processes everything that can happen at `now`, until nothing changes.
+    fn drain(&mut self, now: u64) -> Result<(), ReplayError> {
+        loop {
+            let mut changed = false;
+            // 1. Pass completions, in (end, start order).
+            while let Some(w) = self.next_completion(now) {
+                self.workers[w].busy = None;
+                self.deliver(w, now);
+                changed = true;
+            }
+            // 2. Arrivals.
+            changed |= self.release_arrivals(now)?;
+            // 3. Idle workers with work run one pass.
+            for w in 0..self.workers.len() {
+                let worker = &mut self.workers[w];
+                if worker.busy.is_some() || !worker.engine.has_work() {
+                    continue;
+                }
+                let pass = worker.engine.step(now);
+                if pass.end_ns > now {
+                    self.pass_seq += 1;
+                    worker.busy = Some((pass.end_ns, self.pass_seq));
+                } else if pass.had_effect() {
+                    self.deliver(w, now);
+                } else {
+                    return Err(ReplayError::DeadEnd(self.in_flight));
+                }
+                changed = true;
+            }
+            if !changed {
+                return Ok(());
+            }
+        }
+    }
+
+    fn next_completion(&self, now: u64) -> Option<usize> {
+        self.workers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, w)| w.busy.filter(|&(t, _)| t <= now).map(|b| (b, i)))
+            .min()
+            .map(|(_, i)| i)
+    }
+
+    /// Hands worker `w`'s last pass outputs to the collector, stamped at `t`.
+    fn deliver(&mut self, w: usize, t: u64) {
+        let worker = &mut self.workers[w];
+        let pass = worker.engine.last_pass();
+        for a in &pass.admissions {
+            self.collector.on_admission(worker.records[a.key.0 as usize], a.reused_tokens);
+        }
+        for o in &pass.outputs {
+            let rec = worker.records[o.key.0 as usize];
+            if o.rejected {
+                self.collector.on_rejected(rec);
+            } else {
+                self.collector.on_token(rec, t);
+                if o.completed {
+                    self.collector.on_complete(rec, t);
+                }
+            }
+            if o.completed {
+                self.in_flight -= 1;
+                let session = worker.sessions[o.key.0 as usize];
+                if session.turns_issued < self.source.turns_per_session() {
+                    if self.delay_ns == 0 {
+                        self.ready.push_back(session);
+                    } else {
+                        self.delayed_seq += 1;
+                        self.delayed.push(Reverse((
+                            t + self.delay_ns,
+                            self.delayed_seq,
+                            SessionKey(session),
+                        )));
+                    }
+                } else {
+                    self.active_sessions -= 1;
+                }
+            }
+        }
+    }
+
+    /// Releases every turn due at `now`; returns whether any was dispatched.
+    fn release_arrivals(&mut self, now: u64) -> Result<bool, ReplayError> {
+        let mut any = false;
+        while let Some(&Reverse((t, _, _))) = self.delayed.peek() {
+            if t > now {
+                break;
+            }
+            let Reverse((_, _, SessionKey(s))) = self.delayed.pop().expect("peeked");
+            self.ready.push_back(s);
+        }
+        while let Some(s) = self.ready.pop_front() {
+            self.dispatch(s, now)?;
+            any = true;
+        }
+        match self.concurrency {
+            Some(c) => {
+                while self.active_sessions < c {
+                    let Some(s) = self.source.start_session() else { break };
+                    self.active_sessions += 1;
+                    self.dispatch(s, now)?;
+                    any = true;
+                }
+            }
+            None => {
+                while let Some(at) = self.source.next_arrival_ms() {
+                    let at = ms_to_ns(at);
+                    if at > now {
+                        break;
+                    }
+                    let s = self.source.start_session().expect("a session remains");
+                    self.active_sessions += 1;
+                    self.dispatch(s, at)?;
+                    any = true;
+                }
+            }
+        }
+        Ok(any)
+    }
+
+    /// Materialises the session's next turn and places it round-robin.
+    fn dispatch(&mut self, mut session: SessionState, arrival_ns: u64) -> Result<(), ReplayError> {
+        let Some(turn) = self.source.next_turn(&mut session) else {
+            self.active_sessions -= 1;
+            return Ok(());
+        };
+        let rec = self.collector.on_arrival(arrival_ns, turn.tokens.len());
+        let w = self.next_worker;
+        self.next_worker = (self.next_worker + 1) % self.workers.len();
+        let worker = &mut self.workers[w];
+        let key = worker.engine.submit(Request {
+            uuid: turn.uuid,
+            tokens: turn.tokens,
+            max_output_tokens: turn.max_output_tokens,
+            output_token_ids: None,
+        })?;
+        let slot = key.0 as usize;
+        if worker.records.len() <= slot {
+            worker.records.resize(slot + 1, 0);
+            worker.sessions.resize(slot + 1, session);
+        }
+        worker.records[slot] = rec;
+        worker.sessions[slot] = session;
+        self.in_flight += 1;
+        Ok(())
+    }
+}

@@ -1,0 +1,149 @@
+//! `mocker bench`: a fixed suite of replay workloads (the reference's published figures
+//! and the core spec's §13 cases), timed. `scripts/bench_vs_reference.py` runs the same
+//! suite (read from `mocker bench --list`) on the reference and prints ratios.
+
+use clap::Args;
+use mocker_core::config::LaunchConfig;
+use mocker_replay::{run_synthetic, Load, ReplayOptions, SyntheticWorkload};
+use serde_json::{json, Value};
+
+use crate::UsageError;
+
+/// Benchmark flags.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Print the suite definition as JSON and exit.
+    #[arg(long)]
+    pub list: bool,
+    /// Print results as JSON lines instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Runs per workload; the fastest wall time is reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+    /// Only workloads whose name contains this.
+    #[arg(long)]
+    pub filter: Option<String>,
+}
+
+struct Case {
+    name: &'static str,
+    isl: usize,
+    osl: usize,
+    n: usize,
+    load: Load,
+    engine: Value,
+    shared_prefix_ratio: f64,
+    num_prefix_groups: usize,
+}
+
+fn suite() -> Vec<Case> {
+    let c = |name, isl, osl, n, load, engine| Case {
+        name,
+        isl,
+        osl,
+        n,
+        load,
+        engine,
+        shared_prefix_ratio: 0.0,
+        num_prefix_groups: 0,
+    };
+    vec![
+        c("ref-1k-100-c64", 1000, 100, 1000, Load::Concurrency(64), json!({})),
+        c("ref-8k-1k-c64", 8000, 1000, 1000, Load::Concurrency(64), json!({})),
+        c("ref-1k-100-poisson20", 1000, 100, 2000, Load::RequestRate(20.0), json!({})),
+        c("ref-2k-200-100k-c64", 2000, 200, 100_000, Load::Concurrency(64), json!({})),
+        c("A-1k-100-c16", 1000, 100, 100, Load::Concurrency(16), json!({})),
+        c("B-preemption-512blocks", 2000, 500, 64, Load::Concurrency(32), json!({"num_gpu_blocks": 512})),
+        c("E-trtllm", 1000, 100, 100, Load::Concurrency(16), json!({"backend": "trtllm"})),
+        Case {
+            shared_prefix_ratio: 0.5,
+            num_prefix_groups: 4,
+            ..c("F-prefix-groups", 2048, 64, 64, Load::Concurrency(8), json!({}))
+        },
+        c(
+            "T-trtllm-1024blocks",
+            2000,
+            500,
+            64,
+            Load::Concurrency(32),
+            json!({"backend": "trtllm", "num_gpu_blocks": 1024}),
+        ),
+        c("D-poisson20-512-128", 512, 128, 200, Load::RequestRate(20.0), json!({})),
+    ]
+}
+
+fn load_json(load: Load) -> Value {
+    match load {
+        Load::Concurrency(c) => json!({"replay_concurrency": c}),
+        Load::RequestRate(r) => json!({"request_rate": r}),
+        Load::ArrivalIntervalMs(i) => json!({"arrival_interval_ms": i}),
+    }
+}
+
+fn case_json(c: &Case) -> Value {
+    json!({
+        "name": c.name, "input_tokens": c.isl, "output_tokens": c.osl, "request_count": c.n,
+        "load": load_json(c.load), "engine": c.engine,
+        "shared_prefix_ratio": c.shared_prefix_ratio, "num_prefix_groups": c.num_prefix_groups,
+    })
+}
+
+/// Runs `mocker bench`.
+pub fn run(args: BenchArgs) -> Result<(), UsageError> {
+    let cases: Vec<Case> =
+        suite().into_iter().filter(|c| args.filter.as_deref().is_none_or(|f| c.name.contains(f))).collect();
+    if args.list {
+        println!("{}", Value::Array(cases.iter().map(case_json).collect()));
+        return Ok(());
+    }
+    if !args.json {
+        println!(
+            "{:<26} {:>10} {:>12} {:>11} {:>11} {:>9} {:>7}",
+            "workload", "wall ms", "sim s", "mean TTFT", "p99 TTFT", "mean ITL", "reuse"
+        );
+    }
+    for c in &cases {
+        let launch =
+            LaunchConfig::from_value(json!({ "engine": c.engine })).map_err(|e| UsageError(e.to_string()))?;
+        let options = ReplayOptions {
+            launch,
+            num_workers: 1,
+            workload: SyntheticWorkload {
+                input_tokens: c.isl,
+                output_tokens: c.osl,
+                request_count: c.n,
+                load: c.load,
+                shared_prefix_ratio: c.shared_prefix_ratio,
+                num_prefix_groups: c.num_prefix_groups,
+                ..Default::default()
+            },
+        };
+        let mut best = f64::INFINITY;
+        let mut summary = None;
+        for _ in 0..args.repeat.max(1) {
+            let out = run_synthetic(&options).map_err(|e| UsageError(format!("{}: {e}", c.name)))?;
+            best = best.min(out.summary.wall_time_ms);
+            summary = Some(out.summary);
+        }
+        let s = summary.expect("at least one run");
+        if args.json {
+            let mut v = s.to_json_value();
+            v["name"] = json!(c.name);
+            v["wall_time_ms"] = json!(best);
+            println!("{v}");
+        } else {
+            println!(
+                "{:<26} {:>10.2} {:>12.3} {:>11.3} {:>11.3} {:>9.4} {:>7.4}",
+                c.name,
+                best,
+                s.duration_ms / 1000.0,
+                s.ttft_ms.mean,
+                s.ttft_ms.p99,
+                s.itl_ms.mean,
+                s.prefix_cache_reused_ratio
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,44 @@
+//! `mocker`: a GPU-free simulator of LLM inference engines.
+
+mod bench;
+mod replay;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// GPU-free simulator of LLM inference engines (vLLM-style scheduling, paged KV cache,
+/// modelled timing).
+#[derive(Debug, Parser)]
+#[command(name = "mocker", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Replay a synthetic workload offline, as fast as the CPU allows, and report latencies.
+    Replay(replay::ReplayArgs),
+    /// Run the fixed benchmark suite and print wall time per workload.
+    Bench(bench::BenchArgs),
+}
+
+/// A user error: printed with the field it concerns, exit code 2.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Replay(args) => replay::run(args),
+        Command::Bench(args) => bench::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(UsageError(msg)) => {
+            eprintln!("error: {msg}");
+            ExitCode::from(2)
+        }
+    }
+}
