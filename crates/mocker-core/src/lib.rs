@@ -13,5 +13,5 @@ pub mod scheduler;
 pub mod timing;
 
 pub use engine::{Engine, EngineError, EngineOptions};
-pub use request::{Admission, Output, Request, SeqKey};
+pub use request::{Admission, Output, OutputToken, Request, SeqKey};
 pub use scheduler::vllm::Pass;

@@ -25,8 +25,8 @@ pub struct Output {
     pub key: SeqKey,
     /// The request's id.
     pub uuid: u128,
-    /// The sampled token; `None` only for a terminal output without a token (rejection).
-    pub token_id: Option<u32>,
+    /// The sampled token, see [`Output::token_id`].
+    pub token: OutputToken,
     /// Index of this token in the request's output (0 for the first token).
     pub index: u32,
     /// Last output of the request; its KV has been released.
@@ -48,4 +48,34 @@ pub struct Admission {
     pub reused_tokens: u32,
     /// Whether the request had been preempted before.
     pub readmission: bool,
+}
+
+/// Where an output's token comes from. Generated tokens are derived on demand from the
+/// request id and position, so shells that never read them (offline replay) pay nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputToken {
+    /// Terminal output without a token (rejection, or nothing left to generate).
+    None,
+    /// A planned token given with the request.
+    Planned(u32),
+    /// The reference's deterministic token for (uuid, index).
+    Generated,
+}
+
+impl Output {
+    /// The sampled token; `None` only for a terminal output without a token.
+    pub fn token_id(&self) -> Option<u32> {
+        match self.token {
+            OutputToken::None => None,
+            OutputToken::Planned(t) => Some(t),
+            OutputToken::Generated => {
+                Some(crate::hashing::deterministic_output_token(self.uuid, u64::from(self.index)))
+            }
+        }
+    }
+
+    /// Whether this output carries a token.
+    pub fn has_token(&self) -> bool {
+        self.token != OutputToken::None
+    }
 }

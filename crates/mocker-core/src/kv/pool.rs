@@ -1,7 +1,7 @@
 //! A fixed pool of physical KV blocks: free, active (referenced) and inactive (cached,
 //! evictable in least-recently-released order).
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 /// Index of a physical block in the pool.
 pub type BlockId = u32;
@@ -14,16 +14,12 @@ struct Block {
     hash: u64,
     refcount: u32,
     registered: bool,
+    /// Inactive LRU links.
     prev: u32,
     next: u32,
-}
-
-/// Copies of one cached hash. Duplicates arise when concurrent requests compute the same
-/// block; only the first is visible to events, and the hash is removed with the last.
-#[derive(Debug, Clone)]
-struct Entry {
-    primary: BlockId,
-    others: Vec<BlockId>,
+    /// Next copy of the same hash. Duplicates arise when concurrent requests compute the
+    /// same block; only the first is visible to events, and the hash goes with the last.
+    next_copy: u32,
 }
 
 /// How much of a block-hash chain is resident.
@@ -43,17 +39,23 @@ pub struct BlockPool {
     lru_head: u32,
     lru_tail: u32,
     num_inactive: usize,
-    index: HashMap<u64, Entry>,
+    /// Hash to its primary copy. Keys are already well-mixed hashes, so a one-multiply
+    /// hasher is enough, and the table stays small enough to live in L2.
+    index: FxHashMap<u64, BlockId>,
 }
 
 impl BlockPool {
     /// A pool of `capacity` free blocks.
     pub fn new(capacity: usize) -> Self {
         assert!(capacity < NIL as usize, "block pool too large");
-        let blocks = vec![Block { hash: 0, refcount: 0, registered: false, prev: NIL, next: NIL }; capacity];
+        let blocks =
+            vec![
+                Block { hash: 0, refcount: 0, registered: false, prev: NIL, next: NIL, next_copy: NIL };
+                capacity
+            ];
         // Popping from the end hands out low ids first, which keeps debugging output readable.
         let free = (0..capacity as u32).rev().collect();
-        Self { blocks, free, lru_head: NIL, lru_tail: NIL, num_inactive: 0, index: HashMap::new() }
+        Self { blocks, free, lru_head: NIL, lru_tail: NIL, num_inactive: 0, index: FxHashMap::default() }
     }
 
     /// Total physical blocks.
@@ -93,9 +95,9 @@ impl BlockPool {
             return m;
         }
         for h in hashes {
-            let Some(e) = self.index.get(h) else { break };
+            let Some(&id) = self.index.get(h) else { break };
             m.blocks += 1;
-            if self.blocks[e.primary as usize].refcount > 0 {
+            if self.blocks[id as usize].refcount > 0 {
                 m.active_blocks += 1;
             }
         }
@@ -123,7 +125,7 @@ impl BlockPool {
         let mut inactive_hits = 0;
         for h in hits {
             match self.index.get(h) {
-                Some(e) if self.blocks[e.primary as usize].refcount == 0 => inactive_hits += 1,
+                Some(&id) if self.blocks[id as usize].refcount == 0 => inactive_hits += 1,
                 Some(_) => {}
                 None => return false,
             }
@@ -134,7 +136,7 @@ impl BlockPool {
             return false;
         }
         for h in hits {
-            let id = self.index[h].primary;
+            let id = self.index[h];
             let b = &mut self.blocks[id as usize];
             if b.refcount == 0 {
                 self.lru_unlink(id);
@@ -162,13 +164,15 @@ impl BlockPool {
         }
         b.registered = true;
         b.hash = hash;
-        match self.index.get_mut(&hash) {
-            Some(e) => {
-                e.others.push(id);
+        match self.index.entry(hash) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let primary = *e.get() as usize;
+                self.blocks[id as usize].next_copy = self.blocks[primary].next_copy;
+                self.blocks[primary].next_copy = id;
                 false
             }
-            None => {
-                self.index.insert(hash, Entry { primary: id, others: Vec::new() });
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(id);
                 true
             }
         }
@@ -206,17 +210,22 @@ impl BlockPool {
         let b = &mut self.blocks[id as usize];
         b.registered = false;
         let hash = b.hash;
-        let entry = self.index.get_mut(&hash).expect("cached block without index entry");
-        if entry.primary == id {
-            match entry.others.pop() {
-                Some(next) => entry.primary = next,
-                None => {
-                    self.index.remove(&hash);
-                    evicted.push(hash);
-                }
+        let next_copy = std::mem::replace(&mut b.next_copy, NIL);
+        let primary = self.index.get_mut(&hash).expect("cached block without index entry");
+        if *primary == id {
+            if next_copy == NIL {
+                self.index.remove(&hash);
+                evicted.push(hash);
+            } else {
+                *primary = next_copy;
             }
         } else {
-            entry.others.retain(|&o| o != id);
+            // A duplicate: unlink it from its primary's copy list (rare, short).
+            let mut cur = *primary;
+            while self.blocks[cur as usize].next_copy != id {
+                cur = self.blocks[cur as usize].next_copy;
+            }
+            self.blocks[cur as usize].next_copy = next_copy;
         }
         id
     }
@@ -297,7 +306,17 @@ impl BlockPool {
                 return Err(format!("block {i} leaked: unreferenced, neither free nor cached"));
             }
         }
-        let copies: usize = self.index.values().map(|e| 1 + e.others.len()).sum();
+        let mut copies = 0;
+        for (&hash, &primary) in &self.index {
+            let mut cur = primary;
+            while cur != NIL {
+                if self.blocks[cur as usize].hash != hash || !self.blocks[cur as usize].registered {
+                    return Err(format!("copy list of {hash:#x} holds block {cur}"));
+                }
+                copies += 1;
+                cur = self.blocks[cur as usize].next_copy;
+            }
+        }
         let registered = self.blocks.iter().filter(|b| b.registered).count();
         if copies != registered {
             return Err(format!("index holds {copies} copies but {registered} blocks are registered"));

@@ -9,7 +9,7 @@ use crate::events::{KvEvent, KvEventData, StoredBlock};
 use crate::hashing::{chain_hash, deterministic_output_token, extend_sequence_hashes, local_block_hash};
 use crate::kv::{BlockId, BlockPool};
 use crate::metrics::{EngineMetrics, ForwardPassMetrics};
-use crate::request::{Admission, Output, Request, SeqKey};
+use crate::request::{Admission, Output, OutputToken, Request, SeqKey};
 use crate::timing::{scaled_nanos, DecodeShape, PrefillShape, TimingModel};
 
 /// Everything one forward pass did. Buffers are reused from pass to pass.
@@ -359,12 +359,41 @@ impl VllmScheduler {
         let mut i = 0;
         while i < self.running.len() && b.tokens > 0 {
             let key = self.running[i];
+            if self.schedule_plain_decode(key, b) {
+                i += 1;
+                continue;
+            }
             match self.schedule(key, None, b, pass, &mut i) {
                 Scheduled::Yes => i += 1,
                 Scheduled::Blocked => break,
                 Scheduled::CurrentPreempted => {}
             }
         }
+    }
+
+    /// Fast path for the common case: one decode token that fits the request's last block
+    /// and completes no block, so no allocation, hashing or event can result. Returns false
+    /// when the general path is needed.
+    #[inline]
+    fn schedule_plain_decode(&mut self, key: SeqKey, b: &mut Budget) -> bool {
+        let bs = self.block_size;
+        let pass_id = self.pass_id;
+        let Some(seq) = self.seqs[key.0 as usize].as_mut() else { return false };
+        let len = seq.len;
+        let plain = seq.num_computed + 1 == len
+            && seq.num_computed >= seq.prompt_len
+            && len as usize <= seq.blocks.len() * bs as usize
+            && (!self.prefix_caching || len % bs != 0);
+        if !plain {
+            return false;
+        }
+        seq.num_computed = len;
+        seq.pass_id = pass_id;
+        seq.pass_tokens = 1;
+        seq.pass_prompt_tokens = 0;
+        b.scheduled_tokens += 1;
+        b.tokens -= 1;
+        true
     }
 
     /// (b) Admissions from the waiting head, FCFS, while sequences and blocks allow.
@@ -714,7 +743,7 @@ impl VllmScheduler {
                 pass.outputs.push(Output {
                     key,
                     uuid: seq.uuid,
-                    token_id: None,
+                    token: OutputToken::None,
                     index: seq.generated,
                     completed: true,
                     rejected: false,
@@ -725,7 +754,10 @@ impl VllmScheduler {
                 continue;
             }
             let index = seq.generated;
-            let token_id = seq.token_at(seq.len);
+            let token = match &seq.planned {
+                Some(p) => OutputToken::Planned(p[index as usize]),
+                None => OutputToken::Generated,
+            };
             seq.generated += 1;
             seq.len += 1;
             let completed = seq.generation_complete(max_model_len);
@@ -734,7 +766,7 @@ impl VllmScheduler {
             pass.outputs.push(Output {
                 key,
                 uuid: seq.uuid,
-                token_id: Some(token_id),
+                token,
                 index,
                 completed,
                 rejected: false,
@@ -743,8 +775,7 @@ impl VllmScheduler {
             seq.done = completed;
             finished |= completed;
         }
-        self.totals.generation_tokens_total +=
-            pass.outputs.iter().filter(|o| o.token_id.is_some()).count() as u64;
+        self.totals.generation_tokens_total += pass.outputs.iter().filter(|o| o.has_token()).count() as u64;
         if finished {
             let seqs = &self.seqs;
             let mut retired = std::mem::take(&mut self.rejected);
@@ -769,7 +800,7 @@ impl VllmScheduler {
         pass.outputs.push(Output {
             key,
             uuid: seq.uuid,
-            token_id: None,
+            token: OutputToken::None,
             index: 0,
             completed: true,
             rejected: true,

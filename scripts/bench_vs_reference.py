@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Run mocker's benchmark suite on the reference (ai-dynamo-runtime 1.6.1) and on mocker,
+side by side in one run, and print reference/mocker ratios.
+
+Usage: python3 scripts/bench_vs_reference.py [--mocker target/release/mocker] [--repeat 3]
+Needs `pip install ai-dynamo-runtime==1.6.1` in the Python that runs it. Not part of CI.
+Wall time is each simulator's own in-process measurement (`wall_time_ms`); the best of
+`--repeat` runs is used for both.
+"""
+import argparse
+import json
+import subprocess
+
+import dynamo._core as ref
+
+HEADLINE = ["duration_ms", "mean_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "prefix_cache_reused_ratio"]
+
+
+def run_reference(case, repeat):
+    best, summary = float("inf"), None
+    for _ in range(repeat):
+        r = ref.run_mocker_synthetic_trace_replay(
+            case["input_tokens"], case["output_tokens"], case["request_count"],
+            extra_engine_args={"engine": case["engine"]}, num_workers=1, replay_mode="offline",
+            shared_prefix_ratio=case["shared_prefix_ratio"], num_prefix_groups=case["num_prefix_groups"],
+            **case["load"])
+        summary = r.summary
+        best = min(best, summary["wall_time_ms"])
+    summary["wall_time_ms"] = best
+    return summary
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mocker", default="target/release/mocker")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--filter", default=None)
+    args = ap.parse_args()
+    extra = ["--filter", args.filter] if args.filter else []
+    cases = json.loads(subprocess.check_output([args.mocker, "bench", "--list", *extra]))
+    out = subprocess.check_output([args.mocker, "bench", "--json", "--repeat", str(args.repeat), *extra])
+    ours = {r["name"]: r for r in map(json.loads, out.decode().splitlines())}
+    head = f"{'workload':<26} {'ref ms':>9} {'mocker ms':>9} {'speedup':>8} " + " ".join(
+        f"{k.replace('_ms', '').replace('prefix_cache_reused_ratio', 'reuse'):>14}" for k in HEADLINE)
+    print(head)
+    worst = 0.0
+    for case in cases:
+        r, m = run_reference(case, args.repeat), ours[case["name"]]
+        cells = []
+        for k in HEADLINE:
+            if r[k] == 0 and m[k] == 0:
+                cells.append(f"{'=':>14}")
+            else:
+                ratio = r[k] / m[k] if m[k] else float("inf")
+                worst = max(worst, abs(ratio - 1))
+                cells.append(f"{ratio:>14.6f}")
+        speed = r["wall_time_ms"] / m["wall_time_ms"]
+        print(f"{case['name']:<26} {r['wall_time_ms']:>9.2f} {m['wall_time_ms']:>9.2f} {speed:>7.1f}x " + " ".join(cells))
+    print(f"metric ratios are reference/mocker; largest deviation from 1: {worst:.2e}")
+
+
+if __name__ == "__main__":
+    main()
