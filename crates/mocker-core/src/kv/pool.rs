@@ -14,6 +14,8 @@ struct Block {
     hash: u64,
     refcount: u32,
     registered: bool,
+    /// First copy of its hash: the one the index points at.
+    primary: bool,
     /// Inactive LRU links.
     prev: u32,
     next: u32,
@@ -40,22 +42,42 @@ pub struct BlockPool {
     lru_tail: u32,
     num_inactive: usize,
     /// Hash to its primary copy. Keys are already well-mixed hashes, so a one-multiply
-    /// hasher is enough, and the table stays small enough to live in L2.
+    /// hasher is enough. Entries of evicted hashes are left behind (an eviction then costs
+    /// no random table access) and recognised as stale by the block they point at; the
+    /// table is swept when stale entries outnumber the pool.
     index: FxHashMap<u64, BlockId>,
+    live_hashes: usize,
+    stale: usize,
 }
 
 impl BlockPool {
     /// A pool of `capacity` free blocks.
     pub fn new(capacity: usize) -> Self {
         assert!(capacity < NIL as usize, "block pool too large");
-        let blocks =
-            vec![
-                Block { hash: 0, refcount: 0, registered: false, prev: NIL, next: NIL, next_copy: NIL };
-                capacity
-            ];
+        let blocks = vec![
+            Block {
+                hash: 0,
+                refcount: 0,
+                registered: false,
+                primary: false,
+                prev: NIL,
+                next: NIL,
+                next_copy: NIL
+            };
+            capacity
+        ];
         // Popping from the end hands out low ids first, which keeps debugging output readable.
         let free = (0..capacity as u32).rev().collect();
-        Self { blocks, free, lru_head: NIL, lru_tail: NIL, num_inactive: 0, index: FxHashMap::default() }
+        Self {
+            blocks,
+            free,
+            lru_head: NIL,
+            lru_tail: NIL,
+            num_inactive: 0,
+            index: FxHashMap::default(),
+            live_hashes: 0,
+            stale: 0,
+        }
     }
 
     /// Total physical blocks.
@@ -80,22 +102,30 @@ impl BlockPool {
 
     /// Distinct cached hashes (active or inactive).
     pub fn num_cached_hashes(&self) -> usize {
-        self.index.len()
+        self.live_hashes
     }
 
     /// Whether `hash` is resident in the cache.
     pub fn contains(&self, hash: u64) -> bool {
-        self.index.contains_key(&hash)
+        self.resident(hash).is_some()
+    }
+
+    /// The primary copy of `hash`, if it is resident.
+    #[inline]
+    fn resident(&self, hash: u64) -> Option<BlockId> {
+        let &id = self.index.get(&hash)?;
+        let b = &self.blocks[id as usize];
+        (b.registered && b.primary && b.hash == hash).then_some(id)
     }
 
     /// Walks `hashes` from the root while each block is resident.
     pub fn match_prefix(&self, hashes: &[u64]) -> PrefixMatch {
         let mut m = PrefixMatch::default();
-        if self.index.is_empty() {
+        if self.live_hashes == 0 {
             return m;
         }
-        for h in hashes {
-            let Some(&id) = self.index.get(h) else { break };
+        for &h in hashes {
+            let Some(id) = self.resident(h) else { break };
             m.blocks += 1;
             if self.blocks[id as usize].refcount > 0 {
                 m.active_blocks += 1;
@@ -123,9 +153,9 @@ impl BlockPool {
         let hits = hits.get(prev..hits.len().min(target)).unwrap_or(&[]);
         let hit_end = prev + hits.len();
         let mut inactive_hits = 0;
-        for h in hits {
-            match self.index.get(h) {
-                Some(&id) if self.blocks[id as usize].refcount == 0 => inactive_hits += 1,
+        for &h in hits {
+            match self.resident(h) {
+                Some(id) if self.blocks[id as usize].refcount == 0 => inactive_hits += 1,
                 Some(_) => {}
                 None => return false,
             }
@@ -135,8 +165,9 @@ impl BlockPool {
         if shortfall > self.num_inactive - inactive_hits {
             return false;
         }
-        for h in hits {
-            let id = self.index[h];
+        owned.reserve(target - prev);
+        for &h in hits {
+            let id = self.resident(h).expect("hit checked above");
             let b = &mut self.blocks[id as usize];
             if b.refcount == 0 {
                 self.lru_unlink(id);
@@ -164,18 +195,18 @@ impl BlockPool {
         }
         b.registered = true;
         b.hash = hash;
-        match self.index.entry(hash) {
-            std::collections::hash_map::Entry::Occupied(e) => {
-                let primary = *e.get() as usize;
-                self.blocks[id as usize].next_copy = self.blocks[primary].next_copy;
-                self.blocks[primary].next_copy = id;
-                false
-            }
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(id);
-                true
-            }
+        if let Some(primary) = self.resident(hash) {
+            let primary = primary as usize;
+            self.blocks[id as usize].next_copy = self.blocks[primary].next_copy;
+            self.blocks[primary].next_copy = id;
+            return false;
         }
+        self.blocks[id as usize].primary = true;
+        if self.index.insert(hash, id).is_some() {
+            self.stale -= 1;
+        }
+        self.live_hashes += 1;
+        true
     }
 
     /// Drops one reference to each of `owned`, tail first, so that a request's leaf blocks
@@ -211,23 +242,36 @@ impl BlockPool {
         b.registered = false;
         let hash = b.hash;
         let next_copy = std::mem::replace(&mut b.next_copy, NIL);
-        let primary = self.index.get_mut(&hash).expect("cached block without index entry");
-        if *primary == id {
-            if next_copy == NIL {
-                self.index.remove(&hash);
-                evicted.push(hash);
-            } else {
-                *primary = next_copy;
-            }
-        } else {
+        let was_primary = std::mem::replace(&mut b.primary, false);
+        if !was_primary {
             // A duplicate: unlink it from its primary's copy list (rare, short).
-            let mut cur = *primary;
+            let mut cur = self.resident(hash).expect("duplicate without a primary");
             while self.blocks[cur as usize].next_copy != id {
                 cur = self.blocks[cur as usize].next_copy;
             }
             self.blocks[cur as usize].next_copy = next_copy;
+        } else if next_copy != NIL {
+            self.blocks[next_copy as usize].primary = true;
+            self.index.insert(hash, next_copy);
+        } else {
+            evicted.push(hash);
+            self.live_hashes -= 1;
+            self.stale += 1;
+            if self.stale > self.blocks.len().max(1024) {
+                self.sweep_stale();
+            }
         }
         id
+    }
+
+    /// Drops index entries whose hash is no longer resident.
+    fn sweep_stale(&mut self) {
+        let blocks = &self.blocks;
+        self.index.retain(|&h, &mut id| {
+            let b = &blocks[id as usize];
+            b.registered && b.primary && b.hash == h
+        });
+        self.stale = 0;
     }
 
     fn lru_push_tail(&mut self, id: BlockId) {
@@ -307,7 +351,12 @@ impl BlockPool {
             }
         }
         let mut copies = 0;
+        let mut live = 0;
         for (&hash, &primary) in &self.index {
+            if self.resident(hash) != Some(primary) {
+                continue;
+            }
+            live += 1;
             let mut cur = primary;
             while cur != NIL {
                 if self.blocks[cur as usize].hash != hash || !self.blocks[cur as usize].registered {
@@ -316,6 +365,14 @@ impl BlockPool {
                 copies += 1;
                 cur = self.blocks[cur as usize].next_copy;
             }
+        }
+        if live != self.live_hashes || self.index.len() != live + self.stale {
+            return Err(format!(
+                "{live} resident hashes, {} counted live, {} stale of {} entries",
+                self.live_hashes,
+                self.stale,
+                self.index.len()
+            ));
         }
         let registered = self.blocks.iter().filter(|b| b.registered).count();
         if copies != registered {

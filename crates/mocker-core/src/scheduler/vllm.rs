@@ -86,6 +86,8 @@ struct Seq {
     pass_tokens: u32,
     pass_prompt_tokens: u32,
     pass_prefix: u32,
+    /// Counted in this pass's decode batch.
+    pass_decode: bool,
 }
 
 impl Seq {
@@ -181,6 +183,9 @@ struct Budget {
     prompt_tokens: usize,
     scheduled_tokens: usize,
     preempted: usize,
+    /// Ready requests that decode in this pass (fresh prefills sample from their prefill).
+    decode_batch: usize,
+    decode_kv: usize,
 }
 
 /// Options of a scheduler beyond its engine configuration.
@@ -271,6 +276,7 @@ impl VllmScheduler {
             pass_tokens: 0,
             pass_prompt_tokens: 0,
             pass_prefix: 0,
+            pass_decode: false,
         };
         let key = match self.free_slots.pop() {
             Some(slot) => {
@@ -380,10 +386,12 @@ impl VllmScheduler {
         let pass_id = self.pass_id;
         let Some(seq) = self.seqs[key.0 as usize].as_mut() else { return false };
         let len = seq.len;
+        // Block size is almost always a power of two; avoid a division per token then.
+        let rem = if bs.is_power_of_two() { len & (bs - 1) } else { len % bs };
         let plain = seq.num_computed + 1 == len
             && seq.num_computed >= seq.prompt_len
             && len as usize <= seq.blocks.len() * bs as usize
-            && (!self.prefix_caching || len % bs != 0);
+            && (!self.prefix_caching || rem != 0);
         if !plain {
             return false;
         }
@@ -391,6 +399,9 @@ impl VllmScheduler {
         seq.pass_id = pass_id;
         seq.pass_tokens = 1;
         seq.pass_prompt_tokens = 0;
+        seq.pass_decode = true;
+        b.decode_batch += 1;
+        b.decode_kv += len as usize;
         b.scheduled_tokens += 1;
         b.tokens -= 1;
         true
@@ -557,11 +568,20 @@ impl VllmScheduler {
         let prompt_tokens = after.min(prompt_len) - prefix;
         let pass_id = self.pass_id;
         let from_waiting = cost.is_some();
-        let seq = self.seq_mut(key);
+        let max_model_len = self.max_model_len;
+        let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
         seq.pass_id = pass_id;
         seq.pass_tokens = want;
         seq.pass_prompt_tokens = prompt_tokens;
         seq.pass_prefix = prefix;
+        // A request finishing its prompt samples its first token from the prefill forward.
+        seq.pass_decode = seq.num_computed == seq.len
+            && !(seq.generated == 0 && prompt_tokens > 0)
+            && !seq.generation_complete(max_model_len);
+        if seq.pass_decode {
+            b.decode_batch += 1;
+            b.decode_kv += seq.len as usize;
+        }
         if prompt_tokens > 0 && self.worker_type != WorkerType::Decode {
             b.batch_count += 1;
             b.total_isl += (prefix + prompt_tokens) as usize;
@@ -613,6 +633,10 @@ impl VllmScheduler {
                 b.batch_count -= 1;
                 b.total_isl -= (seq.pass_prefix + seq.pass_prompt_tokens) as usize;
                 b.total_prefix -= seq.pass_prefix as usize;
+            }
+            if seq.pass_decode {
+                b.decode_batch -= 1;
+                b.decode_kv -= seq.len as usize;
             }
             seq.pass_id = u64::MAX;
         }
@@ -705,16 +729,7 @@ impl VllmScheduler {
                 mean_prefix: b.total_prefix / b.batch_count,
             })
         };
-        let pass_id = self.pass_id;
-        let (mut batch, mut kv) = (0usize, 0usize);
-        for &key in &self.running {
-            let s = self.seq(key);
-            let fresh_prefill = s.generated == 0 && s.pass_id == pass_id && s.pass_prompt_tokens > 0;
-            if s.num_computed == s.len && !fresh_prefill && !s.generation_complete(self.max_model_len) {
-                batch += 1;
-                kv += s.len as usize;
-            }
-        }
+        let (batch, kv) = (b.decode_batch, b.decode_kv);
         m.num_decode_requests = batch;
         m.sum_decode_kv_tokens = kv;
         let decode_ms = if batch == 0 || self.worker_type == WorkerType::Prefill {
