@@ -232,7 +232,9 @@ impl Sim {
             if o.rejected {
                 self.collector.on_rejected(rec);
             } else {
-                self.collector.on_token(rec, t);
+                if o.has_token() {
+                    self.collector.on_token(rec, t);
+                }
                 if o.completed {
                     self.collector.on_complete(rec, t);
                 }

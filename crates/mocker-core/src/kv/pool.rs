@@ -195,16 +195,25 @@ impl BlockPool {
         }
         b.registered = true;
         b.hash = hash;
-        if let Some(primary) = self.resident(hash) {
-            let primary = primary as usize;
-            self.blocks[id as usize].next_copy = self.blocks[primary].next_copy;
-            self.blocks[primary].next_copy = id;
-            return false;
+        let blocks = &mut self.blocks;
+        // One probe: an existing entry is either a live primary (this block is a duplicate)
+        // or stale, in which case it is taken over.
+        match self.index.entry(hash) {
+            std::collections::hash_map::Entry::Occupied(mut e) => {
+                let p = *e.get() as usize;
+                if blocks[p].registered && blocks[p].primary && blocks[p].hash == hash {
+                    blocks[id as usize].next_copy = blocks[p].next_copy;
+                    blocks[p].next_copy = id;
+                    return false;
+                }
+                e.insert(id);
+                self.stale -= 1;
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(id);
+            }
         }
-        self.blocks[id as usize].primary = true;
-        if self.index.insert(hash, id).is_some() {
-            self.stale -= 1;
-        }
+        blocks[id as usize].primary = true;
         self.live_hashes += 1;
         true
     }

@@ -103,8 +103,10 @@ impl Seq {
         }
     }
 
-    fn generation_complete(&self, max_model_len: Option<usize>) -> bool {
-        self.generated >= self.max_output || max_model_len.is_some_and(|m| self.len as usize >= m)
+    /// `max_output` already includes the `max_model_len` cap (see `submit`).
+    #[inline]
+    fn generation_complete(&self) -> bool {
+        self.generated >= self.max_output
     }
 }
 
@@ -248,6 +250,11 @@ impl VllmScheduler {
             return Err(SubmitError::NoOutput(request.uuid));
         }
         let prompt_len = request.tokens.len();
+        if let Some(m) = self.max_model_len {
+            // Generation stops when the sequence reaches the model length; a prompt that
+            // already does is rejected at admission (the cap is kept at >= 1 for that).
+            max_output = max_output.min(m.saturating_sub(prompt_len).max(1));
+        }
         if self.trtllm {
             // TRT-LLM caps generation at what the pool could ever hold for this request.
             let cap = (self.num_gpu_blocks * self.block_size as usize).saturating_sub(prompt_len);
@@ -492,7 +499,7 @@ impl VllmScheduler {
         let len = seq.len;
         let mut cached = (m.blocks as u32 * bs).min(len);
         let mut active_cached = (m.active_blocks as u32 * bs).min(len);
-        if !self.trtllm && !seq.generation_complete(self.max_model_len) {
+        if !self.trtllm && !seq.generation_complete() {
             // The last prompt token must be computed to sample from it.
             let max_cached = (len - 1) / bs * bs;
             cached = cached.min(max_cached);
@@ -568,7 +575,6 @@ impl VllmScheduler {
         let prompt_tokens = after.min(prompt_len) - prefix;
         let pass_id = self.pass_id;
         let from_waiting = cost.is_some();
-        let max_model_len = self.max_model_len;
         let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
         seq.pass_id = pass_id;
         seq.pass_tokens = want;
@@ -577,7 +583,7 @@ impl VllmScheduler {
         // A request finishing its prompt samples its first token from the prefill forward.
         seq.pass_decode = seq.num_computed == seq.len
             && !(seq.generated == 0 && prompt_tokens > 0)
-            && !seq.generation_complete(max_model_len);
+            && !seq.generation_complete();
         if seq.pass_decode {
             b.decode_batch += 1;
             b.decode_kv += seq.len as usize;
@@ -746,15 +752,15 @@ impl VllmScheduler {
 
     /// Every ready request samples one token; finished ones release their KV.
     fn emit(&mut self, pass: &mut Pass) {
-        let max_model_len = self.max_model_len;
         let mut finished = false;
+        let mut tokens = 0;
         for i in 0..self.running.len() {
             let key = self.running[i];
             let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
             if seq.num_computed != seq.len {
                 continue;
             }
-            if seq.generation_complete(max_model_len) {
+            if seq.generation_complete() {
                 pass.outputs.push(Output {
                     key,
                     uuid: seq.uuid,
@@ -775,7 +781,7 @@ impl VllmScheduler {
             };
             seq.generated += 1;
             seq.len += 1;
-            let completed = seq.generation_complete(max_model_len);
+            let completed = seq.generation_complete();
             let cached_tokens = if seq.sent_first { None } else { seq.first_cached };
             seq.sent_first = true;
             pass.outputs.push(Output {
@@ -789,8 +795,9 @@ impl VllmScheduler {
             });
             seq.done = completed;
             finished |= completed;
+            tokens += 1;
         }
-        self.totals.generation_tokens_total += pass.outputs.iter().filter(|o| o.has_token()).count() as u64;
+        self.totals.generation_tokens_total += tokens;
         if finished {
             let seqs = &self.seqs;
             let mut retired = std::mem::take(&mut self.rejected);
