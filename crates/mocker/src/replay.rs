@@ -25,10 +25,10 @@ pub struct ReplayArgs {
     #[arg(long, visible_alias = "replay-concurrency")]
     pub concurrency: Option<usize>,
     /// Open loop: Poisson arrivals at this many requests per second.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub request_rate: Option<f64>,
     /// Open loop: constant gap between arrivals in ms (0 = all at once).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub arrival_interval_ms: Option<f64>,
     /// Seed of Poisson arrivals.
     #[arg(long, default_value_t = 42)]
@@ -37,13 +37,13 @@ pub struct ReplayArgs {
     #[arg(long, default_value_t = 1)]
     pub turns_per_session: usize,
     /// Fraction of each prompt shared within its prefix group, in [0, 1].
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub shared_prefix_ratio: f64,
     /// Number of prefix groups sessions are drawn into (0 = no sharing).
     #[arg(long, default_value_t = 0)]
     pub num_prefix_groups: usize,
     /// Delay between a turn's completion and the next turn, ms.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub inter_turn_delay_ms: f64,
     /// Simulated workers; requests are placed round-robin.
     #[arg(long, default_value_t = 1)]
