@@ -1,7 +1,7 @@
 //! What callers submit to an engine and what a pass hands back for each request.
 
 /// A generation request as an engine receives it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Request {
     /// Caller's request id (a UUID as 128 bits); seeds deterministic output tokens.
     pub uuid: u128,
@@ -11,6 +11,10 @@ pub struct Request {
     pub max_output_tokens: usize,
     /// Planned output tokens; when given, their count overrides `max_output_tokens`.
     pub output_token_ids: Option<Vec<u32>>,
+    /// Sequence hashes of the prompt's full blocks at the engine's block size, when the
+    /// caller already has them (a router or a prompt-synthesis thread); the engine
+    /// computes them otherwise. They must equal `hashing::sequence_hashes(tokens, bs)`.
+    pub block_hashes: Option<Vec<u64>>,
 }
 
 /// The engine's handle for a submitted request, valid until the pass after its terminal
@@ -29,6 +33,9 @@ pub struct Output {
     pub token: OutputToken,
     /// Index of this token in the request's output (0 for the first token).
     pub index: u32,
+    /// Time since the request's previous token (0 for the first token and terminal
+    /// outputs without a token): the inter-token latency vLLM reports.
+    pub itl_ns: u64,
     /// Last output of the request; its KV has been released.
     pub completed: bool,
     /// The request can never run here (too long for the model or the KV pool).

@@ -20,7 +20,7 @@ fn run(config: EngineConfig, requests: &[(usize, usize)]) -> Vec<Trace> {
     for (i, &(isl, osl)) in requests.iter().enumerate() {
         let tokens = (0..isl as u32).map(|t| t + 1 + 100_000 * i as u32).collect();
         engine
-            .submit(Request { uuid: i as u128 + 1, tokens, max_output_tokens: osl, output_token_ids: None })
+            .submit(Request { uuid: i as u128 + 1, tokens, max_output_tokens: osl, ..Default::default() })
             .unwrap();
     }
     let mut traces: HashMap<u128, Trace> = HashMap::new();

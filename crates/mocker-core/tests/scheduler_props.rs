@@ -192,6 +192,7 @@ fn run(config: EngineConfig, specs: &[Spec], record: bool) -> Result<(), TestCas
                     tokens: prompt_tokens(i, s),
                     max_output_tokens: s.output,
                     output_token_ids: None,
+                    block_hashes: None,
                 })
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             seen.insert(uuid, Seen::default());

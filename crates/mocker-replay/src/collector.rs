@@ -84,26 +84,32 @@ impl Collector {
         r.reused_max = r.reused_max.max(reused);
     }
 
-    /// The request received a token at `t_ns`.
+    /// The request received its token number `index` at `t_ns`, `itl_ns` after its
+    /// previous one.
     #[inline]
-    pub fn on_token(&mut self, id: RecordId, t_ns: u64) {
+    pub fn on_token(&mut self, id: RecordId, t_ns: u64, index: u32, itl_ns: u64) {
         let r = &mut self.records[id as usize];
-        let (tokens, last_ns) = (r.tokens, r.last_ns);
-        match tokens {
+        match index {
             0 => r.first_ns = t_ns,
             1 => r.second_ns = t_ns,
             _ => {}
         }
-        r.tokens += 1;
+        r.tokens = index + 1;
         r.last_ns = t_ns;
-        if tokens > 0 {
-            let gap = t_ns - last_ns;
-            if gap != self.run_gap_ns {
-                self.flush_gaps();
-                self.run_gap_ns = gap;
-            }
-            self.run_len += 1;
+        if index > 0 {
+            self.on_gaps(itl_ns, 1);
         }
+    }
+
+    /// `count` requests each received a mid-stream token (neither first, second nor last)
+    /// `itl_ns` after their previous one; their records need no update until their last.
+    #[inline]
+    pub fn on_gaps(&mut self, itl_ns: u64, count: u64) {
+        if itl_ns != self.run_gap_ns {
+            self.flush_gaps();
+            self.run_gap_ns = itl_ns;
+        }
+        self.run_len += count;
     }
 
     fn flush_gaps(&mut self) {
@@ -181,8 +187,10 @@ mod tests {
         let mut c = Collector::new();
         let a = c.on_arrival(1_000_000, 10);
         c.on_admission(a, 0);
-        for t in [11_000_000, 14_000_000, 17_000_000, 21_000_000] {
-            c.on_token(a, t);
+        let mut last = 0;
+        for (i, t) in [11_000_000, 14_000_000, 17_000_000, 21_000_000].into_iter().enumerate() {
+            c.on_token(a, t, i as u32, if i == 0 { 0 } else { t - last });
+            last = t;
         }
         c.on_complete(a, 21_000_000);
         let b = c.on_arrival(0, 5);
@@ -207,7 +215,7 @@ mod tests {
         let a = c.on_arrival(0, 100);
         c.on_admission(a, 0);
         c.on_admission(a, 64);
-        c.on_token(a, 5);
+        c.on_token(a, 5, 0, 0);
         c.on_complete(a, 5);
         let s = c.finish();
         assert_eq!(s.reused_input_tokens, 64);

@@ -9,8 +9,9 @@ use mocker_core::config::LaunchConfig;
 use mocker_core::{Engine, EngineError, EngineOptions, Request};
 
 use crate::collector::{Collector, RecordId};
+use crate::feed::{PlannedSession, PlannedTurn, SessionFeed};
 use crate::report::Summary;
-use crate::workload::{Load, SessionState, SyntheticSource, SyntheticWorkload, WorkloadError};
+use crate::workload::{Load, SyntheticWorkload, WorkloadError};
 
 /// What an offline replay runs.
 #[derive(Debug, Clone)]
@@ -59,38 +60,65 @@ struct Worker {
     /// Collector record of each engine slot.
     records: Vec<RecordId>,
     /// Session of each engine slot.
-    sessions: Vec<SessionState>,
+    sessions: Vec<SessionId>,
 }
+
+/// Index of a started session in `Sim::sessions`.
+type SessionId = u32;
 
 struct Sim {
     workers: Vec<Worker>,
-    source: SyntheticSource,
+    feed: SessionFeed,
+    sessions: SessionTable,
     collector: Collector,
     concurrency: Option<usize>,
-    active_sessions: usize,
     in_flight: usize,
     next_worker: usize,
     pass_seq: u64,
     delay_ns: u64,
-    /// Sessions whose next turn is due at a future time.
-    delayed: BinaryHeap<Reverse<(u64, u64, SessionKey)>>,
+    /// Sessions whose next turn is due at a future time: (due, tie-break, session).
+    delayed: BinaryHeap<Reverse<(u64, u64, SessionId)>>,
     /// Sessions whose next turn is due now.
-    ready: VecDeque<SessionState>,
+    ready: VecDeque<SessionId>,
     delayed_seq: u64,
 }
 
-/// Orderable wrapper so sessions can sit in the delay heap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct SessionKey(SessionState);
-
-impl PartialOrd for SessionKey {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
+/// Started sessions and their remaining turns.
+#[derive(Default)]
+struct SessionTable {
+    slots: Vec<Option<PlannedSession>>,
+    free: Vec<SessionId>,
+    /// Sessions started and not finished (what the concurrency cap counts).
+    active: usize,
 }
-impl Ord for SessionKey {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.index.cmp(&other.0.index)
+
+impl SessionTable {
+    fn start(&mut self, s: PlannedSession) -> SessionId {
+        self.active += 1;
+        match self.free.pop() {
+            Some(sid) => {
+                self.slots[sid as usize] = Some(s);
+                sid
+            }
+            None => {
+                self.slots.push(Some(s));
+                (self.slots.len() - 1) as SessionId
+            }
+        }
+    }
+
+    fn has_turns(&self, sid: SessionId) -> bool {
+        self.slots[sid as usize].as_ref().is_some_and(|s| !s.turns.is_empty())
+    }
+
+    fn next_turn(&mut self, sid: SessionId) -> Option<PlannedTurn> {
+        self.slots[sid as usize].as_mut()?.turns.pop_front()
+    }
+
+    fn end(&mut self, sid: SessionId) {
+        self.slots[sid as usize] = None;
+        self.free.push(sid);
+        self.active -= 1;
     }
 }
 
@@ -122,13 +150,13 @@ pub fn run_synthetic(options: &ReplayOptions) -> Result<ReplayOutcome, ReplayErr
     let started = Instant::now();
     let mut sim = Sim {
         workers,
-        source: SyntheticSource::new(options.workload.clone(), engine.block_size),
+        feed: SessionFeed::new(&options.workload, engine.block_size, engine.enable_prefix_caching),
+        sessions: SessionTable::default(),
         collector: Collector::new(),
         concurrency: match options.workload.load {
             Load::Concurrency(c) => Some(c),
             _ => None,
         },
-        active_sessions: 0,
         in_flight: 0,
         next_worker: 0,
         pass_seq: 0,
@@ -158,7 +186,7 @@ impl Sim {
             if self.done() {
                 return Ok(());
             }
-            let next_arrival = self.source.next_arrival_ms().map(ms_to_ns);
+            let next_arrival = self.feed.next_arrival_ms().map(ms_to_ns);
             let next_delayed = self.delayed.peek().map(|Reverse((t, _, _))| *t);
             let next_pass = self.workers.iter().filter_map(|w| w.busy.map(|(t, _)| t)).min();
             match [next_arrival, next_delayed, next_pass].into_iter().flatten().min() {
@@ -170,7 +198,7 @@ impl Sim {
 
     fn done(&self) -> bool {
         self.in_flight == 0
-            && self.source.sessions_remaining() == 0
+            && self.feed.sessions_remaining() == 0
             && self.delayed.is_empty()
             && self.ready.is_empty()
             && self.workers.iter().all(|w| w.busy.is_none())
@@ -227,13 +255,17 @@ impl Sim {
         for a in &pass.admissions {
             self.collector.on_admission(worker.records[a.key.0 as usize], a.reused_tokens);
         }
-        for o in &pass.outputs {
+        let individual = pass.outputs.len() - pass.steady_outputs;
+        if let Some(o) = pass.outputs.get(individual) {
+            self.collector.on_gaps(o.itl_ns, pass.steady_outputs as u64);
+        }
+        for o in &pass.outputs[..individual] {
             let rec = worker.records[o.key.0 as usize];
             if o.rejected {
                 self.collector.on_rejected(rec);
             } else {
                 if o.has_token() {
-                    self.collector.on_token(rec, t);
+                    self.collector.on_token(rec, t, o.index, o.itl_ns);
                 }
                 if o.completed {
                     self.collector.on_complete(rec, t);
@@ -241,20 +273,14 @@ impl Sim {
             }
             if o.completed {
                 self.in_flight -= 1;
-                let session = worker.sessions[o.key.0 as usize];
-                if session.turns_issued < self.source.turns_per_session() {
-                    if self.delay_ns == 0 {
-                        self.ready.push_back(session);
-                    } else {
-                        self.delayed_seq += 1;
-                        self.delayed.push(Reverse((
-                            t + self.delay_ns,
-                            self.delayed_seq,
-                            SessionKey(session),
-                        )));
-                    }
+                let sid = worker.sessions[o.key.0 as usize];
+                if !self.sessions.has_turns(sid) {
+                    self.sessions.end(sid);
+                } else if self.delay_ns == 0 {
+                    self.ready.push_back(sid);
                 } else {
-                    self.active_sessions -= 1;
+                    self.delayed_seq += 1;
+                    self.delayed.push(Reverse((t + self.delay_ns, self.delayed_seq, sid)));
                 }
             }
         }
@@ -267,8 +293,8 @@ impl Sim {
             if t > now {
                 break;
             }
-            let Reverse((_, _, SessionKey(s))) = self.delayed.pop().expect("peeked");
-            self.ready.push_back(s);
+            let Reverse((_, _, sid)) = self.delayed.pop().expect("peeked");
+            self.ready.push_back(sid);
         }
         while let Some(s) = self.ready.pop_front() {
             self.dispatch(s, now)?;
@@ -276,22 +302,22 @@ impl Sim {
         }
         match self.concurrency {
             Some(c) => {
-                while self.active_sessions < c {
-                    let Some(s) = self.source.start_session() else { break };
-                    self.active_sessions += 1;
-                    self.dispatch(s, now)?;
+                while self.sessions.active < c {
+                    let Some(s) = self.feed.start_session() else { break };
+                    let sid = self.sessions.start(s);
+                    self.dispatch(sid, now)?;
                     any = true;
                 }
             }
             None => {
-                while let Some(at) = self.source.next_arrival_ms() {
+                while let Some(at) = self.feed.next_arrival_ms() {
                     let at = ms_to_ns(at);
                     if at > now {
                         break;
                     }
-                    let s = self.source.start_session().expect("a session remains");
-                    self.active_sessions += 1;
-                    self.dispatch(s, at)?;
+                    let s = self.feed.start_session().expect("a session was peeked");
+                    let sid = self.sessions.start(s);
+                    self.dispatch(sid, at)?;
                     any = true;
                 }
             }
@@ -299,10 +325,10 @@ impl Sim {
         Ok(any)
     }
 
-    /// Materialises the session's next turn and places it round-robin.
-    fn dispatch(&mut self, mut session: SessionState, arrival_ns: u64) -> Result<(), ReplayError> {
-        let Some(turn) = self.source.next_turn(&mut session) else {
-            self.active_sessions -= 1;
+    /// Submits the session's next turn, placed round-robin.
+    fn dispatch(&mut self, sid: SessionId, arrival_ns: u64) -> Result<(), ReplayError> {
+        let Some(turn) = self.sessions.next_turn(sid) else {
+            self.sessions.end(sid);
             return Ok(());
         };
         let rec = self.collector.on_arrival(arrival_ns, turn.tokens.len());
@@ -314,14 +340,15 @@ impl Sim {
             tokens: turn.tokens,
             max_output_tokens: turn.max_output_tokens,
             output_token_ids: None,
+            block_hashes: turn.block_hashes,
         })?;
         let slot = key.0 as usize;
         if worker.records.len() <= slot {
             worker.records.resize(slot + 1, 0);
-            worker.sessions.resize(slot + 1, session);
+            worker.sessions.resize(slot + 1, 0);
         }
         worker.records[slot] = rec;
-        worker.sessions[slot] = session;
+        worker.sessions[slot] = sid;
         self.in_flight += 1;
         Ok(())
     }

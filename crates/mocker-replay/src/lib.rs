@@ -3,6 +3,7 @@
 
 pub mod collector;
 pub mod driver;
+pub mod feed;
 pub mod report;
 pub mod workload;
 

@@ -23,6 +23,10 @@ pub struct Pass {
     pub outputs: Vec<Output>,
     /// Requests admitted at pass start.
     pub admissions: Vec<Admission>,
+    /// The last `steady_outputs` entries of `outputs` are mid-stream tokens of requests
+    /// that also got a token in the previous pass: none is a first, second or last
+    /// token, and all share one `itl_ns`. Aggregating consumers can take them as a block.
+    pub steady_outputs: usize,
     /// KV events, visible at pass end.
     pub kv_events: Vec<KvEvent>,
     /// The pass's shape and cost.
@@ -48,6 +52,7 @@ impl Pass {
         self.start_ns = start_ns;
         self.end_ns = start_ns;
         self.outputs.clear();
+        self.steady_outputs = 0;
         self.admissions.clear();
         self.kv_events.clear();
         self.metrics = ForwardPassMetrics::default();
@@ -81,6 +86,9 @@ struct Seq {
     sent_first: bool,
     /// Finished in the current pass; retired once emission is done.
     done: bool,
+    /// When and in which pass the previous token was emitted.
+    last_token_ns: u64,
+    last_token_pass: u64,
     /// Pass in which `pass_*` were recorded.
     pass_id: u64,
     pass_tokens: u32,
@@ -171,6 +179,7 @@ pub struct VllmScheduler {
     evicted: Vec<u64>,
     rejected: Vec<SeqKey>,
     scratch_tokens: Vec<u32>,
+    steady: Vec<Output>,
     pass: Pass,
 }
 
@@ -236,6 +245,7 @@ impl VllmScheduler {
             evicted: Vec::new(),
             rejected: Vec::new(),
             scratch_tokens: Vec::new(),
+            steady: Vec::new(),
             pass: Pass::default(),
         }
     }
@@ -260,10 +270,19 @@ impl VllmScheduler {
             let cap = (self.num_gpu_blocks * self.block_size as usize).saturating_sub(prompt_len);
             max_output = max_output.min(cap.max(1));
         }
-        let mut hashes = Vec::new();
-        if self.prefix_caching {
-            extend_sequence_hashes(&request.tokens, self.block_size as usize, &mut hashes);
-        }
+        let bs = self.block_size as usize;
+        let hashes = match request.block_hashes {
+            _ if !self.prefix_caching => Vec::new(),
+            Some(h) if h.len() == prompt_len / bs => {
+                debug_assert_eq!(h, crate::hashing::sequence_hashes(&request.tokens, bs));
+                h
+            }
+            _ => {
+                let mut h = Vec::new();
+                extend_sequence_hashes(&request.tokens, bs, &mut h);
+                h
+            }
+        };
         let seq = Seq {
             uuid: request.uuid,
             prompt: request.tokens,
@@ -279,6 +298,8 @@ impl VllmScheduler {
             first_cached: None,
             sent_first: false,
             done: false,
+            last_token_ns: 0,
+            last_token_pass: u64::MAX,
             pass_id: u64::MAX,
             pass_tokens: 0,
             pass_prompt_tokens: 0,
@@ -371,11 +392,15 @@ impl VllmScheduler {
     fn schedule_running(&mut self, b: &mut Budget, pass: &mut Pass) {
         let mut i = 0;
         while i < self.running.len() && b.tokens > 0 {
-            let key = self.running[i];
-            if self.schedule_plain_decode(key, b) {
-                i += 1;
-                continue;
+            let (n, kv) = self.plain_decode_run(&mut i, b.tokens);
+            b.decode_batch += n;
+            b.decode_kv += kv;
+            b.scheduled_tokens += n;
+            b.tokens -= n as u32;
+            if i >= self.running.len() || b.tokens == 0 {
+                break;
             }
+            let key = self.running[i];
             match self.schedule(key, None, b, pass, &mut i) {
                 Scheduled::Yes => i += 1,
                 Scheduled::Blocked => break,
@@ -384,34 +409,40 @@ impl VllmScheduler {
         }
     }
 
-    /// Fast path for the common case: one decode token that fits the request's last block
-    /// and completes no block, so no allocation, hashing or event can result. Returns false
-    /// when the general path is needed.
+    /// Fast path for the common case, from `running[*i]` on: requests decoding one token
+    /// that fits their last block and completes no block, so no allocation, hashing or
+    /// event can result. Stops at the first request that needs the general path and
+    /// returns how many were scheduled and their KV. Counts stay in locals so the loop
+    /// does not round-trip the budget through memory.
     #[inline]
-    fn schedule_plain_decode(&mut self, key: SeqKey, b: &mut Budget) -> bool {
+    fn plain_decode_run(&mut self, i: &mut usize, budget: u32) -> (usize, usize) {
         let bs = self.block_size;
         let pass_id = self.pass_id;
-        let Some(seq) = self.seqs[key.0 as usize].as_mut() else { return false };
-        let len = seq.len;
-        // Block size is almost always a power of two; avoid a division per token then.
-        let rem = if bs.is_power_of_two() { len & (bs - 1) } else { len % bs };
-        let plain = seq.num_computed + 1 == len
-            && seq.num_computed >= seq.prompt_len
-            && len as usize <= seq.blocks.len() * bs as usize
-            && (!self.prefix_caching || rem != 0);
-        if !plain {
-            return false;
+        let check_boundary = self.prefix_caching;
+        let (mut n, mut kv) = (0usize, 0usize);
+        while *i < self.running.len() && (n as u32) < budget {
+            let key = self.running[*i];
+            let Some(seq) = self.seqs[key.0 as usize].as_mut() else { break };
+            let len = seq.len;
+            // Block size is almost always a power of two: no division per token then.
+            let rem = if bs.is_power_of_two() { len & (bs - 1) } else { len % bs };
+            let plain = seq.num_computed + 1 == len
+                && seq.num_computed >= seq.prompt_len
+                && len as usize <= seq.blocks.len() * bs as usize
+                && (!check_boundary || rem != 0);
+            if !plain {
+                break;
+            }
+            seq.num_computed = len;
+            seq.pass_id = pass_id;
+            seq.pass_tokens = 1;
+            seq.pass_prompt_tokens = 0;
+            seq.pass_decode = true;
+            n += 1;
+            kv += len as usize;
+            *i += 1;
         }
-        seq.num_computed = len;
-        seq.pass_id = pass_id;
-        seq.pass_tokens = 1;
-        seq.pass_prompt_tokens = 0;
-        seq.pass_decode = true;
-        b.decode_batch += 1;
-        b.decode_kv += len as usize;
-        b.scheduled_tokens += 1;
-        b.tokens -= 1;
-        true
+        (n, kv)
     }
 
     /// (b) Admissions from the waiting head, FCFS, while sequences and blocks allow.
@@ -754,6 +785,7 @@ impl VllmScheduler {
     fn emit(&mut self, pass: &mut Pass) {
         let mut finished = false;
         let mut tokens = 0;
+        let (end_ns, pass_id) = (pass.end_ns, self.pass_id);
         for i in 0..self.running.len() {
             let key = self.running[i];
             let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
@@ -765,6 +797,7 @@ impl VllmScheduler {
                     key,
                     uuid: seq.uuid,
                     token: OutputToken::None,
+                    itl_ns: 0,
                     index: seq.generated,
                     completed: true,
                     rejected: false,
@@ -784,19 +817,31 @@ impl VllmScheduler {
             let completed = seq.generation_complete();
             let cached_tokens = if seq.sent_first { None } else { seq.first_cached };
             seq.sent_first = true;
-            pass.outputs.push(Output {
+            let itl_ns = if index == 0 { 0 } else { end_ns - seq.last_token_ns };
+            let steady = index >= 2 && !completed && seq.last_token_pass.wrapping_add(1) == pass_id;
+            seq.last_token_ns = end_ns;
+            seq.last_token_pass = pass_id;
+            let out = Output {
                 key,
                 uuid: seq.uuid,
                 token,
                 index,
+                itl_ns,
                 completed,
                 rejected: false,
                 cached_tokens,
-            });
+            };
+            if steady {
+                self.steady.push(out);
+            } else {
+                pass.outputs.push(out);
+            }
             seq.done = completed;
             finished |= completed;
             tokens += 1;
         }
+        pass.steady_outputs = self.steady.len();
+        pass.outputs.append(&mut self.steady);
         self.totals.generation_tokens_total += tokens;
         if finished {
             let seqs = &self.seqs;
@@ -823,6 +868,7 @@ impl VllmScheduler {
             key,
             uuid: seq.uuid,
             token: OutputToken::None,
+            itl_ns: 0,
             index: 0,
             completed: true,
             rejected: true,

@@ -1,0 +1,195 @@
+//! Sessions handed to the replay loop in order, with their prompts synthesised and
+//! block-hashed. For large workloads that work runs on a second thread, a bounded
+//! distance ahead of the simulation, since it is a fifth of a replay's CPU time.
+
+use std::collections::VecDeque;
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::thread::JoinHandle;
+
+use mocker_core::hashing::sequence_hashes;
+
+use crate::workload::{SyntheticSource, SyntheticWorkload};
+
+/// One turn, ready to submit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedTurn {
+    /// Request id.
+    pub uuid: u128,
+    /// Prompt tokens.
+    pub tokens: Vec<u32>,
+    /// Output tokens.
+    pub max_output_tokens: usize,
+    /// Sequence hashes of the prompt's full blocks (when prefix caching is on).
+    pub block_hashes: Option<Vec<u64>>,
+}
+
+/// A session ready to start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedSession {
+    /// First-turn arrival for open-loop loads.
+    pub arrival_ms: Option<f64>,
+    /// Turns not yet dispatched, in order.
+    pub turns: VecDeque<PlannedTurn>,
+}
+
+/// Prompt tokens below which a helper thread costs more than it saves.
+const THREAD_MIN_PROMPT_TOKENS: usize = 4_000_000;
+/// Sessions the helper thread may run ahead.
+const LOOKAHEAD: usize = 256;
+
+enum Source {
+    Inline(Box<Planner>),
+    Threaded { rx: Receiver<PlannedSession>, worker: Option<JoinHandle<()>> },
+}
+
+/// Turns a workload into planned sessions.
+struct Planner {
+    source: SyntheticSource,
+    hash_block_size: Option<usize>,
+}
+
+impl Planner {
+    fn next(&mut self) -> Option<PlannedSession> {
+        let arrival_ms = self.source.next_arrival_ms();
+        let mut state = self.source.start_session()?;
+        let mut turns = VecDeque::with_capacity(self.source.turns_per_session());
+        while let Some(t) = self.source.next_turn(&mut state) {
+            let block_hashes = self.hash_block_size.map(|bs| sequence_hashes(&t.tokens, bs));
+            turns.push_back(PlannedTurn {
+                uuid: t.uuid,
+                tokens: t.tokens,
+                max_output_tokens: t.max_output_tokens,
+                block_hashes,
+            });
+        }
+        Some(PlannedSession { arrival_ms, turns })
+    }
+}
+
+/// Planned sessions in workload order.
+pub struct SessionFeed {
+    source: Source,
+    peeked: Option<PlannedSession>,
+    remaining: usize,
+}
+
+impl SessionFeed {
+    /// A feed of `workload` for engines with `block_size`-token blocks; prompts are hashed
+    /// only when `hash_prompts` (prefix caching on).
+    pub fn new(workload: &SyntheticWorkload, block_size: usize, hash_prompts: bool) -> Self {
+        let remaining = workload.request_count;
+        let mut planner = Planner {
+            source: SyntheticSource::new(workload.clone(), block_size),
+            hash_block_size: hash_prompts.then_some(block_size),
+        };
+        let total_prompt_tokens = workload.total_requests().saturating_mul(workload.input_tokens);
+        let source = if total_prompt_tokens < THREAD_MIN_PROMPT_TOKENS {
+            Source::Inline(Box::new(planner))
+        } else {
+            let (tx, rx) = sync_channel(LOOKAHEAD);
+            let worker = std::thread::Builder::new()
+                .name("mocker-prompts".into())
+                .spawn(move || {
+                    while let Some(s) = planner.next() {
+                        if tx.send(s).is_err() {
+                            return; // the replay stopped early
+                        }
+                    }
+                })
+                .expect("spawn prompt synthesis thread");
+            Source::Threaded { rx, worker: Some(worker) }
+        };
+        Self { source, peeked: None, remaining }
+    }
+
+    fn fill(&mut self) {
+        if self.peeked.is_some() || self.remaining == 0 {
+            return;
+        }
+        self.peeked = match &mut self.source {
+            Source::Inline(p) => p.next(),
+            // A closed channel before `remaining` reached 0 means the thread died; the
+            // replay then ends early and reports the sessions it got.
+            Source::Threaded { rx, .. } => rx.recv().ok(),
+        };
+        if self.peeked.is_none() {
+            self.remaining = 0;
+        }
+    }
+
+    /// Arrival (ms) of the next session's first turn, for open-loop loads.
+    pub fn next_arrival_ms(&mut self) -> Option<f64> {
+        self.fill();
+        self.peeked.as_ref().and_then(|s| s.arrival_ms)
+    }
+
+    /// Takes the next session.
+    pub fn start_session(&mut self) -> Option<PlannedSession> {
+        self.fill();
+        let s = self.peeked.take()?;
+        self.remaining -= 1;
+        Some(s)
+    }
+
+    /// Sessions not taken yet.
+    pub fn sessions_remaining(&self) -> usize {
+        self.remaining
+    }
+}
+
+impl Drop for SessionFeed {
+    fn drop(&mut self) {
+        if let Source::Threaded { rx, worker } = &mut self.source {
+            // Disconnecting wakes a sender blocked on a full channel; then it finishes.
+            let (_, dead) = sync_channel::<PlannedSession>(0);
+            drop(std::mem::replace(rx, dead));
+            if let Some(w) = worker.take() {
+                let _ = w.join();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::Load;
+
+    fn collect(w: &SyntheticWorkload) -> Vec<PlannedSession> {
+        let mut feed = SessionFeed::new(w, 64, true);
+        let mut out = Vec::new();
+        while let Some(s) = feed.start_session() {
+            out.push(s);
+        }
+        assert_eq!(feed.sessions_remaining(), 0);
+        out
+    }
+
+    #[test]
+    fn threaded_and_inline_feeds_agree() {
+        let small = SyntheticWorkload {
+            input_tokens: 1000,
+            request_count: 50,
+            turns_per_session: 2,
+            load: Load::RequestRate(10.0),
+            ..Default::default()
+        };
+        // Same workload but large enough to use the thread; compare its first sessions.
+        let big = SyntheticWorkload { request_count: 2_500, ..small.clone() };
+        let a = collect(&small);
+        let b = collect(&big);
+        assert_eq!(a.len(), 50);
+        assert_eq!(b.len(), 2_500);
+        assert_eq!(a[..], b[..50]);
+        let t = &a[3].turns[1];
+        assert_eq!(t.block_hashes.as_deref(), Some(&sequence_hashes(&t.tokens, 64)[..]));
+    }
+
+    #[test]
+    fn dropping_a_threaded_feed_early_stops_its_thread() {
+        let w = SyntheticWorkload { input_tokens: 1000, request_count: 100_000, ..Default::default() };
+        let mut feed = SessionFeed::new(&w, 64, false);
+        assert!(feed.start_session().is_some());
+        drop(feed); // must not hang
+    }
+}
