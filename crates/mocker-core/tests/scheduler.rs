@@ -32,7 +32,7 @@ fn run(config: EngineConfig, requests: &[(usize, usize)]) -> Vec<Trace> {
         for a in &pass.admissions {
             traces.entry(a.uuid).or_default().admissions += 1;
         }
-        for o in &pass.outputs {
+        for o in pass.all_outputs() {
             let t = traces.entry(o.uuid).or_default();
             if o.rejected {
                 t.rejected = true;

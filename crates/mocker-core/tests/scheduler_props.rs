@@ -237,7 +237,7 @@ fn run(config: EngineConfig, specs: &[Spec], record: bool) -> Result<(), TestCas
                 prop_assert_eq!(a.reused_tokens, 0, "prefix reuse with caching off");
             }
         }
-        for o in &pass.outputs {
+        for o in pass.all_outputs() {
             let s = seen.get_mut(&o.uuid).expect("output for a submitted request");
             prop_assert_eq!(s.completed, 0, "output after the terminal output of {}", o.uuid);
             s.outputs += 1;

@@ -255,11 +255,10 @@ impl Sim {
         for a in &pass.admissions {
             self.collector.on_admission(worker.records[a.key.0 as usize], a.reused_tokens);
         }
-        let individual = pass.outputs.len() - pass.steady_outputs;
-        if let Some(o) = pass.outputs.get(individual) {
-            self.collector.on_gaps(o.itl_ns, pass.steady_outputs as u64);
+        if let Some(o) = pass.steady.first() {
+            self.collector.on_gaps(o.itl_ns, pass.steady.len() as u64);
         }
-        for o in &pass.outputs[..individual] {
+        for o in &pass.outputs {
             let rec = worker.records[o.key.0 as usize];
             if o.rejected {
                 self.collector.on_rejected(rec);

@@ -19,14 +19,14 @@ pub struct Pass {
     pub start_ns: u64,
     /// Simulated time the pass ends and its outputs are delivered (ns).
     pub end_ns: u64,
-    /// Tokens and terminal signals, in running order.
+    /// Tokens and terminal signals, in running order, except steady tokens.
     pub outputs: Vec<Output>,
+    /// Mid-stream tokens of requests that also got a token in the previous pass: none is
+    /// a first, second or last token, and all share one `itl_ns`, so aggregating
+    /// consumers can take them as a block. [`Pass::all_outputs`] iterates both lists.
+    pub steady: Vec<Output>,
     /// Requests admitted at pass start.
     pub admissions: Vec<Admission>,
-    /// The last `steady_outputs` entries of `outputs` are mid-stream tokens of requests
-    /// that also got a token in the previous pass: none is a first, second or last
-    /// token, and all share one `itl_ns`. Aggregating consumers can take them as a block.
-    pub steady_outputs: usize,
     /// KV events, visible at pass end.
     pub kv_events: Vec<KvEvent>,
     /// The pass's shape and cost.
@@ -39,9 +39,15 @@ impl Pass {
         self.end_ns - self.start_ns
     }
 
+    /// Every output of the pass: `outputs`, then `steady`.
+    pub fn all_outputs(&self) -> impl Iterator<Item = &Output> {
+        self.outputs.iter().chain(self.steady.iter())
+    }
+
     /// Whether the pass changed anything (a pass that did not cannot be repeated usefully).
     pub fn had_effect(&self) -> bool {
         !self.outputs.is_empty()
+            || !self.steady.is_empty()
             || !self.admissions.is_empty()
             || !self.kv_events.is_empty()
             || self.metrics.scheduled_tokens > 0
@@ -52,7 +58,7 @@ impl Pass {
         self.start_ns = start_ns;
         self.end_ns = start_ns;
         self.outputs.clear();
-        self.steady_outputs = 0;
+        self.steady.clear();
         self.admissions.clear();
         self.kv_events.clear();
         self.metrics = ForwardPassMetrics::default();
@@ -179,7 +185,6 @@ pub struct VllmScheduler {
     evicted: Vec<u64>,
     rejected: Vec<SeqKey>,
     scratch_tokens: Vec<u32>,
-    steady: Vec<Output>,
     pass: Pass,
 }
 
@@ -245,7 +250,6 @@ impl VllmScheduler {
             evicted: Vec::new(),
             rejected: Vec::new(),
             scratch_tokens: Vec::new(),
-            steady: Vec::new(),
             pass: Pass::default(),
         }
     }
@@ -792,21 +796,9 @@ impl VllmScheduler {
             if seq.num_computed != seq.len {
                 continue;
             }
-            if seq.generation_complete() {
-                pass.outputs.push(Output {
-                    key,
-                    uuid: seq.uuid,
-                    token: OutputToken::None,
-                    itl_ns: 0,
-                    index: seq.generated,
-                    completed: true,
-                    rejected: false,
-                    cached_tokens: None,
-                });
-                seq.done = true;
-                finished = true;
-                continue;
-            }
+            // Requests always have output left here: submit rejects zero-output requests
+            // and a finished request is retired in the pass that completes it.
+            debug_assert!(!seq.generation_complete());
             let index = seq.generated;
             let token = match &seq.planned {
                 Some(p) => OutputToken::Planned(p[index as usize]),
@@ -832,7 +824,7 @@ impl VllmScheduler {
                 cached_tokens,
             };
             if steady {
-                self.steady.push(out);
+                pass.steady.push(out);
             } else {
                 pass.outputs.push(out);
             }
@@ -840,8 +832,6 @@ impl VllmScheduler {
             finished |= completed;
             tokens += 1;
         }
-        pass.steady_outputs = self.steady.len();
-        pass.outputs.append(&mut self.steady);
         self.totals.generation_tokens_total += tokens;
         if finished {
             let seqs = &self.seqs;
