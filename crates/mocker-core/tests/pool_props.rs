@@ -3,12 +3,14 @@
 //! Random operation sequences drive a `BlockPool` the way schedulers do (simulated requests
 //! own block vectors, grow them with or without prefix hits, register their computed blocks
 //! under chained hashes, release them), while the test keeps its own model of every block:
-//! refcount, registered hash, and the inactive LRU order. After every operation the pool
-//! must agree with the model, and the Stored/Removed stream implied by `register`'s return
-//! value and the `evicted` reports must stay consistent with `contains`.
+//! refcount, registered hash, and the inactive LRU order (under the `lineage` policy also
+//! every block's recorded parent and the leaf list). After every operation the pool must agree
+//! with the model, and the Stored/Removed stream implied by `register`'s return value and the
+//! `evicted` reports must stay consistent with `contains`. Each case picks its policy at random.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use mocker_core::config::EvictionPolicy;
 use mocker_core::kv::{BlockId, BlockPool, PrefixMatch};
 use proptest::prelude::*;
 
@@ -104,17 +106,39 @@ struct Model {
     /// Per hash: Stored (first copy registered) and Removed (last copy evicted) counts.
     stored: BTreeMap<u64, u32>,
     removed: BTreeMap<u64, u32>,
+    /// Lineage policy: each cached block's recorded parent (the registering request's
+    /// previous block, if cached then; cut when either end is evicted) and the inactive
+    /// blocks without cached children, oldest first. Unused under lru.
+    lineage: bool,
+    parent: Vec<Option<BlockId>>,
+    leaves: VecDeque<BlockId>,
 }
 
 impl Model {
-    fn new(capacity: usize) -> Self {
+    fn new(capacity: usize, policy: EvictionPolicy) -> Self {
         Self {
             refcount: vec![0; capacity],
             hash: vec![None; capacity],
             lru: VecDeque::new(),
             stored: BTreeMap::new(),
             removed: BTreeMap::new(),
+            lineage: policy == EvictionPolicy::Lineage,
+            parent: vec![None; capacity],
+            leaves: VecDeque::new(),
         }
+    }
+
+    fn is_leaf(&self, id: BlockId) -> bool {
+        self.refcount[id as usize] == 0
+            && self.hash[id as usize].is_some()
+            && !self.parent.contains(&Some(id))
+    }
+
+    /// The block the pool must evict next: the LRU head, or under lineage the oldest leaf,
+    /// falling back to the LRU head when no inactive block is a leaf.
+    fn next_victim(&self) -> Option<BlockId> {
+        let leaf = if self.lineage { self.leaves.front() } else { None };
+        leaf.or(self.lru.front()).copied()
     }
 
     fn is_free(&self, id: BlockId) -> bool {
@@ -149,7 +173,18 @@ impl Model {
     /// Drops a block's registration (it was evicted); returns its hash if that was the last
     /// copy, i.e. the hash must be reported as removed.
     fn evict(&mut self, id: BlockId) -> Option<u64> {
+        self.lru.retain(|&x| x != id);
+        self.leaves.retain(|&x| x != id);
         let h = self.hash[id as usize].take().expect("evicted block was cached");
+        let parent = self.parent[id as usize].take();
+        for p in &mut self.parent {
+            if *p == Some(id) {
+                *p = None;
+            }
+        }
+        if let Some(p) = parent.filter(|&p| self.lineage && self.is_leaf(p)) {
+            self.leaves.push_back(p);
+        }
         if self.copies(h).is_empty() {
             *self.removed.entry(h).or_default() += 1;
             Some(h)
@@ -315,27 +350,31 @@ fn do_allocate(
         prop_assert_eq!(model.hash[id as usize], Some(h), "hit {} is block {} not cached as {:#x}", i, id, h);
         if model.refcount[id as usize] == 0 {
             model.lru.retain(|&x| x != id);
+            model.leaves.retain(|&x| x != id);
         }
         model.refcount[id as usize] += 1;
     }
 
-    // Fresh blocks: free capacity first, then exactly the LRU head (hits already removed).
+    // Fresh blocks: free capacity first, then exactly the LRU head (hits already removed);
+    // under lineage the oldest leaf each time, a parent joining the leaves as its last child
+    // goes.
     let fresh_ids = &owned[hit_end..];
     let distinct: BTreeSet<_> = fresh_ids.iter().collect();
     prop_assert_eq!(distinct.len(), fresh_ids.len(), "a fresh block handed out twice");
     let from_free = fresh_ids.iter().filter(|&&id| model.is_free(id)).count();
     prop_assert_eq!(from_free, fresh.min(free_n), "free capacity is used first");
-    let expected_victims: BTreeSet<BlockId> = model.lru.iter().take(shortfall).copied().collect();
     let victims: BTreeSet<BlockId> = fresh_ids.iter().copied().filter(|&id| !model.is_free(id)).collect();
-    prop_assert_eq!(&victims, &expected_victims, "evictions take the LRU head");
-
+    let mut expected_victims = BTreeSet::new();
     let mut expected_removed = Vec::new();
+    for _ in 0..shortfall {
+        let id = model.next_victim().ok_or_else(|| TestCaseError::fail("allocate evicted too much"))?;
+        expected_victims.insert(id);
+        expected_removed.extend(model.evict(id));
+    }
+    prop_assert_eq!(&victims, &expected_victims, "evictions take the LRU head (lineage: oldest leaf)");
+
     for &id in fresh_ids {
         prop_assert_eq!(model.refcount[id as usize], 0, "fresh block {} already in use", id);
-        if model.hash[id as usize].is_some() {
-            model.lru.retain(|&x| x != id);
-            expected_removed.extend(model.evict(id));
-        }
         model.refcount[id as usize] = 1;
     }
     let mut reported = log[log_len..].to_vec();
@@ -358,7 +397,8 @@ fn do_register(pool: &mut BlockPool, model: &mut Model, req: &Req, idx: usize) -
     let id = req.owned[idx];
     let h = chain_hash(req.family, idx);
     let was_resident = pool.contains(h);
-    let visible = pool.register(id, h);
+    let parent = idx.checked_sub(1).map(|i| req.owned[i]);
+    let visible = pool.register(id, h, parent);
     match model.hash[id as usize] {
         Some(existing) => {
             // Already cached (a prefix hit, or registered before): nothing changes.
@@ -368,6 +408,11 @@ fn do_register(pool: &mut BlockPool, model: &mut Model, req: &Req, idx: usize) -
         None => {
             prop_assert_eq!(visible, !was_resident, "register returns true exactly for the first copy");
             model.hash[id as usize] = Some(h);
+            // The pool records the parent only if it is cached; it then stops being a leaf.
+            if let Some(p) = parent.filter(|&p| model.lineage && model.hash[p as usize].is_some()) {
+                model.leaves.retain(|&x| x != p);
+                model.parent[id as usize] = Some(p);
+            }
             if visible {
                 *model.stored.entry(h).or_default() += 1;
             }
@@ -384,6 +429,9 @@ fn do_release(pool: &mut BlockPool, model: &mut Model, req: &mut Req) {
         *rc -= 1;
         if *rc == 0 && model.hash[id as usize].is_some() {
             model.lru.push_back(id);
+            if model.lineage && model.is_leaf(id) {
+                model.leaves.push_back(id);
+            }
         }
     }
     pool.release(&mut owned);
@@ -395,7 +443,7 @@ fn do_clear(pool: &mut BlockPool, model: &mut Model, log: &mut Vec<u64>) -> Resu
     let log_len = log.len();
     pool.clear_inactive(log);
     let mut expected = Vec::new();
-    while let Some(id) = model.lru.pop_front() {
+    while let Some(id) = model.next_victim() {
         expected.extend(model.evict(id));
     }
     let mut reported = log[log_len..].to_vec();
@@ -409,9 +457,17 @@ fn do_clear(pool: &mut BlockPool, model: &mut Model, log: &mut Vec<u64>) -> Resu
     Ok(())
 }
 
-fn run_ops(capacity: usize, ops: &[Op]) -> Result<(), TestCaseError> {
-    let mut pool = BlockPool::new(capacity);
-    let mut model = Model::new(capacity);
+fn policy(lineage: bool) -> EvictionPolicy {
+    if lineage {
+        EvictionPolicy::Lineage
+    } else {
+        EvictionPolicy::Lru
+    }
+}
+
+fn run_ops(capacity: usize, policy: EvictionPolicy, ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut pool = BlockPool::with_policy(capacity, policy);
+    let mut model = Model::new(capacity, policy);
     let mut reqs = vec![Req::default(); SLOTS];
     let mut log = Vec::new();
     check(&pool, &model, &reqs)?;
@@ -468,8 +524,12 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
-    fn pool_matches_its_model(capacity in 1..24usize, ops in prop::collection::vec(op(FAMILIES), 1..120)) {
-        run_ops(capacity, &ops)?;
+    fn pool_matches_its_model(
+        capacity in 1..24usize,
+        lineage in any::<bool>(),
+        ops in prop::collection::vec(op(FAMILIES), 1..120),
+    ) {
+        run_ops(capacity, policy(lineage), &ops)?;
     }
 }
 
@@ -481,9 +541,10 @@ proptest! {
     #[test]
     fn pool_matches_its_model_under_churn(
         capacity in 1..10usize,
+        lineage in any::<bool>(),
         ops in prop::collection::vec(churn_op(), 1500..2500),
     ) {
-        run_ops(capacity, &ops)?;
+        run_ops(capacity, policy(lineage), &ops)?;
     }
 }
 
@@ -507,7 +568,7 @@ fn thousands_of_evicted_hashes_leave_no_trace() {
         let before = ev.len();
         assert!(pool.allocate(&mut owned, 3, hits, &mut ev), "round {round}");
         for (i, &id) in owned.iter().enumerate() {
-            if pool.register(id, chain[i]) {
+            if pool.register(id, chain[i], i.checked_sub(1).map(|j| owned[j])) {
                 stored += 1;
             }
         }
@@ -545,8 +606,8 @@ fn duplicate_copies_make_match_and_hits_follow_the_resident_copy() {
     let (mut a, mut b) = (Vec::new(), Vec::new());
     assert!(pool.allocate(&mut a, 1, &[], &mut ev));
     assert!(pool.allocate(&mut b, 1, &[], &mut ev));
-    assert!(pool.register(a[0], 5));
-    assert!(!pool.register(b[0], 5));
+    assert!(pool.register(a[0], 5, None));
+    assert!(!pool.register(b[0], 5, None));
     pool.release(&mut a);
     assert_eq!(pool.match_prefix(&[5]).blocks, 1);
     // Evict a's copy (the only inactive one) with a fresh allocation of 2 (1 free + 1 evicted).

@@ -175,7 +175,9 @@ pub fn run_synthetic(options: &ReplayOptions) -> Result<ReplayOutcome, ReplayErr
     inputs.wall_time_ms = wall_ms;
     inputs.decode_worker_seconds = options.num_workers as f64 * duration_s;
     inputs.decode_gpus_per_worker = (options.launch.tensor_parallel_size * options.launch.dp_size) as u64;
-    Ok(ReplayOutcome { summary: Summary::from_inputs(inputs) })
+    let mut summary = Summary::from_inputs(inputs);
+    summary.kv_eviction_policy = engine.eviction_policy.as_str().to_string();
+    Ok(ReplayOutcome { summary })
 }
 
 impl Sim {

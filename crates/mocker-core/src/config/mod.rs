@@ -103,6 +103,17 @@ string_enum! {
     PreemptionMode { #[default] Lifo = "lifo", Fifo = "fifo" }
 }
 string_enum! {
+    /// Which cached KV block the vLLM/TRT-LLM pool evicts when it needs a fresh one.
+    EvictionPolicy {
+        /// Least recently released first (the reference's only policy).
+        #[default]
+        Lru = "lru",
+        /// Leaf blocks first (older Dynamo mocker's `MockerEvictionBackend::Lineage`): only
+        /// inactive blocks without cached children are candidates while any exist.
+        Lineage = "lineage",
+    }
+}
+string_enum! {
     /// Which tokens a disaggregated KV transfer is charged for.
     KvTransferTimingMode {
         /// The whole prompt.
@@ -120,6 +131,12 @@ string_enum! {
         Fifo = "fifo",
         /// Longest cached prefix first.
         Lpm = "lpm",
+    }
+}
+
+impl EvictionPolicy {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
     }
 }
 
@@ -224,6 +241,10 @@ pub struct EngineConfig {
     pub worker_type: WorkerType,
     /// vLLM preemption victim order.
     pub preemption_mode: PreemptionMode,
+    /// KV block eviction order (vLLM/TRT-LLM pool). Left out of the canonical dump when it is
+    /// the default `lru`, which the reference has no key for.
+    #[serde(skip_serializing_if = "EvictionPolicy::is_default")]
+    pub eviction_policy: EvictionPolicy,
     /// Keep per-block local hashes in KV events.
     pub emit_kv_events: bool,
     /// Include token ids in Stored events.
@@ -263,6 +284,7 @@ impl Default for EngineConfig {
             aic_mtp_seed: 42,
             worker_type: WorkerType::Aggregated,
             preemption_mode: PreemptionMode::Lifo,
+            eviction_policy: EvictionPolicy::Lru,
             emit_kv_events: false,
             emit_kv_token_ids: false,
             kv_transfer_bytes_per_token: None,

@@ -3,8 +3,8 @@
 use serde_json::{json, Map, Value};
 
 use super::{
-    invalid_choice, type_err, Backend, ConfigError, EngineConfig, KvTransferTimingMode, LaunchConfig,
-    PreemptionMode, ReasoningConfig, Result, RuntimeConfig, SglangConfig, SglangSchedulePolicy,
+    invalid_choice, type_err, Backend, ConfigError, EngineConfig, EvictionPolicy, KvTransferTimingMode,
+    LaunchConfig, PreemptionMode, ReasoningConfig, Result, RuntimeConfig, SglangConfig, SglangSchedulePolicy,
     TimingModelConfig, TrtllmConfig, WorkerType,
 };
 
@@ -14,7 +14,7 @@ type Conv<T> = fn(&Value, &str) -> Result<T>;
 const ENGINE_KEYS: &str = "backend num_gpu_blocks block_size max_model_len max_num_seqs \
     max_num_batched_tokens prefill_schedule_interval prefill_decode_interval \
     enable_prefix_caching enable_chunked_prefill speedup_ratio decode_speedup_ratio aic_nextn \
-    aic_nextn_accept_rates aic_mtp_seed worker_type preemption_mode emit_kv_events \
+    aic_nextn_accept_rates aic_mtp_seed worker_type preemption_mode eviction_policy emit_kv_events \
     emit_kv_token_ids kv_transfer_bytes_per_token kv_bytes_per_token kv_transfer_bandwidth \
     kv_transfer_timing_mode timing_model sglang trtllm";
 const LAUNCH_KEYS: &str = "engine dp_size tensor_parallel_size startup_time \
@@ -212,6 +212,7 @@ fn parse_engine(v: &Value, path: &str) -> Result<EngineConfig> {
     set!(o, c.aic_mtp_seed, to_uint);
     set!(o, c.worker_type, WorkerType::parse);
     set!(o, c.preemption_mode, PreemptionMode::parse);
+    set!(o, c.eviction_policy, EvictionPolicy::parse);
     set!(o, c.emit_kv_events, to_bool);
     set!(o, c.emit_kv_token_ids, to_bool);
     // Key presence, not value, makes a duplicate: `{"kv_bytes_per_token": null, ...}` is two.

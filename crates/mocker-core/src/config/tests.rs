@@ -111,6 +111,8 @@ fn every_validation_rule_names_its_field() {
         engine.prefill_schedule_interval {"engine":{"backend":"trtllm","prefill_schedule_interval":2}}
         engine.prefill_decode_interval {"engine":{"prefill_decode_interval":2}}
         engine.enable_chunked_prefill {"engine":{"backend":"sglang","enable_chunked_prefill":false}}
+        engine.eviction_policy {"engine":{"backend":"sglang","eviction_policy":"lineage"}}
+        engine.eviction_policy {"engine":{"eviction_policy":"LRU"}}
         engine.speedup_ratio {"engine":{"speedup_ratio":-1}}
         engine.decode_speedup_ratio {"engine":{"decode_speedup_ratio":-0.5}}
         engine.aic_nextn {"engine":{"aic_nextn":0}}
@@ -160,6 +162,8 @@ fn messages_name_value_and_choices() {
         engine.timing_model.provider {"engine":{"timing_model":{"type":"external","provider":"foo"}}}
         engine.block_size {"engine":{"block_size":64.0}}
         dynamo.bootstrap_port {"engine":{},"dynamo":{"bootstrap_port":70000}}
+        engine.eviction_policy {"eviction_policy":"lfu"}
+        engine.eviction_policy {"engine":{"backend":"sglang","eviction_policy":"lineage"}}
         engine_args [1]
         engine_args {not json
         "#,
@@ -174,6 +178,8 @@ fn messages_name_value_and_choices() {
         r#"engine.timing_model.provider: unsupported external timing provider "foo"; "#,
         "engine.block_size: invalid type: expected a non-negative integer, got number 64.0",
         "dynamo.bootstrap_port: 70000 is out of range for u16",
+        r#"engine.eviction_policy: invalid value "lfu"; expected one of: lru, lineage"#,
+        "engine.eviction_policy: lineage is not supported for backend=sglang; expected lru",
     ];
     for (msg, want) in messages.iter().zip(expected_prefixes) {
         assert!(msg.starts_with(want), "{msg}");
@@ -211,6 +217,7 @@ fn explicit_null_for_non_optional_is_an_error() {
         dynamo {"engine":{},"dynamo":null}
         dp_size {"engine":{},"dp_size":null}
         engine.max_num_seqs {"max_num_seqs":null}
+        engine.eviction_policy {"engine":{"eviction_policy":null}}
         "#,
     );
     assert!(errors.iter().all(|e| e.message.contains("got null")), "{errors:?}");
@@ -249,4 +256,29 @@ fn from_arg_reads_at_file() {
     assert_eq!(LaunchConfig::from_arg(r#"{"dp_size":3}"#).unwrap().dp_size, 3);
     let e = LaunchConfig::from_arg("@/nonexistent/mocker/args.json").unwrap_err();
     assert_eq!(e.field, "engine_args");
+}
+
+#[test]
+fn eviction_policy_in_both_forms_and_omitted_from_canonical_when_lru() {
+    let nested = parse(r#"{"engine":{"eviction_policy":"lineage","num_gpu_blocks":64}}"#);
+    let flat = parse(r#"{"eviction_policy":"lineage","num_gpu_blocks":64}"#);
+    assert_eq!(flat, nested);
+    assert_eq!(nested.engine.eviction_policy, EvictionPolicy::Lineage);
+    let c = parse(r#"{"engine":{"backend":"trtllm","eviction_policy":"lineage"}}"#);
+    assert_eq!(c.engine.eviction_policy, EvictionPolicy::Lineage);
+    // Non-default: in the dump, after preemption_mode, and read back unchanged.
+    let canonical = nested.to_canonical_json();
+    assert_eq!(canonical["engine"]["eviction_policy"], json!("lineage"));
+    let keys: Vec<&String> = canonical["engine"].as_object().unwrap().keys().collect();
+    let at = keys.iter().position(|k| *k == "eviction_policy").unwrap();
+    assert_eq!(keys[at - 1], "preemption_mode");
+    assert_eq!(LaunchConfig::from_value(canonical).unwrap(), nested);
+    // Default (omitted or explicit): no key, exactly like the reference.
+    let explicit = parse(r#"{"engine":{"eviction_policy":"lru"}}"#);
+    assert_eq!(explicit, LaunchConfig::default());
+    assert_eq!(EngineConfig::default().eviction_policy, EvictionPolicy::Lru);
+    for c in [explicit, LaunchConfig::default()] {
+        assert!(c.to_canonical_json()["engine"].get("eviction_policy").is_none());
+    }
+    assert_eq!(EvictionPolicy::ALL.iter().map(|p| p.as_str()).collect::<Vec<_>>(), ["lru", "lineage"]);
 }

@@ -3,8 +3,8 @@
 
 use super::parse::{join, to_string, Obj};
 use super::{
-    invalid_choice, type_err, Backend, ConfigError, EngineConfig, LaunchConfig, Result, TimingModelConfig,
-    DEFAULT_ACCEPT_RATES,
+    invalid_choice, type_err, Backend, ConfigError, EngineConfig, EvictionPolicy, LaunchConfig, Result,
+    TimingModelConfig, DEFAULT_ACCEPT_RATES,
 };
 
 /// External timing providers the config layer accepts (the engine decides what it can run).
@@ -68,6 +68,10 @@ impl EngineConfig {
         let ok = self.enable_chunked_prefill || backend != Backend::Sglang;
         let msg = "false is not supported for backend=sglang; expected true";
         ensure(ok, f("enable_chunked_prefill"), msg)?;
+        // SGLang's radix cache has its own eviction order; the knob would silently do nothing.
+        let ok = self.eviction_policy == EvictionPolicy::Lru || backend != Backend::Sglang;
+        let msg = format!("{} is not supported for backend=sglang; expected lru", self.eviction_policy);
+        ensure(ok, f("eviction_policy"), msg)?;
         non_negative(f("speedup_ratio"), self.speedup_ratio)?;
         non_negative(f("decode_speedup_ratio"), self.decode_speedup_ratio)?;
         if let Some(n) = self.aic_nextn {

@@ -1,7 +1,9 @@
 //! A fixed pool of physical KV blocks: free, active (referenced) and inactive (cached,
-//! evictable in least-recently-released order).
+//! evictable in least-recently-released order, or leaves first under the `lineage` policy).
 
 use rustc_hash::FxHashMap;
+
+use crate::config::EvictionPolicy;
 
 /// Index of a physical block in the pool.
 pub type BlockId = u32;
@@ -22,6 +24,34 @@ struct Block {
     /// Next copy of the same hash. Duplicates arise when concurrent requests compute the
     /// same block; only the first is visible to events, and the hash goes with the last.
     next_copy: u32,
+}
+
+/// Lineage links of one block (kept only under [`EvictionPolicy::Lineage`]).
+///
+/// A cached block's parent is the block that preceded it in the registering request's block
+/// list, provided that block was cached then; its children are the cached blocks registered
+/// with it as parent, kept in an intrusive sibling list. Links always point at cached blocks:
+/// they are cut when either end is evicted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Lineage {
+    parent: u32,
+    first_child: u32,
+    prev_sibling: u32,
+    next_sibling: u32,
+    /// Leaf-list links: inactive cached blocks without cached children, oldest first.
+    leaf_prev: u32,
+    leaf_next: u32,
+}
+
+impl Lineage {
+    const NONE: Self = Self {
+        parent: NIL,
+        first_child: NIL,
+        prev_sibling: NIL,
+        next_sibling: NIL,
+        leaf_prev: NIL,
+        leaf_next: NIL,
+    };
 }
 
 /// How much of a block-hash chain is resident.
@@ -48,11 +78,40 @@ pub struct BlockPool {
     index: FxHashMap<u64, BlockId>,
     live_hashes: usize,
     stale: usize,
+    policy: EvictionPolicy,
+    /// Per-block lineage links under `lineage`; empty under `lru`, whose paths never touch it.
+    lineage: Vec<Lineage>,
+    leaf_head: u32,
+    leaf_tail: u32,
 }
 
 impl BlockPool {
-    /// A pool of `capacity` free blocks.
+    /// A pool of `capacity` free blocks with LRU eviction.
     pub fn new(capacity: usize) -> Self {
+        Self::with_policy(capacity, EvictionPolicy::Lru)
+    }
+
+    /// A pool of `capacity` free blocks evicting by `policy`.
+    ///
+    /// Under [`EvictionPolicy::Lineage`] only leaves (inactive blocks without cached children)
+    /// are evicted while any exist, least recently become-a-leaf first, so a request's chain is
+    /// eaten from its tail and an evicted child can turn its parent into a leaf (at the tail).
+    ///
+    /// Why the capacity check of [`allocate`](Self::allocate) stays "inactive blocks minus
+    /// inactive prefix hits" under lineage: parent links point strictly at earlier registered,
+    /// still cached blocks, so they form a forest, and repeatedly evicting leaves empties any
+    /// subtree that holds no referenced block. A request owns its blocks as a prefix, so a
+    /// block it computed has its parent owned too: an active block's *recorded* parent is
+    /// active whenever the block is held by a request that registered it. That is not always
+    /// so, though: duplicates (two requests computing the same blocks concurrently) let a later
+    /// request hit copy `k` of one request and copy `k + 1` of the other, holding a block whose
+    /// recorded parent is an inactive copy it does not own; that parent then has an active
+    /// descendant and can never become a leaf. (Hits that do not start at a request's first
+    /// block, which the pool API allows, do the same.) When no leaf is left, eviction
+    /// therefore falls back to the least-recently-released inactive block and orphans its
+    /// children, so every inactive block that is not pinned as a hit remains evictable and the
+    /// count is exact. `check_invariants` verifies this by draining a copy of the pool.
+    pub fn with_policy(capacity: usize, policy: EvictionPolicy) -> Self {
         assert!(capacity < NIL as usize, "block pool too large");
         let blocks = vec![
             Block {
@@ -68,6 +127,10 @@ impl BlockPool {
         ];
         // Popping from the end hands out low ids first, which keeps debugging output readable.
         let free = (0..capacity as u32).rev().collect();
+        let lineage = match policy {
+            EvictionPolicy::Lru => Vec::new(),
+            EvictionPolicy::Lineage => vec![Lineage::NONE; capacity],
+        };
         Self {
             blocks,
             free,
@@ -77,7 +140,16 @@ impl BlockPool {
             index: FxHashMap::default(),
             live_hashes: 0,
             stale: 0,
+            policy,
+            lineage,
+            leaf_head: NIL,
+            leaf_tail: NIL,
         }
+    }
+
+    /// The eviction policy.
+    pub fn policy(&self) -> EvictionPolicy {
+        self.policy
     }
 
     /// Total physical blocks.
@@ -136,7 +208,7 @@ impl BlockPool {
 
     /// Grows `owned` to `target` blocks. The first new blocks, up to `hits.len()`, reuse the
     /// cached blocks of `hits` (indexed like `owned`); the rest are fresh, taken from free
-    /// capacity first and then by evicting least-recently-released cached blocks, whose
+    /// capacity first and then by evicting cached blocks in policy order, whose
     /// hashes are appended to `evicted` when their last copy goes. Returns false and changes
     /// nothing if the pool cannot supply them.
     pub fn allocate(
@@ -171,6 +243,9 @@ impl BlockPool {
             let b = &mut self.blocks[id as usize];
             if b.refcount == 0 {
                 self.lru_unlink(id);
+                if self.policy == EvictionPolicy::Lineage && self.lineage[id as usize].first_child == NIL {
+                    self.leaf_unlink(id);
+                }
             }
             self.blocks[id as usize].refcount += 1;
             owned.push(id);
@@ -178,7 +253,7 @@ impl BlockPool {
         for _ in 0..fresh {
             let id = match self.free.pop() {
                 Some(id) => id,
-                None => self.evict_lru(evicted),
+                None => self.evict(evicted),
             };
             self.blocks[id as usize].refcount = 1;
             owned.push(id);
@@ -186,15 +261,22 @@ impl BlockPool {
         true
     }
 
-    /// Registers a freshly computed full block under `hash`. Returns true when it is the
-    /// first copy of that hash (so it should be announced as Stored).
-    pub fn register(&mut self, id: BlockId, hash: u64) -> bool {
+    /// Registers a freshly computed full block under `hash`. `parent` is the block before it
+    /// in the registering request's block list (`None` for the first block); it is recorded
+    /// only under the lineage policy and only if that block is cached. Returns true when it
+    /// is the first copy of that hash (so it should be announced as Stored).
+    pub fn register(&mut self, id: BlockId, hash: u64, parent: Option<BlockId>) -> bool {
         let b = &mut self.blocks[id as usize];
         if b.registered {
             return false;
         }
         b.registered = true;
         b.hash = hash;
+        if self.policy == EvictionPolicy::Lineage {
+            if let Some(p) = parent {
+                self.link_child(p, id);
+            }
+        }
         let blocks = &mut self.blocks;
         // One probe: an existing entry is either a live primary (this block is a duplicate)
         // or stale, in which case it is taken over.
@@ -219,7 +301,8 @@ impl BlockPool {
     }
 
     /// Drops one reference to each of `owned`, tail first, so that a request's leaf blocks
-    /// are evicted before its root. Cached blocks that reach zero join the LRU tail.
+    /// are evicted before its root. Cached blocks that reach zero join the LRU tail (and,
+    /// under lineage, the leaf-list tail when they have no cached children).
     pub fn release(&mut self, owned: &mut Vec<BlockId>) {
         while let Some(id) = owned.pop() {
             let b = &mut self.blocks[id as usize];
@@ -228,6 +311,10 @@ impl BlockPool {
             if b.refcount == 0 {
                 if b.registered {
                     self.lru_push_tail(id);
+                    if self.policy == EvictionPolicy::Lineage && self.lineage[id as usize].first_child == NIL
+                    {
+                        self.leaf_push_tail(id);
+                    }
                 } else {
                     self.free.push(id);
                 }
@@ -238,8 +325,17 @@ impl BlockPool {
     /// Forgets every inactive cached block (cache reset); their hashes go to `evicted`.
     pub fn clear_inactive(&mut self, evicted: &mut Vec<u64>) {
         while self.lru_head != NIL {
-            let id = self.evict_lru(evicted);
+            let id = self.evict(evicted);
             self.free.push(id);
+        }
+    }
+
+    /// Evicts one inactive block chosen by the policy; there must be one.
+    #[inline]
+    fn evict(&mut self, evicted: &mut Vec<u64>) -> BlockId {
+        match self.policy {
+            EvictionPolicy::Lru => self.evict_lru(evicted),
+            EvictionPolicy::Lineage => self.evict_lineage(evicted),
         }
     }
 
@@ -247,6 +343,69 @@ impl BlockPool {
         let id = self.lru_head;
         debug_assert!(id != NIL, "eviction with an empty LRU");
         self.lru_unlink(id);
+        self.forget(id, evicted);
+        id
+    }
+
+    /// The oldest leaf, or, when every inactive block still has cached children (see
+    /// `with_policy`), the least-recently-released inactive block, whose children are orphaned.
+    fn evict_lineage(&mut self, evicted: &mut Vec<u64>) -> BlockId {
+        let id = if self.leaf_head != NIL { self.leaf_head } else { self.lru_head };
+        debug_assert!(id != NIL, "eviction with an empty LRU");
+        self.lru_unlink(id);
+        let node = self.lineage[id as usize];
+        if node.first_child == NIL {
+            self.leaf_unlink(id);
+        } else {
+            let mut c = node.first_child;
+            while c != NIL {
+                let child = &mut self.lineage[c as usize];
+                let next = child.next_sibling;
+                (child.parent, child.prev_sibling, child.next_sibling) = (NIL, NIL, NIL);
+                c = next;
+            }
+        }
+        let p = node.parent;
+        if p != NIL {
+            if node.prev_sibling == NIL {
+                self.lineage[p as usize].first_child = node.next_sibling;
+            } else {
+                self.lineage[node.prev_sibling as usize].next_sibling = node.next_sibling;
+            }
+            if node.next_sibling != NIL {
+                self.lineage[node.next_sibling as usize].prev_sibling = node.prev_sibling;
+            }
+            // A parent whose last cached child went becomes a leaf if nobody references it.
+            if self.lineage[p as usize].first_child == NIL && self.blocks[p as usize].refcount == 0 {
+                self.leaf_push_tail(p);
+            }
+        }
+        self.lineage[id as usize] = Lineage::NONE;
+        self.forget(id, evicted);
+        id
+    }
+
+    /// Records `id` (being registered) as a child of `parent` if that block is cached.
+    fn link_child(&mut self, parent: BlockId, id: BlockId) {
+        let p = &self.blocks[parent as usize];
+        if parent == id || !p.registered {
+            return;
+        }
+        let first = self.lineage[parent as usize].first_child;
+        if first == NIL && p.refcount == 0 {
+            self.leaf_unlink(parent);
+        }
+        if first != NIL {
+            self.lineage[first as usize].prev_sibling = id;
+        }
+        let node = &mut self.lineage[id as usize];
+        (node.parent, node.prev_sibling, node.next_sibling) = (parent, NIL, first);
+        self.lineage[parent as usize].first_child = id;
+    }
+
+    /// Drops the registration of `id`, already unlinked from every list.
+    #[inline]
+    fn forget(&mut self, id: BlockId, evicted: &mut Vec<u64>) {
         let b = &mut self.blocks[id as usize];
         b.registered = false;
         let hash = b.hash;
@@ -270,7 +429,6 @@ impl BlockPool {
                 self.sweep_stale();
             }
         }
-        id
     }
 
     /// Drops index entries whose hash is no longer resident.
@@ -299,6 +457,34 @@ impl BlockPool {
         self.num_inactive += 1;
     }
 
+    fn leaf_push_tail(&mut self, id: BlockId) {
+        let tail = self.leaf_tail;
+        let node = &mut self.lineage[id as usize];
+        (node.leaf_prev, node.leaf_next) = (tail, NIL);
+        if tail == NIL {
+            self.leaf_head = id;
+        } else {
+            self.lineage[tail as usize].leaf_next = id;
+        }
+        self.leaf_tail = id;
+    }
+
+    fn leaf_unlink(&mut self, id: BlockId) {
+        let Lineage { leaf_prev: prev, leaf_next: next, .. } = self.lineage[id as usize];
+        if prev == NIL {
+            self.leaf_head = next;
+        } else {
+            self.lineage[prev as usize].leaf_next = next;
+        }
+        if next == NIL {
+            self.leaf_tail = prev;
+        } else {
+            self.lineage[next as usize].leaf_prev = prev;
+        }
+        let node = &mut self.lineage[id as usize];
+        (node.leaf_prev, node.leaf_next) = (NIL, NIL);
+    }
+
     fn lru_unlink(&mut self, id: BlockId) {
         let (prev, next) = {
             let b = &self.blocks[id as usize];
@@ -321,7 +507,35 @@ impl BlockPool {
     }
 
     /// Checks the pool's bookkeeping; for tests and debug assertions.
+    ///
+    /// Under lineage this also checks the parent/child links and the leaf list, and that
+    /// evicting from a copy of the pool reaches every inactive block, leaves first (the
+    /// argument of `with_policy`), leaving consistent bookkeeping behind.
     pub fn check_invariants(&self) -> Result<(), String> {
+        self.check_bookkeeping()?;
+        if self.policy == EvictionPolicy::Lineage {
+            let mut drain = self.clone();
+            let mut sink = Vec::new();
+            for _ in 0..self.num_inactive {
+                // With the leaf list exact, an empty one means every inactive block has a
+                // cached child, so (the links being a finite forest) a referenced descendant:
+                // only then may a block with children go.
+                let id = if drain.leaf_head != NIL { drain.leaf_head } else { drain.lru_head };
+                let is_leaf = drain.lineage[id as usize].first_child == NIL;
+                if is_leaf != (drain.leaf_head != NIL) || drain.evict(&mut sink) != id {
+                    return Err(format!("draining evicted around block {id} out of leaf order"));
+                }
+                drain.free.push(id);
+            }
+            if drain.num_inactive != 0 || drain.lru_head != NIL || drain.leaf_head != NIL {
+                return Err(format!("draining left {} inactive blocks", drain.num_inactive));
+            }
+            drain.check_bookkeeping()?;
+        }
+        Ok(())
+    }
+
+    fn check_bookkeeping(&self) -> Result<(), String> {
         let mut in_lru = vec![false; self.blocks.len()];
         let mut n = 0;
         let mut cur = self.lru_head;
@@ -387,6 +601,83 @@ impl BlockPool {
         if copies != registered {
             return Err(format!("index holds {copies} copies but {registered} blocks are registered"));
         }
+        match self.policy {
+            EvictionPolicy::Lru if self.lineage.is_empty() && self.leaf_head == NIL => Ok(()),
+            EvictionPolicy::Lru => Err("lineage state kept under lru".to_string()),
+            EvictionPolicy::Lineage => self.check_lineage(),
+        }
+    }
+
+    /// Parent/child links are acyclic, point at cached blocks and agree with the sibling
+    /// lists; the leaf list holds exactly the inactive blocks without cached children.
+    fn check_lineage(&self) -> Result<(), String> {
+        let n = self.blocks.len();
+        if self.lineage.len() != n {
+            return Err(format!("{} lineage nodes for {n} blocks", self.lineage.len()));
+        }
+        // Parent links minus child-list entries, which must cancel out.
+        let mut children = 0i64;
+        for (i, (b, node)) in self.blocks.iter().zip(&self.lineage).enumerate() {
+            if !b.registered {
+                if *node != Lineage::NONE {
+                    return Err(format!("uncached block {i} has lineage links {node:?}"));
+                }
+                continue;
+            }
+            if node.parent != NIL {
+                children += 1;
+                if !self.blocks[node.parent as usize].registered {
+                    return Err(format!("block {i} has uncached parent {}", node.parent));
+                }
+            }
+            // Parents are registered strictly earlier, so chains end within `n` steps.
+            let (mut cur, mut steps) = (node.parent, 0);
+            while cur != NIL {
+                steps += 1;
+                if steps > n {
+                    return Err(format!("parent chain of block {i} has a cycle"));
+                }
+                cur = self.lineage[cur as usize].parent;
+            }
+            let (mut prev, mut c, mut steps) = (NIL, node.first_child, 0);
+            while c != NIL {
+                let child = &self.lineage[c as usize];
+                steps += 1;
+                if child.parent != i as u32 || child.prev_sibling != prev || steps > n {
+                    return Err(format!("child list of block {i} holds block {c} ({child:?})"));
+                }
+                children -= 1;
+                (prev, c) = (c, child.next_sibling);
+            }
+        }
+        if children != 0 {
+            return Err(format!("{children} more blocks name a parent than child lists hold"));
+        }
+        let mut in_leaves = vec![false; n];
+        let (mut prev, mut cur) = (NIL, self.leaf_head);
+        while cur != NIL {
+            let (b, node) = (&self.blocks[cur as usize], &self.lineage[cur as usize]);
+            if in_leaves[cur as usize] || node.leaf_prev != prev {
+                return Err(format!("leaf list broken at block {cur}"));
+            }
+            if b.refcount != 0 || !b.registered || node.first_child != NIL {
+                return Err(format!("block {cur} in the leaf list is not an inactive leaf"));
+            }
+            in_leaves[cur as usize] = true;
+            (prev, cur) = (cur, node.leaf_next);
+        }
+        if prev != self.leaf_tail {
+            return Err(format!("leaf tail {} but the list ends at {prev}", self.leaf_tail));
+        }
+        for (i, (b, node)) in self.blocks.iter().zip(&self.lineage).enumerate() {
+            let leaf = b.refcount == 0 && b.registered && node.first_child == NIL;
+            if leaf && !in_leaves[i] {
+                return Err(format!("inactive leaf {i} missing from the leaf list"));
+            }
+            if !in_leaves[i] && (node.leaf_prev != NIL || node.leaf_next != NIL) {
+                return Err(format!("block {i} has leaf links but is not in the leaf list"));
+            }
+        }
         Ok(())
     }
 }
@@ -401,11 +692,11 @@ mod tests {
         let mut ev = Vec::new();
         let mut a = Vec::new();
         assert!(pool.allocate(&mut a, 2, &[], &mut ev));
-        assert!(pool.register(a[0], 10));
-        assert!(pool.register(a[1], 11));
+        assert!(pool.register(a[0], 10, None));
+        assert!(pool.register(a[1], 11, None));
         let mut b = Vec::new();
         assert!(pool.allocate(&mut b, 2, &[], &mut ev));
-        pool.register(b[0], 20);
+        pool.register(b[0], 20, None);
         pool.release(&mut a); // LRU: 11, 10 (tail first)
         pool.release(&mut b); // LRU: 11, 10, 20 ; b[1] was private -> free
         assert_eq!(pool.num_inactive(), 3);
@@ -425,7 +716,7 @@ mod tests {
         let mut a = Vec::new();
         pool.allocate(&mut a, 3, &[], &mut ev);
         for (i, &id) in a.iter().enumerate() {
-            pool.register(id, 100 + i as u64);
+            pool.register(id, 100 + i as u64, None);
         }
         pool.release(&mut a);
         assert_eq!(pool.match_prefix(&[100, 101, 999]), PrefixMatch { blocks: 2, active_blocks: 0 });
@@ -445,8 +736,8 @@ mod tests {
         let (mut a, mut b) = (Vec::new(), Vec::new());
         pool.allocate(&mut a, 1, &[], &mut ev);
         pool.allocate(&mut b, 1, &[], &mut ev);
-        assert!(pool.register(a[0], 7));
-        assert!(!pool.register(b[0], 7), "second copy is not announced");
+        assert!(pool.register(a[0], 7, None));
+        assert!(!pool.register(b[0], 7, None), "second copy is not announced");
         pool.release(&mut a);
         pool.release(&mut b);
         let mut c = Vec::new();
@@ -455,6 +746,196 @@ mod tests {
         assert!(pool.contains(7));
         pool.allocate(&mut c, 2, &[], &mut ev);
         assert_eq!(ev, vec![7]);
+        pool.check_invariants().unwrap();
+    }
+
+    /// Registers `owned` under `hashes` the way the scheduler does: each block's parent is
+    /// the block before it in the request.
+    fn register_chain(pool: &mut BlockPool, owned: &[BlockId], hashes: &[u64]) {
+        for (i, (&id, &h)) in owned.iter().zip(hashes).enumerate() {
+            pool.register(id, h, i.checked_sub(1).map(|j| owned[j]));
+        }
+    }
+
+    /// A request computing the chain `hashes` from scratch (or reusing its first `hits`).
+    fn compute(pool: &mut BlockPool, hashes: &[u64], hits: usize, ev: &mut Vec<u64>) -> Vec<BlockId> {
+        let mut owned = Vec::new();
+        assert!(pool.allocate(&mut owned, hashes.len(), &hashes[..hits], ev));
+        register_chain(pool, &owned, hashes);
+        owned
+    }
+
+    /// Evicts one block through `allocate` and returns its hash, checking on the way that a
+    /// block with cached children goes only when no leaf exists.
+    fn evict_one(pool: &mut BlockPool, sink: &mut Vec<BlockId>) -> u64 {
+        assert_eq!(pool.num_free(), 0);
+        let had_leaf = pool.leaf_head != NIL;
+        let before: Vec<(u64, bool)> = (0..pool.capacity())
+            .map(|i| (pool.blocks[i].hash, pool.lineage.get(i).is_some_and(|n| n.first_child != NIL)))
+            .collect();
+        let mut ev = Vec::new();
+        let n = sink.len();
+        assert!(pool.allocate(sink, n + 1, &[], &mut ev));
+        let (hash, had_children) = before[sink[n] as usize];
+        assert!(!(had_leaf && had_children), "evicted {hash:#x} with cached children while a leaf existed");
+        pool.check_invariants().unwrap();
+        hash
+    }
+
+    #[test]
+    fn lineage_evicts_each_requests_leaf_before_any_parent() {
+        // Two independent chains released one after the other. LRU eats the first request's
+        // chain tail to root; lineage takes both leaves before any parent, which joins the
+        // leaf list only when its child goes.
+        for (policy, want) in
+            [(EvictionPolicy::Lru, [12, 11, 10, 21, 20]), (EvictionPolicy::Lineage, [12, 21, 11, 20, 10])]
+        {
+            let mut pool = BlockPool::with_policy(5, policy);
+            let mut ev = Vec::new();
+            let mut a = compute(&mut pool, &[10, 11, 12], 0, &mut ev);
+            let mut b = compute(&mut pool, &[20, 21], 0, &mut ev);
+            pool.release(&mut a);
+            pool.release(&mut b);
+            pool.check_invariants().unwrap();
+            let mut sink = Vec::new();
+            let got: Vec<u64> = (0..5).map(|_| evict_one(&mut pool, &mut sink)).collect();
+            assert_eq!(got, want, "{policy}");
+        }
+    }
+
+    #[test]
+    fn lineage_parent_becomes_evictable_after_its_children() {
+        // a0 has two cached children (a1, and b1 of a request that reused a0) and outlives a
+        // later, unrelated d0; LRU would evict a0 right after its children.
+        for (policy, want) in
+            [(EvictionPolicy::Lru, [11, 21, 10, 30]), (EvictionPolicy::Lineage, [11, 21, 30, 10])]
+        {
+            let mut pool = BlockPool::with_policy(4, policy);
+            let mut ev = Vec::new();
+            let mut a = compute(&mut pool, &[10, 11], 0, &mut ev);
+            let mut b = compute(&mut pool, &[10, 21], 1, &mut ev);
+            assert_eq!(a[0], b[0], "b reuses a's root");
+            pool.release(&mut a);
+            pool.release(&mut b);
+            let mut d = compute(&mut pool, &[30], 0, &mut ev);
+            pool.release(&mut d);
+            assert_eq!(pool.num_inactive(), 4);
+            let mut sink = Vec::new();
+            let got: Vec<u64> = (0..4).map(|_| evict_one(&mut pool, &mut sink)).collect();
+            assert_eq!(got, want, "{policy}");
+            if policy == EvictionPolicy::Lineage {
+                assert!(pool.lineage.iter().all(|n| *n == Lineage::NONE));
+            }
+        }
+    }
+
+    #[test]
+    fn lineage_hit_pins_a_leaf_and_release_reinstates_it_at_the_tail() {
+        let mut pool = BlockPool::with_policy(3, EvictionPolicy::Lineage);
+        let mut ev = Vec::new();
+        let mut a = compute(&mut pool, &[10], 0, &mut ev);
+        let mut b = compute(&mut pool, &[20], 0, &mut ev);
+        pool.release(&mut a);
+        pool.release(&mut b);
+        // Reusing 10 takes it off the leaf list; releasing it again puts it behind 20.
+        let mut c = compute(&mut pool, &[10], 1, &mut ev);
+        pool.check_invariants().unwrap();
+        pool.release(&mut c);
+        let mut d = compute(&mut pool, &[30], 0, &mut ev);
+        let mut sink = Vec::new();
+        assert_eq!(evict_one(&mut pool, &mut sink), 20);
+        assert_eq!(evict_one(&mut pool, &mut sink), 10);
+        pool.release(&mut d);
+        pool.release(&mut sink);
+        pool.clear_inactive(&mut ev);
+        assert_eq!(ev, vec![30]);
+        assert_eq!(pool.num_free(), 3);
+        pool.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn lineage_falls_back_when_a_cross_copy_hit_holds_the_only_child() {
+        // x and y compute the same two blocks concurrently and register in an interleaved
+        // order, so x0 and y1 are the primaries. A later hit of both pins x0 and y1: y0 is
+        // inactive, but its child y1 is referenced, so it can never become a leaf.
+        let mut pool = BlockPool::with_policy(4, EvictionPolicy::Lineage);
+        let mut ev = Vec::new();
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        assert!(pool.allocate(&mut x, 2, &[], &mut ev));
+        assert!(pool.allocate(&mut y, 2, &[], &mut ev));
+        assert!(pool.register(x[0], 10, None));
+        assert!(!pool.register(y[0], 10, None));
+        assert!(pool.register(y[1], 11, Some(y[0])));
+        assert!(!pool.register(x[1], 11, Some(x[0])));
+        let (x0, y0, y1) = (x[0], y[0], y[1]);
+        pool.release(&mut x);
+        pool.release(&mut y);
+        pool.check_invariants().unwrap();
+        let mut d = Vec::new();
+        assert!(pool.allocate(&mut d, 2, &[10, 11], &mut ev));
+        assert_eq!(d, vec![x0, y1]);
+        assert_eq!(pool.num_inactive(), 2, "x1 (a leaf) and y0 (a parent of a referenced block)");
+        assert_eq!(pool.leaf_head, pool.leaf_tail);
+        pool.check_invariants().unwrap();
+        // Both inactive blocks count as evictable, and both are evicted.
+        assert!(pool.allocate(&mut d, 4, &[10, 11], &mut ev));
+        assert!(ev.is_empty(), "only duplicates went");
+        assert!(!d[2..].contains(&x0) && d[2..].contains(&y0));
+        assert_eq!(pool.lineage[y1 as usize].parent, NIL, "y1 orphaned");
+        pool.check_invariants().unwrap();
+        pool.release(&mut d);
+        pool.check_invariants().unwrap();
+        pool.clear_inactive(&mut ev);
+        ev.sort_unstable();
+        assert_eq!(ev, vec![10, 11]);
+        pool.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn lineage_check_invariants_verifies_the_leaf_list() {
+        let build = || {
+            let mut pool = BlockPool::with_policy(4, EvictionPolicy::Lineage);
+            let mut ev = Vec::new();
+            let mut a = compute(&mut pool, &[10, 11], 0, &mut ev);
+            let mut b = compute(&mut pool, &[20], 0, &mut ev);
+            pool.release(&mut a);
+            pool.release(&mut b);
+            pool.check_invariants().unwrap();
+            let ids = a_ids(&pool);
+            (pool, ids)
+        };
+        // Block ids by hash: 10 -> 0, 11 -> 1, 20 -> 2; leaves are 1 and 2.
+        fn a_ids(pool: &BlockPool) -> [BlockId; 3] {
+            let id = |h| pool.resident(h).unwrap();
+            [id(10), id(11), id(20)]
+        }
+        let (mut pool, [root, leaf, other]) = build();
+        pool.leaf_unlink(leaf);
+        let e = pool.check_invariants().unwrap_err();
+        assert!(e.contains("missing from the leaf list"), "{e}");
+
+        let (mut pool, _) = build();
+        pool.leaf_push_tail(root);
+        let e = pool.check_invariants().unwrap_err();
+        assert!(e.contains("not an inactive leaf"), "{e}");
+
+        let (mut pool, _) = build();
+        pool.leaf_push_tail(other);
+        let e = pool.check_invariants().unwrap_err();
+        assert!(e.contains("leaf list broken"), "{e}");
+
+        let (mut pool, _) = build();
+        pool.lineage[leaf as usize].parent = NIL;
+        let e = pool.check_invariants().unwrap_err();
+        assert!(e.contains("child list"), "{e}");
+
+        // Lru keeps no lineage state at all.
+        let mut pool = BlockPool::new(2);
+        let mut ev = Vec::new();
+        let mut a = compute(&mut pool, &[10, 11], 0, &mut ev);
+        assert!(pool.lineage.is_empty());
+        pool.release(&mut a);
+        assert_eq!((pool.leaf_head, pool.lineage.len()), (NIL, 0));
         pool.check_invariants().unwrap();
     }
 }

@@ -239,7 +239,7 @@ impl VllmScheduler {
             retired_slots: Vec::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
-            pool: BlockPool::new(config.num_gpu_blocks),
+            pool: BlockPool::with_policy(config.num_gpu_blocks, config.eviction_policy),
             pass_id: 0,
             next_event_id: 0,
             totals: EngineMetrics {
@@ -722,7 +722,8 @@ impl VllmScheduler {
                 seq.hashes.push(h);
                 (h, local)
             };
-            let visible = self.pool.register(seq.blocks[idx], hash);
+            let prev_block = idx.checked_sub(1).map(|i| seq.blocks[i]);
+            let visible = self.pool.register(seq.blocks[idx], hash, prev_block);
             if !record {
                 continue;
             }
