@@ -1,10 +1,11 @@
 //! The engine: one rank's scheduler chosen by backend, built from one options value.
 
 use crate::config::{Backend, EngineConfig};
+use crate::events::KvEvent;
 use crate::kv::BlockPool;
 use crate::metrics::EngineMetrics;
 use crate::request::{Request, SeqKey};
-use crate::scheduler::vllm::{Pass, SchedulerOptions, SubmitError, VllmScheduler};
+use crate::scheduler::vllm::{Pass, PrefixCacheBusy, SchedulerOptions, SubmitError, VllmScheduler};
 use crate::timing::{build_timing_model, TimingModelError};
 
 /// Everything needed to build an engine.
@@ -64,6 +65,12 @@ impl Engine {
     /// deliver them at the pass end without copying.
     pub fn last_pass(&self) -> &Pass {
         self.scheduler.last_pass()
+    }
+
+    /// Drops every cached block when none is in use (vLLM's `reset_prefix_cache`);
+    /// returns the `Cleared` event when KV events are recorded.
+    pub fn reset_prefix_cache(&mut self) -> Result<Option<KvEvent>, PrefixCacheBusy> {
+        self.scheduler.reset_prefix_cache()
     }
 
     /// Whether the engine holds requests (a pass would do something).

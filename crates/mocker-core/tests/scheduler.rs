@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 
 use mocker_core::config::{EngineConfig, PreemptionMode, TimingModelConfig};
+use mocker_core::events::KvEventData;
 use mocker_core::{Engine, EngineOptions, Request};
 
 #[derive(Debug, Default, Clone)]
@@ -129,4 +130,30 @@ fn max_model_len_rejects_long_prompts_and_truncates_generation() {
     assert_eq!(t[0].tokens, 20);
     assert!(!t[0].rejected);
     assert!(t[1].rejected);
+}
+
+#[test]
+fn prefix_cache_reset_clears_only_an_idle_cache() {
+    let config = EngineConfig::default();
+    let mut engine =
+        Engine::new(EngineOptions { config, record_kv_events: true, ..Default::default() }).unwrap();
+    let tokens: Vec<u32> = (1..=300).collect();
+    let req = |uuid| Request { uuid, tokens: tokens.clone(), max_output_tokens: 3, ..Default::default() };
+    engine.submit(req(1)).unwrap();
+    let first = engine.step(0);
+    assert!(first.kv_events.iter().any(|e| matches!(e.data, KvEventData::Stored { .. })));
+    let mut now = first.end_ns;
+    let err = engine.reset_prefix_cache().unwrap_err();
+    assert!(err.active_blocks > 0, "a running request holds blocks");
+    while engine.has_work() {
+        now = engine.step(now).end_ns;
+    }
+    assert!(engine.pool().num_inactive() > 0, "finished request leaves its prefix cached");
+    let cleared = engine.reset_prefix_cache().unwrap().expect("events are recorded");
+    assert_eq!(cleared.data, KvEventData::Cleared);
+    assert_eq!(engine.pool().num_inactive(), 0);
+    assert_eq!(engine.pool().num_free(), engine.pool().capacity());
+    // The same prompt no longer hits the cache.
+    engine.submit(req(2)).unwrap();
+    assert_eq!(engine.step(now).admissions[0].reused_tokens, 0);
 }

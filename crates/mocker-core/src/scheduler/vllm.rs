@@ -137,6 +137,14 @@ struct PrefillCost {
     active_cached: u32,
 }
 
+/// The prefix cache cannot be reset while requests hold blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("cannot reset the prefix cache: {active_blocks} blocks are in use")]
+pub struct PrefixCacheBusy {
+    /// Blocks referenced by running requests.
+    pub active_blocks: usize,
+}
+
 /// Why a request could not be submitted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SubmitError {
@@ -350,6 +358,25 @@ impl VllmScheduler {
             physical_gpu_cache_usage_perc: frac(active + inactive),
             ..self.totals
         }
+    }
+
+    /// Drops every cached block, as vLLM's `reset_prefix_cache`: only when no block is in
+    /// use (otherwise nothing changes and `Err(PrefixCacheBusy)` says how many are).
+    /// Returns the `Cleared` event when KV events are recorded.
+    pub fn reset_prefix_cache(&mut self) -> Result<Option<KvEvent>, PrefixCacheBusy> {
+        let active = self.pool.num_active();
+        if active > 0 {
+            return Err(PrefixCacheBusy { active_blocks: active });
+        }
+        self.pool.clear_inactive(&mut self.evicted);
+        self.evicted.clear();
+        if !self.record_kv_events {
+            return Ok(None);
+        }
+        let event =
+            KvEvent { event_id: self.next_event_id, dp_rank: self.dp_rank, data: KvEventData::Cleared };
+        self.next_event_id += 1;
+        Ok(Some(event))
     }
 
     /// The most recent pass (its outputs stay here until the next `step`).
