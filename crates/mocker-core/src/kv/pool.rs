@@ -137,8 +137,7 @@ impl BlockPool {
             lru_head: NIL,
             lru_tail: NIL,
             num_inactive: 0,
-            // Sized for the pool plus as many stale entries: it never rehashes in steady state.
-            index: FxHashMap::with_capacity_and_hasher(2 * capacity.max(512) + 2, Default::default()),
+            index: FxHashMap::default(),
             live_hashes: 0,
             stale: 0,
             policy,
