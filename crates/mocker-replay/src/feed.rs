@@ -34,12 +34,18 @@ pub struct PlannedSession {
 
 /// Prompt tokens below which a helper thread costs more than it saves.
 const THREAD_MIN_PROMPT_TOKENS: usize = 4_000_000;
-/// Sessions the helper thread may run ahead.
-const LOOKAHEAD: usize = 256;
+/// Sessions per message: handing over one at a time woke the other thread per request.
+const BATCH: usize = 32;
+/// Batches the helper thread may run ahead.
+const LOOKAHEAD: usize = 8;
 
 enum Source {
     Inline(Box<Planner>),
-    Threaded { rx: Receiver<PlannedSession>, worker: Option<JoinHandle<()>> },
+    Threaded {
+        rx: Receiver<Vec<PlannedSession>>,
+        batch: std::vec::IntoIter<PlannedSession>,
+        worker: Option<JoinHandle<()>>,
+    },
 }
 
 /// Turns a workload into planned sessions.
@@ -89,15 +95,14 @@ impl SessionFeed {
             let (tx, rx) = sync_channel(LOOKAHEAD);
             let worker = std::thread::Builder::new()
                 .name("mocker-prompts".into())
-                .spawn(move || {
-                    while let Some(s) = planner.next() {
-                        if tx.send(s).is_err() {
-                            return; // the replay stopped early
-                        }
+                .spawn(move || loop {
+                    let batch: Vec<_> = std::iter::from_fn(|| planner.next()).take(BATCH).collect();
+                    if batch.is_empty() || tx.send(batch).is_err() {
+                        return; // done, or the replay stopped early
                     }
                 })
                 .expect("spawn prompt synthesis thread");
-            Source::Threaded { rx, worker: Some(worker) }
+            Source::Threaded { rx, batch: Vec::new().into_iter(), worker: Some(worker) }
         };
         Self { source, peeked: None, remaining }
     }
@@ -110,7 +115,10 @@ impl SessionFeed {
             Source::Inline(p) => p.next(),
             // A closed channel before `remaining` reached 0 means the thread died; the
             // replay then ends early and reports the sessions it got.
-            Source::Threaded { rx, .. } => rx.recv().ok(),
+            Source::Threaded { rx, batch, .. } => batch.next().or_else(|| {
+                *batch = rx.recv().ok()?.into_iter();
+                batch.next()
+            }),
         };
         if self.peeked.is_none() {
             self.remaining = 0;
@@ -139,9 +147,9 @@ impl SessionFeed {
 
 impl Drop for SessionFeed {
     fn drop(&mut self) {
-        if let Source::Threaded { rx, worker } = &mut self.source {
+        if let Source::Threaded { rx, worker, .. } = &mut self.source {
             // Disconnecting wakes a sender blocked on a full channel; then it finishes.
-            let (_, dead) = sync_channel::<PlannedSession>(0);
+            let (_, dead) = sync_channel::<Vec<PlannedSession>>(0);
             drop(std::mem::replace(rx, dead));
             if let Some(w) = worker.take() {
                 let _ = w.join();
