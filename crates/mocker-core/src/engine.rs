@@ -5,7 +5,8 @@ use crate::events::KvEvent;
 use crate::kv::BlockPool;
 use crate::metrics::EngineMetrics;
 use crate::request::{Request, SeqKey};
-use crate::scheduler::vllm::{Pass, PrefixCacheBusy, SchedulerOptions, SubmitError, VllmScheduler};
+use crate::scheduler::vllm::VllmScheduler;
+use crate::scheduler::{Pass, PrefixCacheBusy, SchedulerOptions, SubmitError};
 use crate::timing::{build_timing_model, TimingModelError};
 
 /// Everything needed to build an engine.

@@ -14,4 +14,4 @@ pub mod timing;
 
 pub use engine::{Engine, EngineError, EngineOptions};
 pub use request::{Admission, Output, OutputToken, Request, SeqKey};
-pub use scheduler::vllm::Pass;
+pub use scheduler::{Pass, PrefixCacheBusy, SubmitError};

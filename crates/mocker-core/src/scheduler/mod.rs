@@ -1,3 +1,89 @@
-//! Schedulers: the per-pass policies that decide which requests run.
+//! Schedulers: the per-pass policies that decide which requests run, and the types every
+//! scheduler shares (what a pass reports, how submission fails).
 
 pub mod vllm;
+
+use crate::events::KvEvent;
+use crate::metrics::ForwardPassMetrics;
+use crate::request::{Admission, Output};
+
+/// Everything one forward pass did. Buffers are reused from pass to pass.
+#[derive(Debug, Default)]
+pub struct Pass {
+    /// Simulated time the pass started (ns).
+    pub start_ns: u64,
+    /// Simulated time the pass ends and its outputs are delivered (ns).
+    pub end_ns: u64,
+    /// Tokens and terminal signals, in running order, except steady tokens.
+    pub outputs: Vec<Output>,
+    /// Mid-stream tokens of requests that also got a token in the previous pass: none is
+    /// a first, second or last token, and all share one `itl_ns`, so aggregating
+    /// consumers can take them as a block. [`Pass::all_outputs`] iterates both lists.
+    pub steady: Vec<Output>,
+    /// Requests admitted at pass start.
+    pub admissions: Vec<Admission>,
+    /// KV events, visible at pass end.
+    pub kv_events: Vec<KvEvent>,
+    /// The pass's shape and cost.
+    pub metrics: ForwardPassMetrics,
+}
+
+impl Pass {
+    /// Modelled duration of the pass (ns).
+    pub fn duration_ns(&self) -> u64 {
+        self.end_ns - self.start_ns
+    }
+
+    /// Every output of the pass: `outputs`, then `steady`.
+    pub fn all_outputs(&self) -> impl Iterator<Item = &Output> {
+        self.outputs.iter().chain(self.steady.iter())
+    }
+
+    /// Whether the pass changed anything (a pass that did not cannot be repeated usefully).
+    pub fn had_effect(&self) -> bool {
+        !self.outputs.is_empty()
+            || !self.steady.is_empty()
+            || !self.admissions.is_empty()
+            || !self.kv_events.is_empty()
+            || self.metrics.scheduled_tokens > 0
+            || self.metrics.num_preempted > 0
+    }
+
+    fn clear(&mut self, start_ns: u64) {
+        self.start_ns = start_ns;
+        self.end_ns = start_ns;
+        self.outputs.clear();
+        self.steady.clear();
+        self.admissions.clear();
+        self.kv_events.clear();
+        self.metrics = ForwardPassMetrics::default();
+    }
+}
+
+/// The prefix cache cannot be reset while requests hold blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("cannot reset the prefix cache: {active_blocks} blocks are in use")]
+pub struct PrefixCacheBusy {
+    /// Blocks referenced by running requests.
+    pub active_blocks: usize,
+}
+
+/// Why a request could not be submitted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// The prompt is empty.
+    #[error("request {0:#x}: prompt is empty")]
+    EmptyPrompt(u128),
+    /// Nothing to generate.
+    #[error("request {0:#x}: max_output_tokens must be at least 1")]
+    NoOutput(u128),
+}
+
+/// Options of a scheduler beyond its engine configuration.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SchedulerOptions {
+    /// Data-parallel rank stamped on events and metrics.
+    pub dp_rank: u32,
+    /// Produce KV events (costs an allocation per event; off for offline replay).
+    pub record_kv_events: bool,
+}

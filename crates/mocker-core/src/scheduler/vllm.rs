@@ -12,58 +12,7 @@ use crate::metrics::{EngineMetrics, ForwardPassMetrics};
 use crate::request::{Admission, Output, OutputToken, Request, SeqKey};
 use crate::timing::{scaled_nanos, DecodeShape, PrefillShape, TimingModel};
 
-/// Everything one forward pass did. Buffers are reused from pass to pass.
-#[derive(Debug, Default)]
-pub struct Pass {
-    /// Simulated time the pass started (ns).
-    pub start_ns: u64,
-    /// Simulated time the pass ends and its outputs are delivered (ns).
-    pub end_ns: u64,
-    /// Tokens and terminal signals, in running order, except steady tokens.
-    pub outputs: Vec<Output>,
-    /// Mid-stream tokens of requests that also got a token in the previous pass: none is
-    /// a first, second or last token, and all share one `itl_ns`, so aggregating
-    /// consumers can take them as a block. [`Pass::all_outputs`] iterates both lists.
-    pub steady: Vec<Output>,
-    /// Requests admitted at pass start.
-    pub admissions: Vec<Admission>,
-    /// KV events, visible at pass end.
-    pub kv_events: Vec<KvEvent>,
-    /// The pass's shape and cost.
-    pub metrics: ForwardPassMetrics,
-}
-
-impl Pass {
-    /// Modelled duration of the pass (ns).
-    pub fn duration_ns(&self) -> u64 {
-        self.end_ns - self.start_ns
-    }
-
-    /// Every output of the pass: `outputs`, then `steady`.
-    pub fn all_outputs(&self) -> impl Iterator<Item = &Output> {
-        self.outputs.iter().chain(self.steady.iter())
-    }
-
-    /// Whether the pass changed anything (a pass that did not cannot be repeated usefully).
-    pub fn had_effect(&self) -> bool {
-        !self.outputs.is_empty()
-            || !self.steady.is_empty()
-            || !self.admissions.is_empty()
-            || !self.kv_events.is_empty()
-            || self.metrics.scheduled_tokens > 0
-            || self.metrics.num_preempted > 0
-    }
-
-    fn clear(&mut self, start_ns: u64) {
-        self.start_ns = start_ns;
-        self.end_ns = start_ns;
-        self.outputs.clear();
-        self.steady.clear();
-        self.admissions.clear();
-        self.kv_events.clear();
-        self.metrics = ForwardPassMetrics::default();
-    }
-}
+use super::{Pass, PrefixCacheBusy, SchedulerOptions, SubmitError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Status {
@@ -137,25 +86,6 @@ struct PrefillCost {
     active_cached: u32,
 }
 
-/// The prefix cache cannot be reset while requests hold blocks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("cannot reset the prefix cache: {active_blocks} blocks are in use")]
-pub struct PrefixCacheBusy {
-    /// Blocks referenced by running requests.
-    pub active_blocks: usize,
-}
-
-/// Why a request could not be submitted.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SubmitError {
-    /// The prompt is empty.
-    #[error("request {0:#x}: prompt is empty")]
-    EmptyPrompt(u128),
-    /// Nothing to generate.
-    #[error("request {0:#x}: max_output_tokens must be at least 1")]
-    NoOutput(u128),
-}
-
 /// One rank's vLLM-style scheduler, KV pool and timing model: a deterministic state machine
 /// stepped one forward pass at a time.
 #[derive(Debug)]
@@ -210,15 +140,6 @@ struct Budget {
     /// Ready requests that decode in this pass (fresh prefills sample from their prefill).
     decode_batch: usize,
     decode_kv: usize,
-}
-
-/// Options of a scheduler beyond its engine configuration.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SchedulerOptions {
-    /// Data-parallel rank stamped on events and metrics.
-    pub dp_rank: u32,
-    /// Produce KV events (costs an allocation per event; off for offline replay).
-    pub record_kv_events: bool,
 }
 
 impl VllmScheduler {
