@@ -2,6 +2,8 @@
 //! models, events and metrics as a synchronous, deterministic state machine stepped one
 //! forward pass at a time on a simulated clock. No I/O, no wall clock, no global state.
 
+#![warn(missing_docs)]
+
 pub mod config;
 pub mod engine;
 pub mod events;

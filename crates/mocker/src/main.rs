@@ -1,5 +1,7 @@
 //! `mocker`: a GPU-free simulator of LLM inference engines.
 
+#![warn(missing_docs)]
+
 mod bench;
 mod replay;
 

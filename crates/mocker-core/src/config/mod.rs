@@ -92,15 +92,37 @@ macro_rules! string_enum {
 
 string_enum! {
     /// Which inference engine is simulated; selects the scheduler core and block-size default.
-    Backend { #[default] Vllm = "vllm", Sglang = "sglang", Trtllm = "trtllm" }
+    Backend {
+        /// vLLM v1 scheduler and paged block pool.
+        #[default]
+        Vllm = "vllm",
+        /// SGLang scheduler with a radix prefix cache.
+        Sglang = "sglang",
+        /// TRT-LLM's guaranteed_no_evict capacity scheduler over the vLLM pool.
+        Trtllm = "trtllm",
+    }
 }
 string_enum! {
     /// Role of a worker in (dis)aggregated serving.
-    WorkerType { #[default] Aggregated = "aggregated", Prefill = "prefill", Decode = "decode" }
+    WorkerType {
+        /// Prefill and decode on the same worker.
+        #[default]
+        Aggregated = "aggregated",
+        /// Prefill only; hands the KV to a decode worker after the first token.
+        Prefill = "prefill",
+        /// Decode only; receives prompts whose KV was transferred.
+        Decode = "decode",
+    }
 }
 string_enum! {
     /// Which running request vLLM evicts first when KV blocks run out.
-    PreemptionMode { #[default] Lifo = "lifo", Fifo = "fifo" }
+    PreemptionMode {
+        /// The most recently admitted running request.
+        #[default]
+        Lifo = "lifo",
+        /// The earliest admitted running request.
+        Fifo = "fifo",
+    }
 }
 string_enum! {
     /// Which cached KV block the vLLM/TRT-LLM pool evicts when it needs a fresh one.
@@ -159,9 +181,19 @@ pub enum TimingModelConfig {
     #[default]
     Polynomial,
     /// Constant per-pass latencies in milliseconds.
-    Fixed { prefill_ms: f64, decode_ms: f64 },
+    Fixed {
+        /// Cost of any pass with prefill work.
+        prefill_ms: f64,
+        /// Cost of any pass with decode work.
+        decode_ms: f64,
+    },
     /// A provider-backed model, e.g. `dynamo_profile` with `config: {"path": "x.npz"}`.
-    External { provider: String, config: Value },
+    External {
+        /// `dynamo_profile`, `ais` or `aic`.
+        provider: String,
+        /// Provider-specific settings.
+        config: Value,
+    },
 }
 
 /// SGLang-only scheduler knobs.
