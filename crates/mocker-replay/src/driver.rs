@@ -57,10 +57,15 @@ struct Worker {
     engine: Engine,
     /// End of the pass in flight, with its start order for ties.
     busy: Option<(u64, u64)>,
-    /// Collector record of each engine slot.
-    records: Vec<RecordId>,
-    /// Session of each engine slot.
-    sessions: Vec<SessionId>,
+    /// Collector record and session of the request in each engine slot.
+    owners: Vec<SlotOwner>,
+}
+
+/// Who a request in an engine slot belongs to.
+#[derive(Debug, Clone, Copy, Default)]
+struct SlotOwner {
+    record: RecordId,
+    session: SessionId,
 }
 
 /// Index of a started session in `Sim::sessions`.
@@ -145,7 +150,7 @@ pub fn run_synthetic(options: &ReplayOptions) -> Result<ReplayOutcome, ReplayErr
     let mut workers = Vec::with_capacity(options.num_workers);
     for _ in 0..options.num_workers {
         let engine = Engine::new(EngineOptions { config: engine.clone(), ..Default::default() })?;
-        workers.push(Worker { engine, busy: None, records: Vec::new(), sessions: Vec::new() });
+        workers.push(Worker { engine, busy: None, owners: Vec::new() });
     }
     let started = Instant::now();
     let mut sim = Sim {
@@ -255,13 +260,13 @@ impl Sim {
         let worker = &mut self.workers[w];
         let pass = worker.engine.last_pass();
         for a in &pass.admissions {
-            self.collector.on_admission(worker.records[a.key.0 as usize], a.reused_tokens);
+            self.collector.on_admission(worker.owners[a.key.0 as usize].record, a.reused_tokens);
         }
         if let Some(o) = pass.steady.first() {
             self.collector.on_gaps(o.itl_ns, pass.steady.len() as u64);
         }
         for o in &pass.outputs {
-            let rec = worker.records[o.key.0 as usize];
+            let SlotOwner { record: rec, session: sid } = worker.owners[o.key.0 as usize];
             if o.rejected {
                 self.collector.on_rejected(rec);
             } else {
@@ -274,7 +279,6 @@ impl Sim {
             }
             if o.completed {
                 self.in_flight -= 1;
-                let sid = worker.sessions[o.key.0 as usize];
                 if !self.sessions.has_turns(sid) {
                     self.sessions.end(sid);
                 } else if self.delay_ns == 0 {
@@ -344,12 +348,10 @@ impl Sim {
             block_hashes: turn.block_hashes,
         })?;
         let slot = key.0 as usize;
-        if worker.records.len() <= slot {
-            worker.records.resize(slot + 1, 0);
-            worker.sessions.resize(slot + 1, 0);
+        if worker.owners.len() <= slot {
+            worker.owners.resize(slot + 1, SlotOwner::default());
         }
-        worker.records[slot] = rec;
-        worker.sessions[slot] = sid;
+        worker.owners[slot] = SlotOwner { record: rec, session: sid };
         self.in_flight += 1;
         Ok(())
     }

@@ -203,11 +203,6 @@ impl SyntheticSource {
         }
     }
 
-    /// The workload being generated.
-    pub fn workload(&self) -> &SyntheticWorkload {
-        &self.w
-    }
-
     /// Sessions not started yet.
     pub fn sessions_remaining(&self) -> usize {
         self.w.request_count - self.sessions_started

@@ -130,7 +130,6 @@ pub struct VllmScheduler {
 #[derive(Default)]
 struct Budget {
     tokens: u32,
-    preempted_any: bool,
     batch_count: usize,
     total_isl: usize,
     total_prefix: usize,
@@ -319,7 +318,8 @@ impl VllmScheduler {
         let mut b = Budget { tokens: self.max_num_batched_tokens, ..Default::default() };
 
         self.schedule_running(&mut b, &mut pass);
-        if !b.preempted_any {
+        // A pass that had to preempt admits nothing new.
+        if b.preempted == 0 {
             self.admit_waiting(&mut b, &mut pass);
         }
         let (prefill_ns, decode_ns) = self.pass_cost(&b, &mut pass.metrics);
@@ -452,17 +452,13 @@ impl VllmScheduler {
         }
         // The last sampled token is never computed, so the peak footprint is
         // prompt + output - 1 tokens.
-        let output =
-            self.max_model_len.map_or(seq.max_output as usize, |m| (seq.max_output as usize).min(m - prompt));
-        (prompt + output - 1).max(prompt).div_ceil(self.block_size as usize) > self.num_gpu_blocks
+        (prompt + seq.max_output as usize - 1).div_ceil(self.block_size as usize) > self.num_gpu_blocks
     }
 
+    /// Blocks the request holds at completion (`max_output` already carries the
+    /// `max_model_len` cap).
     fn to_completion_blocks(&self, seq: &Seq) -> usize {
-        let mut out = seq.max_output as usize;
-        if let Some(m) = self.max_model_len {
-            out = out.min(m.saturating_sub(seq.prompt_len as usize));
-        }
-        (seq.prompt_len as usize + out).div_ceil(self.block_size as usize)
+        ((seq.prompt_len + seq.max_output) as usize).div_ceil(self.block_size as usize)
     }
 
     fn remaining_reservation(&self, seq: &Seq) -> usize {
@@ -634,7 +630,6 @@ impl VllmScheduler {
         seq.status = Status::Preempted;
         self.waiting.push_front(key);
         self.totals.num_preemptions_total += 1;
-        b.preempted_any = true;
         b.preempted += 1;
     }
 
@@ -653,14 +648,12 @@ impl VllmScheduler {
             let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
             let idx = blk as usize;
             let parent = if idx == 0 { None } else { Some(seq.hashes[idx - 1]) };
-            let need_tokens = idx >= seq.hashes.len() || record;
-            if need_tokens {
+            // Prompt blocks were hashed at submit; tokens are needed only for generated
+            // blocks and for event payloads.
+            if idx >= seq.hashes.len() || record {
                 self.scratch_tokens.clear();
-                let seq = self.seqs[key.0 as usize].as_ref().expect("live seq");
-                let tokens = (blk * bs..(blk + 1) * bs).map(|p| seq.token_at(p));
-                self.scratch_tokens.extend(tokens);
+                self.scratch_tokens.extend((blk * bs..(blk + 1) * bs).map(|p| seq.token_at(p)));
             }
-            let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
             let (hash, local) = if idx < seq.hashes.len() {
                 let local = if record { local_block_hash(&self.scratch_tokens) } else { 0 };
                 (seq.hashes[idx], local)
