@@ -4,6 +4,7 @@
 
 mod bench;
 mod replay;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -24,6 +25,8 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// Run the fixed benchmark suite and print wall time per workload.
     Bench(bench::BenchArgs),
+    /// Serve the OpenAI HTTP API from a simulated engine, streaming at modelled speed.
+    Serve(serve::ServeArgs),
 }
 
 /// A user error: printed with the field it concerns, exit code 2.
@@ -33,11 +36,12 @@ pub struct UsageError(pub String);
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Replay(args) => replay::run(args),
-        Command::Bench(args) => bench::run(args),
+        Command::Replay(args) => replay::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Bench(args) => bench::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Serve(args) => serve::run(args),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(UsageError(msg)) => {
             eprintln!("error: {msg}");
             ExitCode::from(2)

@@ -1,0 +1,216 @@
+//! The axum application: shared state, routes, API-key check and body limit.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use mocker_live::{LiveEngine, LiveError, LiveRequest};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use crate::error::ApiError;
+use crate::generate::{generate, Prepared};
+use crate::metrics::ServerMetrics;
+use crate::openai::request::{parse_chat, parse_completion, prompt_input, PromptInput};
+use crate::openai::response::Endpoint;
+use crate::openai::template;
+use crate::tokenizer::Tokenizer;
+
+/// The DP ranks of one engine; requests go to the rank with the fewest active requests.
+#[derive(Debug, Clone)]
+pub struct Ranks(pub Vec<LiveEngine>);
+
+impl Ranks {
+    /// Submits to the least-loaded rank.
+    pub async fn submit(&self, request: mocker_core::Request) -> Result<LiveRequest, ApiError> {
+        let rank = self.0.iter().min_by_key(|e| e.active_request_count()).ok_or_else(|| ApiError::unavailable("no engine ranks"))?;
+        Ok(rank.submit(request).await?)
+    }
+}
+
+impl From<LiveError> for ApiError {
+    fn from(e: LiveError) -> Self {
+        match e {
+            LiveError::NotRunning | LiveError::EngineGone => ApiError::unavailable(e.to_string()),
+            LiveError::InvalidRequest { .. } | LiveError::NoOutputTokens => ApiError::bad_request(e.to_string()),
+            other => ApiError::internal(other.to_string()),
+        }
+    }
+}
+
+/// What every handler shares.
+#[derive(Debug)]
+pub struct AppState {
+    /// Name clients must use in `model` (and that `/v1/models` lists).
+    pub model_name: String,
+    /// Prompt tokenizer and output detokenizer.
+    pub tokenizer: Tokenizer,
+    /// The engine's DP ranks.
+    pub ranks: Ranks,
+    /// `/metrics`.
+    pub metrics: ServerMetrics,
+    /// Context window (`max_model_len`), when configured.
+    pub max_model_len: Option<usize>,
+    /// Bearer token required on `/v1/*`, when set.
+    pub api_key: Option<String>,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks per rank.
+    pub num_gpu_blocks: usize,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+}
+
+impl AppState {
+    /// The error for a request the KV pool can never hold.
+    pub fn rejection(&self, total_tokens: usize) -> ApiError {
+        let blocks = total_tokens.div_ceil(self.block_size.max(1));
+        ApiError::bad_request(format!(
+            "the request needs {total_tokens} tokens of KV cache ({blocks} blocks of {}), but the engine has \
+             only {} blocks; it can never be scheduled",
+            self.block_size, self.num_gpu_blocks
+        ))
+    }
+}
+
+/// Builds the router over `state`.
+pub fn router(state: Arc<AppState>) -> Router {
+    let v1 = Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/version", get(|| async { axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})) }))
+        .route("/metrics", get(metrics))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .fallback(|| async { ApiError { status: StatusCode::NOT_FOUND, message: "Not Found".into(), param: None } })
+        // The handlers enforce the limit themselves so the client gets a JSON error.
+        .layer(DefaultBodyLimit::disable())
+        .layer(middleware::from_fn(echo_request_id))
+        .with_state(state)
+}
+
+async fn require_api_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if let Some(key) = &state.api_key {
+        let ok = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|given| given == key);
+        if !ok {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// Load clients correlate requests by `x-request-id`; echo it as vLLM does.
+async fn echo_request_id(request: Request, next: Next) -> Response {
+    let id = request.headers().get("x-request-id").cloned();
+    let mut response = next.run(request).await;
+    if let Some(id) = id {
+        response.headers_mut().insert("x-request-id", id);
+    }
+    response
+}
+
+/// The body, at most `max_body_bytes`, as a JSON error otherwise.
+async fn body(state: &AppState, request: Request) -> Result<Bytes, ApiError> {
+    let limit = state.max_body_bytes;
+    let request = request.map(|b| axum::body::Body::new(http_body_util::Limited::new(b, limit)));
+    Bytes::from_request(request, &()).await.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::payload_too_large(limit)
+        } else {
+            ApiError::bad_request(format!("could not read the request body: {e}"))
+        }
+    })
+}
+
+async fn completions(State(state): State<Arc<AppState>>, request: Request) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let bytes = body(&state, request).await?;
+    let (generation, prompt) = parse_completion(&bytes)?;
+    generate(state, Prepared { endpoint: Endpoint::Completions, generation, prompt }, arrived).await
+}
+
+async fn chat_completions(State(state): State<Arc<AppState>>, request: Request) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let bytes = body(&state, request).await?;
+    let (generation, messages) = parse_chat(&bytes)?;
+    let prompt = PromptInput::Text(template::render(&messages));
+    generate(state, Prepared { endpoint: Endpoint::Chat, generation, prompt }, arrived).await
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    axum::Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.model_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "mocker",
+            "root": state.model_name,
+            "parent": null,
+            "max_model_len": state.max_model_len,
+        }],
+    }))
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    let mut headers = HeaderMap::new();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+    (headers, state.metrics.render())
+}
+
+#[derive(Deserialize)]
+struct DetokenizeBody {
+    tokens: Vec<u32>,
+}
+
+async fn tokenize(State(state): State<Arc<AppState>>, request: Request) -> Result<Response, ApiError> {
+    let bytes = body(&state, request).await?;
+    let value: Value =
+        serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
+    let add_special = value.get("add_special_tokens").and_then(Value::as_bool);
+    let tokens = if value.get("messages").is_some() {
+        let (_, messages) = parse_chat(&bytes)?;
+        state.tokenizer.encode(&template::render(&messages), add_special.unwrap_or(false))
+    } else {
+        match prompt_input(&value["prompt"])? {
+            PromptInput::Text(text) => state.tokenizer.encode(&text, add_special.unwrap_or(true)),
+            PromptInput::Ids(ids) => Ok(ids),
+        }
+    }
+    .map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(axum::Json(json!({"count": tokens.len(), "max_model_len": state.max_model_len, "tokens": tokens, "token_strs": null}))
+        .into_response())
+}
+
+async fn detokenize(State(state): State<Arc<AppState>>, request: Request) -> Result<Response, ApiError> {
+    let bytes = body(&state, request).await?;
+    let parsed: DetokenizeBody = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::invalid_field("tokens", format!("tokens: expected a list of token ids ({e})")))?;
+    let prompt = state.tokenizer.decode(&parsed.tokens).map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(axum::Json(json!({ "prompt": prompt })).into_response())
+}
+
+async fn reset_prefix_cache(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    for rank in &state.ranks.0 {
+        rank.reset_prefix_cache().await.map_err(|e| ApiError::bad_request(e.to_string()))?;
+    }
+    Ok(StatusCode::OK.into_response())
+}

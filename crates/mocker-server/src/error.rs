@@ -1,0 +1,122 @@
+//! Errors as the OpenAI API (and vLLM's server) return them: an HTTP status and a JSON body
+//! `{"error": {"message", "type", "param", "code"}}`.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+/// An error answered to a client before any response body was sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Human-readable explanation naming the offending field.
+    pub message: String,
+    /// The field at fault, when one is.
+    pub param: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: Detail<'a>,
+}
+
+#[derive(Serialize)]
+struct Detail<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    param: Option<&'a str>,
+    code: u16,
+}
+
+impl ApiError {
+    /// 400: the request is malformed or asks for something impossible.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self { status: StatusCode::BAD_REQUEST, message: message.into(), param: None }
+    }
+
+    /// 400 about one field.
+    pub fn invalid_field(param: &str, message: impl Into<String>) -> Self {
+        Self { status: StatusCode::BAD_REQUEST, message: message.into(), param: Some(param.to_string()) }
+    }
+
+    /// 404: the model asked for is not served here.
+    pub fn model_not_found(model: &str) -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            message: format!("The model `{model}` does not exist."),
+            param: Some("model".to_string()),
+        }
+    }
+
+    /// 401: missing or wrong API key.
+    pub fn unauthorized() -> Self {
+        Self { status: StatusCode::UNAUTHORIZED, message: "Unauthorized".to_string(), param: None }
+    }
+
+    /// 413: the body exceeds the server's limit.
+    pub fn payload_too_large(limit: usize) -> Self {
+        Self {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!("request body exceeds the limit of {limit} bytes"),
+            param: None,
+        }
+    }
+
+    /// 503: the engine is not running (shutting down or failed).
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self { status: StatusCode::SERVICE_UNAVAILABLE, message: message.into(), param: None }
+    }
+
+    /// 500: a bug or an engine failure.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self { status: StatusCode::INTERNAL_SERVER_ERROR, message: message.into(), param: None }
+    }
+
+    /// The `type` field, named as the OpenAI Python SDK names its exceptions.
+    fn kind(&self) -> &'static str {
+        match self.status {
+            StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => "BadRequestError",
+            StatusCode::UNAUTHORIZED => "AuthenticationError",
+            StatusCode::NOT_FOUND => "NotFoundError",
+            StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
+            _ => "InternalServerError",
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> String {
+        let body = Body {
+            error: Detail {
+                message: &self.message,
+                kind: self.kind(),
+                param: self.param.as_deref(),
+                code: self.status.as_u16(),
+            },
+        };
+        serde_json::to_string(&body).expect("error bodies serialize")
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, [(axum::http::header::CONTENT_TYPE, "application/json")], self.body()).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_has_openai_shape() {
+        let e = ApiError::invalid_field("max_tokens", "max_tokens must be at least 1, got 0");
+        let v: serde_json::Value = serde_json::from_str(&e.body()).unwrap();
+        assert_eq!(v["error"]["type"], "BadRequestError");
+        assert_eq!(v["error"]["param"], "max_tokens");
+        assert_eq!(v["error"]["code"], 400);
+        assert!(v["error"]["message"].as_str().unwrap().contains("got 0"));
+        assert_eq!(ApiError::model_not_found("x").status, StatusCode::NOT_FOUND);
+    }
+}

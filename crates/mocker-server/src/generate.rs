@@ -1,0 +1,249 @@
+//! One generation request from prompt to response: tokenize, check the context window,
+//! submit to the least-loaded rank, wait for the first token (so an impossible request
+//! still gets an HTTP error), then answer in one body or as a server-sent-event stream.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use mocker_core::Request;
+use mocker_live::{LiveRequest, OutputSignal};
+use tokio::time::Instant;
+
+use crate::app::AppState;
+use crate::error::ApiError;
+use crate::openai::request::{Generation, PromptInput};
+use crate::openai::response::{Endpoint, ResponseHeader, Usage, UsageMode};
+use crate::tokenizer::StreamDecoder;
+
+/// A validated, tokenized request ready for the engine.
+pub struct Prepared {
+    /// Endpoint answered.
+    pub endpoint: Endpoint,
+    /// What the client asked for.
+    pub generation: Generation,
+    /// The prompt to tokenize.
+    pub prompt: PromptInput,
+}
+
+/// Runs a request to its response.
+pub async fn generate(state: Arc<AppState>, prepared: Prepared, arrived: Instant) -> Result<Response, ApiError> {
+    let Prepared { endpoint, mut generation, prompt } = prepared;
+    if let Some(model) = generation.model.as_deref() {
+        if model != state.model_name {
+            return Err(ApiError::model_not_found(model));
+        }
+    }
+    let tokens = match prompt {
+        PromptInput::Ids(ids) => ids,
+        PromptInput::Text(text) => state
+            .tokenizer
+            .encode(&text, generation.add_special_tokens)
+            .map_err(|e| ApiError::internal(e.to_string()))?,
+    };
+    if tokens.is_empty() {
+        return Err(ApiError::invalid_field("prompt", "prompt must not be empty (it tokenizes to no tokens)"));
+    }
+    check_context(&state, &tokens, &mut generation)?;
+    let prompt_tokens = tokens.len();
+    let max_tokens = generation.max_tokens as usize;
+    let mut live = state
+        .ranks
+        .submit(Request { uuid: uuid::Uuid::new_v4().as_u128(), tokens, max_output_tokens: max_tokens, ..Default::default() })
+        .await?;
+
+    // Waiting here, not in the body, turns a rejection into a status code; clients time
+    // the first byte either way.
+    let first = match live.recv().await {
+        Some(s) if s.rejected => return Err(state.rejection(prompt_tokens + max_tokens)),
+        Some(s) => s,
+        None => return Err(ApiError::unavailable("the engine stopped before the request produced a token")),
+    };
+    let header = ResponseHeader {
+        endpoint,
+        id: format!("{}{}", endpoint.id_prefix(), uuid::Uuid::new_v4().simple()),
+        created: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        model: state.model_name.clone(),
+    };
+    let stream = TokenStream {
+        state: state.clone(),
+        live,
+        arrived,
+        first_at: first.observed_at,
+        last_at: first.observed_at,
+        prompt_tokens,
+        cached_tokens: first.cached_tokens.unwrap_or(0),
+        generated: 0,
+        done: false,
+        decoder: StreamDecoder::default(),
+    };
+    state.metrics.observe_first_token(first.observed_at.saturating_duration_since(arrived), prompt_tokens);
+    if generation.stream {
+        let mode = UsageMode { include_usage: generation.include_usage, continuous: generation.continuous_usage };
+        Ok(sse_response(stream, header, first, mode))
+    } else {
+        full_response(stream, header, first).await
+    }
+}
+
+/// vLLM's context-window rules: the prompt must leave room for one token; an output length
+/// the client did not set is clipped to the room left, one it did set must fit.
+fn check_context(state: &AppState, tokens: &[u32], generation: &mut Generation) -> Result<(), ApiError> {
+    let Some(max_len) = state.max_model_len else { return Ok(()) };
+    let prompt = tokens.len();
+    if prompt >= max_len {
+        return Err(ApiError::invalid_field(
+            "prompt",
+            format!(
+                "This model's maximum context length is {max_len} tokens. However, your request has {prompt} \
+                 input tokens. Please reduce the length of the input messages."
+            ),
+        ));
+    }
+    let room = (max_len - prompt) as u32;
+    if !generation.max_tokens_given {
+        generation.max_tokens = generation.max_tokens.min(room);
+    } else if generation.max_tokens > room {
+        let max = generation.max_tokens;
+        return Err(ApiError::invalid_field(
+            "max_tokens",
+            format!(
+                "This model's maximum context length is {max_len} tokens. However, you requested {} tokens \
+                 ({prompt} in the messages, {max} in the completion). Please reduce the length of the \
+                 messages or completion.",
+                prompt + max as usize
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A request's remaining outputs plus what the response and the metrics need.
+struct TokenStream {
+    state: Arc<AppState>,
+    live: LiveRequest,
+    arrived: Instant,
+    first_at: Instant,
+    last_at: Instant,
+    prompt_tokens: usize,
+    cached_tokens: usize,
+    generated: usize,
+    done: bool,
+    decoder: StreamDecoder,
+}
+
+impl TokenStream {
+    /// Accounts one signal; `true` when it carried a token.
+    fn account(&mut self, signal: &OutputSignal) -> bool {
+        if signal.index > 0 && signal.token_id.is_some() {
+            self.state.metrics.observe_inter_token(signal.observed_at.saturating_duration_since(self.last_at));
+        }
+        self.last_at = signal.observed_at;
+        let had_token = signal.token_id.is_some();
+        self.generated += usize::from(had_token);
+        if signal.completed {
+            self.done = true;
+            self.state.metrics.observe_finished(
+                signal.observed_at.saturating_duration_since(self.arrived),
+                self.first_at.saturating_duration_since(self.arrived),
+                self.generated,
+            );
+        }
+        had_token
+    }
+
+    fn usage(&self) -> Usage {
+        Usage::new(self.prompt_tokens, self.generated, self.cached_tokens)
+    }
+}
+
+async fn full_response(mut stream: TokenStream, header: ResponseHeader, first: OutputSignal) -> Result<Response, ApiError> {
+    let mut ids = Vec::new();
+    let mut signal = Some(first);
+    while let Some(s) = signal {
+        if stream.account(&s) {
+            ids.push(s.token_id.expect("accounted tokens carry an id"));
+        }
+        if s.completed {
+            break;
+        }
+        signal = stream.live.recv().await;
+    }
+    if !stream.done {
+        return Err(ApiError::unavailable("the engine stopped before the request finished"));
+    }
+    let text = stream.state.tokenizer.decode(&ids).map_err(|e| ApiError::internal(e.to_string()))?;
+    let body = header.body(&text, stream.usage());
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+fn frame(json: &str) -> Bytes {
+    let mut out = Vec::with_capacity(json.len() + 8);
+    out.extend_from_slice(b"data: ");
+    out.extend_from_slice(json.as_bytes());
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+/// The SSE body: one frame per token as its pass ends, the usage frame when asked, then
+/// `[DONE]`. If the engine stops mid-stream the client gets an error frame before `[DONE]`,
+/// never a silently truncated answer. Dropping the body (client gone) drops the
+/// `LiveRequest`, which cancels the request in the engine.
+fn sse_response(stream: TokenStream, header: ResponseHeader, first: OutputSignal, mode: UsageMode) -> Response {
+    struct State {
+        stream: TokenStream,
+        header: ResponseHeader,
+        mode: UsageMode,
+        pending: Option<OutputSignal>,
+        opened: bool,
+        finished: bool,
+    }
+    let init = State { stream, header, mode, pending: Some(first), opened: false, finished: false };
+    let body = futures_util::stream::unfold(init, |mut st| async move {
+        if st.finished {
+            return None;
+        }
+        let mut out = Vec::new();
+        if !st.opened && st.header.endpoint == Endpoint::Chat {
+            out.extend_from_slice(&frame(&st.header.role_chunk(st.mode, st.stream.usage())));
+        }
+        st.opened = true;
+        let signal = match st.pending.take() {
+            Some(s) => Some(s),
+            None => st.stream.live.recv().await,
+        };
+        match signal {
+            Some(s) => {
+                st.stream.account(&s);
+                let text = match s.token_id {
+                    Some(id) => st.stream.decoder.push(&st.stream.state.tokenizer, id).unwrap_or_default(),
+                    None => String::new(),
+                };
+                out.extend_from_slice(&frame(&st.header.content_chunk(&text, s.completed, st.mode, st.stream.usage())));
+                if s.completed {
+                    if st.mode.include_usage {
+                        out.extend_from_slice(&frame(&st.header.usage_chunk(st.stream.usage())));
+                    }
+                    out.extend_from_slice(b"data: [DONE]\n\n");
+                    st.finished = true;
+                }
+            }
+            None => {
+                let err = ApiError::unavailable("the engine stopped before the request finished");
+                out.extend_from_slice(&frame(&err.body()));
+                out.extend_from_slice(b"data: [DONE]\n\n");
+                st.finished = true;
+            }
+        }
+        Some((Ok::<_, Infallible>(Bytes::from(out)), st))
+    });
+    let mut response = Response::new(Body::from_stream(body));
+    *response.status_mut() = StatusCode::OK;
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}

@@ -1,0 +1,16 @@
+//! mocker's OpenAI-compatible HTTP server: `/v1/completions` and `/v1/chat/completions`
+//! (streamed at the simulated engine's pace), `/v1/models`, `/health`, `/metrics` with
+//! vLLM's metric names, `/tokenize` and `/detokenize`.
+
+#![warn(missing_docs)]
+
+pub mod error;
+pub mod metrics;
+pub mod openai;
+pub mod tokenizer;
+pub mod app;
+pub mod generate;
+pub mod server;
+
+pub use server::{BoundServer, ServerError, ServerOptions};
+pub use tokenizer::Tokenizer;

@@ -1,0 +1,157 @@
+//! Text ↔ token ids for the server: a Hugging Face `tokenizer.json`, or a built-in word
+//! tokenizer when none is given (so `mocker serve` needs no files to start).
+
+use std::path::Path;
+
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Ids the built-in tokenizer uses: words hash into this range, and any id decodes to one
+/// word, so its text re-tokenizes to the same count (what client-side token counting needs).
+const BUILTIN_VOCAB: u32 = 32_000;
+
+/// How the server turns prompts into tokens and generated tokens into text.
+#[derive(Debug, Clone)]
+pub enum Tokenizer {
+    /// A real tokenizer loaded from a Hugging Face `tokenizer.json`.
+    HuggingFace(Box<tokenizers::Tokenizer>),
+    /// Whitespace words hashed to ids; id `i` decodes to the word `t{i}`.
+    Builtin,
+}
+
+/// Why a tokenizer could not be loaded or used.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    /// The file could not be read or parsed.
+    #[error("--tokenizer {path}: {message}")]
+    Load {
+        /// File given.
+        path: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// Encoding or decoding failed.
+    #[error("tokenizer: {0}")]
+    Codec(String),
+}
+
+impl Tokenizer {
+    /// Loads `tokenizer.json` from a file or from a model folder that holds one.
+    pub fn from_path(path: &Path) -> Result<Self, TokenizerError> {
+        let file = if path.is_dir() { path.join("tokenizer.json") } else { path.to_path_buf() };
+        let mut tokenizer = tokenizers::Tokenizer::from_file(&file)
+            .map_err(|e| TokenizerError::Load { path: file.display().to_string(), message: e.to_string() })?;
+        // Some tokenizer files pad every encoding to a fixed length; prompts must not grow.
+        tokenizer.with_padding(None);
+        tokenizer.with_truncation(None).map_err(|e| TokenizerError::Codec(e.to_string()))?;
+        Ok(Self::HuggingFace(Box::new(tokenizer)))
+    }
+
+    /// Number of ids the tokenizer can decode.
+    pub fn vocab_size(&self) -> u32 {
+        match self {
+            Self::HuggingFace(t) => t.get_vocab_size(true).max(1) as u32,
+            Self::Builtin => BUILTIN_VOCAB,
+        }
+    }
+
+    /// Token ids of `text`, special tokens (BOS and the like) included as vLLM adds them.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
+        match self {
+            Self::HuggingFace(t) => t
+                .encode_fast(text, add_special_tokens)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| TokenizerError::Codec(e.to_string())),
+            Self::Builtin => Ok(text.split_whitespace().map(builtin_word_id).collect()),
+        }
+    }
+
+    /// Text of `ids`. Ids beyond the vocabulary wrap around it: the engine's generated
+    /// tokens are full 32-bit values.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        match self {
+            Self::HuggingFace(t) => {
+                let vocab = self.vocab_size();
+                let ids: Vec<u32> = ids.iter().map(|&id| id % vocab).collect();
+                t.decode(&ids, true).map_err(|e| TokenizerError::Codec(e.to_string()))
+            }
+            Self::Builtin => {
+                let mut out = String::new();
+                for (i, &id) in ids.iter().enumerate() {
+                    if i > 0 {
+                        out.push(' ');
+                    }
+                    out.push_str(&builtin_word(id));
+                }
+                Ok(out)
+            }
+        }
+    }
+
+}
+
+fn builtin_word_id(word: &str) -> u32 {
+    (xxh3_64(word.as_bytes()) % u64::from(BUILTIN_VOCAB)) as u32
+}
+
+fn builtin_word(id: u32) -> String {
+    format!("t{}", id % BUILTIN_VOCAB)
+}
+
+/// Turns a stream of generated ids into text deltas, vLLM-style: it decodes a short window
+/// and emits only what the newest token added, so multi-token characters and word-piece
+/// joins come out right without re-decoding the whole output each time.
+#[derive(Debug, Default)]
+pub struct StreamDecoder {
+    ids: Vec<u32>,
+    prefix_offset: usize,
+    read_offset: usize,
+}
+
+impl StreamDecoder {
+    /// Adds one token and returns the text it completes (possibly empty).
+    pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<String, TokenizerError> {
+        if let Tokenizer::Builtin = tokenizer {
+            let sep = if self.ids.is_empty() { "" } else { " " };
+            self.ids.push(id);
+            return Ok(format!("{sep}{}", builtin_word(id)));
+        }
+        self.ids.push(id);
+        let prefix = tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset])?;
+        let full = tokenizer.decode(&self.ids[self.prefix_offset..])?;
+        // An incomplete UTF-8 sequence decodes to U+FFFD: wait for the next token.
+        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.starts_with(&prefix) {
+            let delta = full[prefix.len()..].to_string();
+            self.prefix_offset = self.read_offset;
+            self.read_offset = self.ids.len();
+            Ok(delta)
+        } else {
+            Ok(String::new())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_text_retokenizes_to_the_same_count() {
+        let t = Tokenizer::Builtin;
+        let ids = [5u32, 31_999, 123_456_789, 7];
+        let text = t.decode(&ids).unwrap();
+        assert_eq!(t.encode(&text, true).unwrap().len(), ids.len());
+        let mut d = StreamDecoder::default();
+        let streamed: String = ids.iter().map(|&i| d.push(&t, i).unwrap()).collect();
+        assert_eq!(streamed, text);
+    }
+
+    #[test]
+    fn builtin_encodes_words_deterministically() {
+        let t = Tokenizer::Builtin;
+        let a = t.encode("the cat sat on the mat", true).unwrap();
+        assert_eq!(a.len(), 6);
+        assert_eq!(a[0], a[4]);
+        assert_ne!(a[0], a[1]);
+        assert!(a.iter().all(|&id| id < BUILTIN_VOCAB));
+    }
+}
