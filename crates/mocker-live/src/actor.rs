@@ -236,6 +236,7 @@ impl Actor {
             Command::Submit { rank, reg, reply } => {
                 let r = &mut self.ranks[rank as usize];
                 let res = r.apply_submit(reg);
+                r.publish_metrics();
                 let _ = reply.send(res);
             }
             Command::ResetPrefixCache { rank, reply } => {
@@ -250,6 +251,7 @@ impl Actor {
                     Ok(None) => Ok(()),
                     Err(e) => Err(LiveError::PrefixCacheBusy(e.to_string())),
                 };
+                r.publish_metrics();
                 let _ = reply.send(res);
             }
         }
@@ -263,19 +265,10 @@ impl Actor {
                 Err(_) => break,
             }
         }
-        let mut any = false;
         for _ in 0..SNAPSHOT {
             match self.cmd_rx.try_recv() {
-                Ok(c) => {
-                    self.apply_command(c);
-                    any = true;
-                }
+                Ok(c) => self.apply_command(c),
                 Err(_) => break,
-            }
-        }
-        if any {
-            for r in &self.ranks {
-                r.publish_metrics();
             }
         }
     }
