@@ -202,6 +202,9 @@ pub(crate) struct Actor {
 /// refilled as fast as it drains cannot starve the passes).
 const SNAPSHOT: usize = 1024;
 
+/// tokio's timer granularity: a sleep may end up to this late.
+const TIMER_TICK_NS: u64 = 1_000_000;
+
 impl Actor {
     pub fn new(
         ranks: Vec<RankState>,
@@ -276,10 +279,13 @@ impl Actor {
     /// Runs until shutdown or until every handle is gone.
     pub async fn run(mut self) -> Result<(), LiveError> {
         let mut stalled = false;
-        // Whether work was left at the last boundary: then the next pass starts exactly at
-        // that boundary's modelled time, so a late wake-up of tokio's timer never skews
+        // Whether the actor came straight from a boundary: then the next pass starts exactly
+        // at that boundary's modelled time, so a late wake-up of tokio's timer never skews
         // the simulated clock. After idling, the clock catches up with tokio's.
         let mut continuous = false;
+        // When the last boundary was reached on tokio's clock: idle time is measured from
+        // there, so the timer's millisecond granularity never shifts the simulated clock.
+        let mut boundary_at = self.epoch;
         loop {
             self.apply_snapshot();
             let has_work = self.ranks.iter().any(|r| !r.retired && r.engine.has_work());
@@ -303,7 +309,13 @@ impl Actor {
                 continuous = false;
                 continue;
             }
-            let start = if continuous { self.now_ns } else { self.now_ns.max(self.elapsed_ns()) };
+            let start = if continuous {
+                self.now_ns
+            } else {
+                // ... but never more than a timer tick behind tokio's clock.
+                let idle = boundary_at.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+                (self.now_ns + idle).max(self.elapsed_ns().saturating_sub(TIMER_TICK_NS))
+            };
             let mut end = start;
             let mut effect = false;
             for r in &mut self.ranks {
@@ -351,6 +363,7 @@ impl Actor {
                 }
             }
             self.now_ns = end;
+            boundary_at = Instant::now();
             for r in &mut self.ranks {
                 if !r.stepped {
                     continue;
@@ -368,7 +381,9 @@ impl Actor {
                 r.publish_metrics();
             }
             stalled = !effect;
-            continuous = self.ranks.iter().any(|r| !r.retired && r.engine.has_work());
+            // Commands applied by the snapshot right after this boundary join the pass that
+            // starts at it, as in offline replay.
+            continuous = true;
             // Let the readers just woken run before the next pass (on a current-thread
             // runtime a pass whose deadline already passed would not yield otherwise), and
             // keep a zero-duration engine from starving the runtime.
