@@ -74,6 +74,18 @@ impl Engine {
         self.scheduler.reset_prefix_cache()
     }
 
+    /// Cancels the request with id `uuid`: removes it if waiting or running (freeing its
+    /// blocks) and drops its outputs still pending in the last pass. Returns whether
+    /// anything was removed. Scans the engine; shells that kept the key use [`Engine::cancel_key`].
+    pub fn cancel(&mut self, uuid: u128) -> bool {
+        self.scheduler.find(uuid).is_some_and(|key| self.scheduler.cancel(key, uuid))
+    }
+
+    /// [`Engine::cancel`] by the key `submit` returned; `uuid` guards against a reused key.
+    pub fn cancel_key(&mut self, key: SeqKey, uuid: u128) -> bool {
+        self.scheduler.cancel(key, uuid)
+    }
+
     /// Whether the engine holds requests (a pass would do something).
     pub fn has_work(&self) -> bool {
         self.scheduler.has_work()

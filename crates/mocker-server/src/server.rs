@@ -131,9 +131,10 @@ impl BoundServer {
         });
         let mut server = tokio::spawn(async move { server.await });
         let mut stopping = stopping_rx;
+        // `wait_for` returns a borrow guard; it must not live inside the select's output.
         let served = tokio::select! {
             joined = &mut server => joined,
-            _ = stopping.wait_for(|s| *s) => {
+            _ = async move { stopping.wait_for(|s| *s).await.is_ok() } => {
                 // Graceful shutdown waits for open connections; past the grace period,
                 // stopping the engine ends their streams.
                 match tokio::time::timeout(grace, &mut server).await {

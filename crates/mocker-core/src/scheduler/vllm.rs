@@ -299,6 +299,43 @@ impl VllmScheduler {
         Ok(Some(event))
     }
 
+    /// Removes request `key` (which must carry `uuid`, so a stale key whose slot was reused
+    /// never matches): a waiting or running request leaves its queue and frees its blocks,
+    /// and its outputs still held in the last pass (not yet delivered by the shell) are
+    /// dropped. Returns whether anything was removed. Safe between passes and while a
+    /// computed pass is "in flight" in a live shell.
+    pub fn cancel(&mut self, key: SeqKey, uuid: u128) -> bool {
+        let suppressed = self.suppress_outputs(key, uuid);
+        let live = self.seqs.get(key.0 as usize).and_then(Option::as_ref).is_some_and(|s| s.uuid == uuid);
+        if live {
+            if let Some(i) = self.running.iter().position(|&k| k == key) {
+                self.running.remove(i);
+            } else if let Some(i) = self.waiting.iter().position(|&k| k == key) {
+                self.waiting.remove(i);
+            }
+            self.retire(key);
+        }
+        live || suppressed
+    }
+
+    /// The handle of the held request with id `uuid` (a linear scan: for cancellation by
+    /// id, not for hot paths).
+    pub fn find(&self, uuid: u128) -> Option<SeqKey> {
+        self.seqs
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|s| s.uuid == uuid))
+            .map(|i| SeqKey(i as u32))
+            .or_else(|| self.pass.all_outputs().find(|o| o.uuid == uuid).map(|o| o.key))
+    }
+
+    fn suppress_outputs(&mut self, key: SeqKey, uuid: u128) -> bool {
+        let before = self.pass.outputs.len() + self.pass.steady.len();
+        let keep = |o: &Output| o.key != key || o.uuid != uuid;
+        self.pass.outputs.retain(keep);
+        self.pass.steady.retain(keep);
+        before != self.pass.outputs.len() + self.pass.steady.len()
+    }
+
     /// The most recent pass (its outputs stay here until the next `step`).
     pub fn last_pass(&self) -> &Pass {
         &self.pass

@@ -1,0 +1,78 @@
+//! Cancellation in the core: removing waiting, running and just-finished requests.
+
+use mocker_core::config::{EngineConfig, TimingModelConfig};
+use mocker_core::{Engine, EngineOptions, Request};
+
+fn engine() -> Engine {
+    let config = EngineConfig {
+        num_gpu_blocks: 64,
+        block_size: 4,
+        max_num_seqs: 8,
+        max_num_batched_tokens: 64,
+        timing_model: TimingModelConfig::Fixed { prefill_ms: 10.0, decode_ms: 1.0 },
+        ..Default::default()
+    };
+    Engine::new(EngineOptions { config, ..Default::default() }).unwrap()
+}
+
+fn req(uuid: u128, isl: u32, osl: usize) -> Request {
+    Request { uuid, tokens: (1..=isl).collect(), max_output_tokens: osl, ..Default::default() }
+}
+
+#[test]
+fn cancelling_a_waiting_request_removes_it() {
+    let mut e = engine();
+    let key = e.submit(req(7, 8, 4)).unwrap();
+    assert_eq!(e.num_requests(), 1);
+    assert!(!e.cancel_key(key, 8), "a key with the wrong uuid never matches");
+    assert!(e.cancel(7));
+    assert_eq!(e.num_requests(), 0);
+    assert!(!e.has_work());
+    assert!(!e.cancel(7), "a second cancel finds nothing");
+    // The slot is reusable after the next pass.
+    e.step(0);
+    let again = e.submit(req(9, 8, 1)).unwrap();
+    let pass = e.step(0);
+    assert_eq!(pass.outputs.len(), 1);
+    assert_eq!(pass.outputs[0].key, again);
+}
+
+#[test]
+fn cancelling_a_running_request_frees_its_blocks_and_pending_output() {
+    let mut e = engine();
+    e.submit(req(1, 16, 10)).unwrap();
+    let mut other = req(2, 16, 10);
+    other.tokens.iter_mut().for_each(|t| *t += 1000);
+    e.submit(other).unwrap();
+    let pass = e.step(0);
+    assert_eq!(pass.outputs.len(), 2);
+    let active = e.pool().num_active();
+    assert!(active >= 8);
+    assert!(e.cancel(1));
+    // The in-flight pass no longer carries request 1's token.
+    assert!(e.last_pass().all_outputs().all(|o| o.uuid == 2));
+    assert_eq!(e.last_pass().all_outputs().count(), 1);
+    assert!(e.pool().num_active() < active);
+    assert_eq!(e.metrics().running_requests, 1);
+    let mut now = e.last_pass().end_ns;
+    while e.has_work() {
+        let p = e.step(now);
+        assert!(p.all_outputs().all(|o| o.uuid == 2));
+        now = p.end_ns;
+    }
+    assert_eq!(e.pool().num_active(), 0);
+    e.pool().check_invariants().unwrap();
+}
+
+#[test]
+fn cancelling_a_request_finished_in_the_last_pass_suppresses_its_terminal() {
+    let mut e = engine();
+    e.submit(req(3, 8, 1)).unwrap();
+    let pass = e.step(0);
+    assert!(pass.outputs[0].completed);
+    assert_eq!(e.num_requests(), 0);
+    assert!(e.cancel(3), "suppressing the pending terminal output counts as applied");
+    assert_eq!(e.last_pass().all_outputs().count(), 0);
+    assert!(!e.cancel(3));
+    assert_eq!(e.pool().num_active(), 0);
+}

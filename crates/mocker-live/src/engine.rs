@@ -1,0 +1,341 @@
+//! `LiveEngine`: the client-side handle of one rank of a live group.
+
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use mocker_core::config::EngineConfig;
+use mocker_core::events::KvEvent;
+use mocker_core::metrics::{EngineMetrics, ForwardPassMetrics};
+use mocker_core::{Engine, EngineOptions, Request};
+use tokio::sync::{mpsc, oneshot, watch, OnceCell};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::actor::{Actor, CancelMsg, Command, Lanes, RankState};
+use crate::error::LiveError;
+use crate::request::{cancel_route, LiveRequest, LiveRequestRegistration, ObservedAdmission, Registered};
+use crate::route::{RankShared, Route};
+
+/// How a request's outputs are buffered between the actor and its reader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputBuffering {
+    /// Up to `capacity` undelivered signals per request; a reader that falls further behind
+    /// is cancelled at that pass boundary and its KV freed (slow-consumer shedding).
+    CancelOnOverflow {
+        /// Signals buffered per request (the reference's default is 8).
+        capacity: NonZeroUsize,
+    },
+    /// Room for the request's whole declared response: unread streams never shed.
+    FullResponse,
+}
+
+impl Default for OutputBuffering {
+    fn default() -> Self {
+        Self::CancelOnOverflow { capacity: NonZeroUsize::new(8).expect("8 > 0") }
+    }
+}
+
+/// A KV-event sink: runs on the actor at pass ends, so it must not block.
+pub type KvEventSink = Box<dyn FnMut(&[KvEvent]) + Send>;
+
+/// A forward-pass-metrics sink: runs on the actor at pass ends, so it must not block.
+pub type FpmSink = Box<dyn FnMut(&ForwardPassMetrics) + Send>;
+
+/// Per-rank options of a live engine.
+#[derive(Default)]
+pub struct LiveOptions {
+    /// Output buffering policy of every request of the rank.
+    pub buffering: OutputBuffering,
+    /// KV-event sink, called at a pass end with that pass's events (when there are any),
+    /// and with `Cleared` by `reset_prefix_cache`. Runs on the actor: must not block.
+    pub kv_events: Option<KvEventSink>,
+    /// Forward-pass-metrics sink, called once per pass of the rank, at the pass end.
+    pub forward_pass_metrics: Option<FpmSink>,
+    /// Observer of admissions (client ids), sent at pass start. Dropping the receiver while
+    /// the engine runs stops the rank; `shutdown` then reports it.
+    pub admissions: Option<mpsc::UnboundedSender<ObservedAdmission>>,
+}
+
+impl std::fmt::Debug for LiveOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveOptions")
+            .field("buffering", &self.buffering)
+            .field("kv_events", &self.kv_events.is_some())
+            .field("forward_pass_metrics", &self.forward_pass_metrics.is_some())
+            .field("admissions", &self.admissions.is_some())
+            .finish()
+    }
+}
+
+/// Lane capacities: bounded, so a flood of submissions waits instead of growing memory.
+const COMMAND_LANE: usize = 1024;
+const CANCEL_LANE: usize = 1024;
+
+static NEXT_ENGINE_ID: AtomicUsize = AtomicUsize::new(1);
+
+/// What every rank of a group shares.
+struct Group {
+    token: CancellationToken,
+    join: Mutex<Option<JoinHandle<Result<(), LiveError>>>>,
+    result: OnceCell<Result<(), LiveError>>,
+    epoch: Instant,
+}
+
+impl Group {
+    /// Stops the actor once and joins it; every caller gets the same result.
+    async fn shutdown(&self) -> Result<(), LiveError> {
+        self.result
+            .get_or_init(|| async {
+                self.token.cancel();
+                let join = self.join.lock().expect("join").take();
+                match join {
+                    Some(j) => match j.await {
+                        Ok(r) => r,
+                        Err(e) => Err(LiveError::SchedulerTaskFailed(e.to_string())),
+                    },
+                    None => Ok(()),
+                }
+            })
+            .await
+            .clone()
+    }
+}
+
+struct Rank {
+    id: usize,
+    rank: u32,
+    group: Arc<Group>,
+    shared: Arc<RankShared>,
+    cmd: mpsc::Sender<Command>,
+    cancel: mpsc::Sender<CancelMsg>,
+    metrics: watch::Receiver<EngineMetrics>,
+    buffering: OutputBuffering,
+    shutdown: OnceCell<Result<(), LiveError>>,
+}
+
+impl Drop for Rank {
+    fn drop(&mut self) {
+        // Retire only this rank's requests; the actor ends when every rank is gone.
+        let _ = self.cancel.try_send(CancelMsg::Retire { rank: self.rank });
+    }
+}
+
+/// One rank of a running live engine. Cheap to clone; dropping the last clone retires the
+/// rank's requests (and stops the actor when it was the group's last rank).
+#[derive(Clone)]
+pub struct LiveEngine {
+    inner: Arc<Rank>,
+}
+
+impl std::fmt::Debug for LiveEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveEngine").field("dp_rank", &self.inner.rank).finish()
+    }
+}
+
+impl LiveEngine {
+    /// Starts a single-rank engine on the current tokio runtime.
+    pub fn start(config: EngineConfig, options: LiveOptions) -> Result<LiveEngine, LiveError> {
+        Ok(Self::start_group(config, vec![options])?.pop().expect("one rank"))
+    }
+
+    /// Starts `options.len()` data-parallel ranks that share one actor and one pass
+    /// barrier; each rank keeps its own routes, sinks and metrics.
+    pub fn start_group(
+        config: EngineConfig,
+        options: Vec<LiveOptions>,
+    ) -> Result<Vec<LiveEngine>, LiveError> {
+        let rt = tokio::runtime::Handle::try_current().map_err(|_| LiveError::NoRuntime)?;
+        if options.is_empty() {
+            return Err(LiveError::InvalidArguments(
+                "dp_size: a group needs at least one options value (one per DP rank)".into(),
+            ));
+        }
+        let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_LANE);
+        let (cancel_tx, cancel_rx) = mpsc::channel(CANCEL_LANE);
+        let token = CancellationToken::new();
+        let epoch = Instant::now();
+        let mut states = Vec::with_capacity(options.len());
+        let mut ranks = Vec::with_capacity(options.len());
+        for (r, o) in options.into_iter().enumerate() {
+            let engine = Engine::new(EngineOptions {
+                config: config.clone(),
+                dp_rank: r as u32,
+                record_kv_events: o.kv_events.is_some(),
+            })
+            .map_err(|e| LiveError::InvalidArguments(e.to_string()))?;
+            let (mtx, mrx) = watch::channel(engine.metrics());
+            let shared = RankShared::new();
+            states.push(RankState::new(
+                engine,
+                shared.clone(),
+                mtx,
+                o.kv_events,
+                o.forward_pass_metrics,
+                o.admissions,
+            ));
+            ranks.push((r as u32, shared, mrx, o.buffering));
+        }
+        let actor = Actor::new(states, cmd_rx, cancel_rx, token.clone(), epoch);
+        let join = rt.spawn(actor.run());
+        let group = Arc::new(Group { token, join: Mutex::new(Some(join)), result: OnceCell::new(), epoch });
+        Ok(ranks
+            .into_iter()
+            .map(|(rank, shared, metrics, buffering)| LiveEngine {
+                inner: Arc::new(Rank {
+                    id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
+                    rank,
+                    group: group.clone(),
+                    shared,
+                    cmd: cmd_tx.clone(),
+                    cancel: cancel_tx.clone(),
+                    metrics,
+                    buffering,
+                    shutdown: OnceCell::new(),
+                }),
+            })
+            .collect())
+    }
+
+    fn is_running(&self) -> bool {
+        self.inner.shared.is_running() && !self.inner.group.token.is_cancelled()
+    }
+
+    fn lanes(&self) -> Lanes {
+        Lanes { cancel: self.inner.cancel.downgrade() }
+    }
+
+    /// This handle's data-parallel rank.
+    pub fn dp_rank(&self) -> u32 {
+        self.inner.rank
+    }
+
+    /// The tokio instant the engine's simulated clock counts from (`sim_time_ns` = 0).
+    pub fn started_at(&self) -> Instant {
+        self.inner.group.epoch
+    }
+
+    /// Registers a request without submitting it: its id counts as active from now on and
+    /// the returned stream is already bound to it. `request.uuid` is the client id (0 for
+    /// a fresh one); the core sees a fresh internal id.
+    pub fn prepare_request(
+        &self,
+        mut request: Request,
+    ) -> Result<(LiveRequestRegistration, LiveRequest), LiveError> {
+        if !self.is_running() {
+            return Err(LiveError::NotRunning);
+        }
+        let len = request.output_token_ids.as_ref().map_or(request.max_output_tokens, Vec::len);
+        if len == 0 {
+            return Err(LiveError::NoOutputTokens);
+        }
+        request.max_output_tokens = len;
+        let client_id = if request.uuid == 0 { Uuid::new_v4() } else { Uuid::from_u128(request.uuid) };
+        let sched_id = Uuid::new_v4().as_u128();
+        request.uuid = sched_id;
+        let cap = match self.inner.buffering {
+            OutputBuffering::CancelOnOverflow { capacity } => len.min(capacity.get()),
+            OutputBuffering::FullResponse => len,
+        };
+        let (tx, rx) = mpsc::channel(cap.max(1));
+        let route = Route::new(client_id, sched_id);
+        self.inner.shared.insert(route.clone())?;
+        let reg = Registered { route: Some(route.clone()), request, tx, rank: self.inner.shared.clone() };
+        if !self.is_running() {
+            drop(reg);
+            return Err(LiveError::NotRunning);
+        }
+        let stream = LiveRequest { route, rx, lanes: self.lanes(), rank: self.inner.rank, finished: false };
+        Ok((LiveRequestRegistration { inner: Some(reg), engine_id: self.inner.id }, stream))
+    }
+
+    /// Submits a prepared registration; resolves when the actor has applied it (at once
+    /// when idle, at the next pass boundary while a pass is in flight).
+    pub async fn submit_prepared(&self, mut registration: LiveRequestRegistration) -> Result<(), LiveError> {
+        if registration.engine_id != self.inner.id {
+            return Err(LiveError::ForeignRegistration);
+        }
+        let reg = registration.inner.take().ok_or(LiveError::ForeignRegistration)?;
+        if !self.is_running() {
+            return Err(LiveError::NotRunning);
+        }
+        let (tx, rx) = oneshot::channel();
+        self.inner
+            .cmd
+            .send(Command::Submit { rank: self.inner.rank, reg, reply: tx })
+            .await
+            .map_err(|_| LiveError::NotAcceptingCommands)?;
+        match rx.await {
+            Ok(r) => r,
+            Err(_) if !self.is_running() => Err(LiveError::NotRunning),
+            Err(_) => Err(LiveError::CommandAckDropped),
+        }
+    }
+
+    /// Submits a request and returns its output stream. `request.uuid` is the client id
+    /// (0 for a fresh one); a request that can never fit yields one `rejected` terminal.
+    pub async fn submit(&self, request: Request) -> Result<LiveRequest, LiveError> {
+        let (reg, stream) = self.prepare_request(request)?;
+        self.submit_prepared(reg).await?;
+        Ok(stream)
+    }
+
+    /// Cancels the active request `client_id` and waits for the scheduler's cleanup:
+    /// `Ok(false)` when it is unknown or had nothing left to cancel.
+    pub async fn cancel(&self, client_id: Uuid) -> Result<bool, LiveError> {
+        let Some(route) = self.inner.shared.get(&client_id) else { return Ok(false) };
+        cancel_route(&route, &self.lanes(), self.inner.rank).await
+    }
+
+    /// This rank's metrics, updated at pass ends and when commands change them.
+    pub fn metrics(&self) -> watch::Receiver<EngineMetrics> {
+        self.inner.metrics.clone()
+    }
+
+    /// Registered requests of this rank (prepared ones included).
+    pub fn active_request_count(&self) -> usize {
+        self.inner.shared.len()
+    }
+
+    /// Drops every cached block (only when none is in use); the `Cleared` event goes to
+    /// the KV-event sink.
+    pub async fn reset_prefix_cache(&self) -> Result<(), LiveError> {
+        if !self.is_running() {
+            return Err(LiveError::NotRunning);
+        }
+        let (tx, rx) = oneshot::channel();
+        self.inner
+            .cmd
+            .send(Command::ResetPrefixCache { rank: self.inner.rank, reply: tx })
+            .await
+            .map_err(|_| LiveError::NotAcceptingCommands)?;
+        rx.await.map_err(|_| LiveError::CommandAckDropped)?
+    }
+
+    /// Stops the whole group and waits until its actor (with its engines and sinks) is
+    /// gone. Idempotent: every call, on any rank, sees the same result for that rank.
+    pub async fn shutdown(&self) -> Result<(), LiveError> {
+        let inner = &self.inner;
+        inner
+            .shutdown
+            .get_or_init(|| async {
+                let group = inner.group.shutdown().await;
+                let failure = inner.shared.failure.lock().expect("failure").clone();
+                let left = inner.shared.len();
+                inner.shared.stop();
+                group?;
+                if let Some(e) = failure {
+                    return Err(e);
+                }
+                if left > 0 {
+                    return Err(LiveError::LeakedRoutes);
+                }
+                Ok(())
+            })
+            .await
+            .clone()
+    }
+}
