@@ -29,7 +29,11 @@ pub struct Ranks(pub Vec<LiveEngine>);
 impl Ranks {
     /// Submits to the least-loaded rank.
     pub async fn submit(&self, request: mocker_core::Request) -> Result<LiveRequest, ApiError> {
-        let rank = self.0.iter().min_by_key(|e| e.active_request_count()).ok_or_else(|| ApiError::unavailable("no engine ranks"))?;
+        let rank = self
+            .0
+            .iter()
+            .min_by_key(|e| e.active_request_count())
+            .ok_or_else(|| ApiError::unavailable("no engine ranks"))?;
         Ok(rank.submit(request).await?)
     }
 }
@@ -38,7 +42,9 @@ impl From<LiveError> for ApiError {
     fn from(e: LiveError) -> Self {
         match e {
             LiveError::NotRunning | LiveError::EngineGone => ApiError::unavailable(e.to_string()),
-            LiveError::InvalidRequest { .. } | LiveError::NoOutputTokens => ApiError::bad_request(e.to_string()),
+            LiveError::InvalidRequest { .. } | LiveError::NoOutputTokens => {
+                ApiError::bad_request(e.to_string())
+            }
             other => ApiError::internal(other.to_string()),
         }
     }
@@ -94,7 +100,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
-        .fallback(|| async { ApiError { status: StatusCode::NOT_FOUND, message: "Not Found".into(), param: None } })
+        .fallback(|| async {
+            ApiError { status: StatusCode::NOT_FOUND, message: "Not Found".into(), param: None }
+        })
         // The handlers enforce the limit themselves so the client gets a JSON error.
         .layer(DefaultBodyLimit::disable())
         .layer(middleware::from_fn(echo_request_id))
@@ -146,7 +154,10 @@ async fn completions(State(state): State<Arc<AppState>>, request: Request) -> Re
     generate(state, Prepared { endpoint: Endpoint::Completions, generation, prompt }, arrived).await
 }
 
-async fn chat_completions(State(state): State<Arc<AppState>>, request: Request) -> Result<Response, ApiError> {
+async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let bytes = body(&state, request).await?;
     let (generation, messages) = parse_chat(&bytes)?;
@@ -155,7 +166,8 @@ async fn chat_completions(State(state): State<Arc<AppState>>, request: Request) 
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let created =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     axum::Json(json!({
         "object": "list",
         "data": [{
@@ -172,7 +184,8 @@ async fn models(State(state): State<Arc<AppState>>) -> impl IntoResponse {
 
 async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let mut headers = HeaderMap::new();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+    headers
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
     (headers, state.metrics.render())
 }
 
@@ -183,8 +196,8 @@ struct DetokenizeBody {
 
 async fn tokenize(State(state): State<Arc<AppState>>, request: Request) -> Result<Response, ApiError> {
     let bytes = body(&state, request).await?;
-    let value: Value =
-        serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
+    let value: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
     let add_special = value.get("add_special_tokens").and_then(Value::as_bool);
     let tokens = if value.get("messages").is_some() {
         let (_, messages) = parse_chat(&bytes)?;
@@ -202,8 +215,9 @@ async fn tokenize(State(state): State<Arc<AppState>>, request: Request) -> Resul
 
 async fn detokenize(State(state): State<Arc<AppState>>, request: Request) -> Result<Response, ApiError> {
     let bytes = body(&state, request).await?;
-    let parsed: DetokenizeBody = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::invalid_field("tokens", format!("tokens: expected a list of token ids ({e})")))?;
+    let parsed: DetokenizeBody = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::invalid_field("tokens", format!("tokens: expected a list of token ids ({e})"))
+    })?;
     let prompt = state.tokenizer.decode(&parsed.tokens).map_err(|e| ApiError::internal(e.to_string()))?;
     Ok(axum::Json(json!({ "prompt": prompt })).into_response())
 }

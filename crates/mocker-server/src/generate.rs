@@ -30,7 +30,11 @@ pub struct Prepared {
 }
 
 /// Runs a request to its response.
-pub async fn generate(state: Arc<AppState>, prepared: Prepared, arrived: Instant) -> Result<Response, ApiError> {
+pub async fn generate(
+    state: Arc<AppState>,
+    prepared: Prepared,
+    arrived: Instant,
+) -> Result<Response, ApiError> {
     let Prepared { endpoint, mut generation, prompt } = prepared;
     if let Some(model) = generation.model.as_deref() {
         if model != state.model_name {
@@ -45,14 +49,22 @@ pub async fn generate(state: Arc<AppState>, prepared: Prepared, arrived: Instant
             .map_err(|e| ApiError::internal(e.to_string()))?,
     };
     if tokens.is_empty() {
-        return Err(ApiError::invalid_field("prompt", "prompt must not be empty (it tokenizes to no tokens)"));
+        return Err(ApiError::invalid_field(
+            "prompt",
+            "prompt must not be empty (it tokenizes to no tokens)",
+        ));
     }
     check_context(&state, &tokens, &mut generation)?;
     let prompt_tokens = tokens.len();
     let max_tokens = generation.max_tokens as usize;
     let mut live = state
         .ranks
-        .submit(Request { uuid: uuid::Uuid::new_v4().as_u128(), tokens, max_output_tokens: max_tokens, ..Default::default() })
+        .submit(Request {
+            uuid: uuid::Uuid::new_v4().as_u128(),
+            tokens,
+            max_output_tokens: max_tokens,
+            ..Default::default()
+        })
         .await?;
 
     // Waiting here, not in the body, turns a rejection into a status code; clients time
@@ -82,7 +94,8 @@ pub async fn generate(state: Arc<AppState>, prepared: Prepared, arrived: Instant
     };
     state.metrics.observe_first_token(first.observed_at.saturating_duration_since(arrived), prompt_tokens);
     if generation.stream {
-        let mode = UsageMode { include_usage: generation.include_usage, continuous: generation.continuous_usage };
+        let mode =
+            UsageMode { include_usage: generation.include_usage, continuous: generation.continuous_usage };
         Ok(sse_response(stream, header, first, mode))
     } else {
         full_response(stream, header, first).await
@@ -139,7 +152,9 @@ impl TokenStream {
     /// Accounts one signal; `true` when it carried a token.
     fn account(&mut self, signal: &OutputSignal) -> bool {
         if signal.index > 0 && signal.token_id.is_some() {
-            self.state.metrics.observe_inter_token(signal.observed_at.saturating_duration_since(self.last_at));
+            self.state
+                .metrics
+                .observe_inter_token(signal.observed_at.saturating_duration_since(self.last_at));
         }
         self.last_at = signal.observed_at;
         let had_token = signal.token_id.is_some();
@@ -160,7 +175,11 @@ impl TokenStream {
     }
 }
 
-async fn full_response(mut stream: TokenStream, header: ResponseHeader, first: OutputSignal) -> Result<Response, ApiError> {
+async fn full_response(
+    mut stream: TokenStream,
+    header: ResponseHeader,
+    first: OutputSignal,
+) -> Result<Response, ApiError> {
     let mut ids = Vec::new();
     let mut signal = Some(first);
     while let Some(s) = signal {
@@ -192,7 +211,12 @@ fn frame(json: &str) -> Bytes {
 /// `[DONE]`. If the engine stops mid-stream the client gets an error frame before `[DONE]`,
 /// never a silently truncated answer. Dropping the body (client gone) drops the
 /// `LiveRequest`, which cancels the request in the engine.
-fn sse_response(stream: TokenStream, header: ResponseHeader, first: OutputSignal, mode: UsageMode) -> Response {
+fn sse_response(
+    stream: TokenStream,
+    header: ResponseHeader,
+    first: OutputSignal,
+    mode: UsageMode,
+) -> Response {
     struct State {
         stream: TokenStream,
         header: ResponseHeader,
@@ -222,7 +246,12 @@ fn sse_response(stream: TokenStream, header: ResponseHeader, first: OutputSignal
                     Some(id) => st.stream.decoder.push(&st.stream.state.tokenizer, id).unwrap_or_default(),
                     None => String::new(),
                 };
-                out.extend_from_slice(&frame(&st.header.content_chunk(&text, s.completed, st.mode, st.stream.usage())));
+                out.extend_from_slice(&frame(&st.header.content_chunk(
+                    &text,
+                    s.completed,
+                    st.mode,
+                    st.stream.usage(),
+                )));
                 if s.completed {
                     if st.mode.include_usage {
                         out.extend_from_slice(&frame(&st.header.usage_chunk(st.stream.usage())));

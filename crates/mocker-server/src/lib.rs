@@ -4,13 +4,13 @@
 
 #![warn(missing_docs)]
 
+pub mod app;
 pub mod error;
+pub mod generate;
 pub mod metrics;
 pub mod openai;
-pub mod tokenizer;
-pub mod app;
-pub mod generate;
 pub mod server;
+pub mod tokenizer;
 
 pub use server::{BoundServer, ServerError, ServerOptions};
 pub use tokenizer::Tokenizer;

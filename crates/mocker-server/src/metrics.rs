@@ -49,14 +49,14 @@ struct CacheConfigLabels {
 }
 
 const TTFT_BUCKETS: [f64; 22] = [
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-    160.0, 640.0, 2560.0,
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+    80.0, 160.0, 640.0, 2560.0,
 ];
 const ITL_BUCKETS: [f64; 18] =
     [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 80.0];
 const E2E_BUCKETS: [f64; 21] = [
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
-    1920.0, 7680.0,
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+    960.0, 1920.0, 7680.0,
 ];
 
 /// The server's metrics registry and the handles handlers observe into.
@@ -105,8 +105,16 @@ impl ServerMetrics {
         registry.register(names.itl, "Histogram of inter-token latency in seconds.", this.itl.clone());
         registry.register(names.e2e, "Histogram of end to end request latency in seconds.", this.e2e.clone());
         registry.register(names.tpot, "Histogram of time per output token in seconds.", this.tpot.clone());
-        registry.register(names.prompt_tokens, "Number of prefill tokens processed.", this.prompt_tokens.clone());
-        registry.register(names.generation_tokens, "Number of generation tokens processed.", this.generation_tokens.clone());
+        registry.register(
+            names.prompt_tokens,
+            "Number of prefill tokens processed.",
+            this.prompt_tokens.clone(),
+        );
+        registry.register(
+            names.generation_tokens,
+            "Number of generation tokens processed.",
+            this.generation_tokens.clone(),
+        );
         registry.register(names.success, "Count of successfully processed requests.", this.success.clone());
         registry.register_collector(Box::new(EngineCollector {
             flavor,
@@ -136,15 +144,18 @@ impl ServerMetrics {
             self.tpot.get_or_create(&self.label).observe(tpot);
         }
         self.generation_tokens.get_or_create(&self.label).inc_by(generated as u64);
-        let labels =
-            FinishedLabels { model_name: self.label.model_name.clone(), finished_reason: "length".to_string() };
+        let labels = FinishedLabels {
+            model_name: self.label.model_name.clone(),
+            finished_reason: "length".to_string(),
+        };
         self.success.get_or_create(&labels).inc();
     }
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
         out
     }
 }
@@ -214,7 +225,8 @@ impl EngineCollector {
     where
         ConstGauge<N>: EncodeMetric,
     {
-        let mut metric = encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Gauge)?;
+        let mut metric =
+            encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Gauge)?;
         for m in ranks {
             let labels = self.labels(m);
             ConstGauge::new(value(m)).encode(metric.encode_family(&labels)?)?;
@@ -246,14 +258,57 @@ impl Collector for EngineCollector {
         let e = &mut encoder;
         match self.flavor {
             MetricFlavor::Vllm => {
-                self.gauge(e, "vllm:num_requests_running", "Number of requests in model execution batches.", &ranks, |m| m.running_requests as i64)?;
-                self.gauge(e, "vllm:num_requests_waiting", "Number of requests waiting to be processed.", &ranks, |m| m.waiting_requests as i64)?;
-                self.gauge(e, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", &ranks, |m| m.gpu_cache_usage_perc)?;
-                self.gauge(e, "vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", &ranks, |m| m.gpu_cache_usage_perc)?;
-                self.counter(e, "vllm:num_preemptions", "Cumulative number of preemptions.", &ranks, |m| m.num_preemptions_total)?;
-                self.counter(e, "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", &ranks, |m| m.prefix_cache_queries_total)?;
-                self.counter(e, "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", &ranks, |m| m.prefix_cache_hits_total)?;
-                let mut info = e.encode_descriptor("vllm:cache_config_info", "Information of the LLMEngine CacheConfig.", None, prometheus_client::metrics::MetricType::Gauge)?;
+                self.gauge(
+                    e,
+                    "vllm:num_requests_running",
+                    "Number of requests in model execution batches.",
+                    &ranks,
+                    |m| m.running_requests as i64,
+                )?;
+                self.gauge(
+                    e,
+                    "vllm:num_requests_waiting",
+                    "Number of requests waiting to be processed.",
+                    &ranks,
+                    |m| m.waiting_requests as i64,
+                )?;
+                self.gauge(
+                    e,
+                    "vllm:kv_cache_usage_perc",
+                    "KV-cache usage. 1 means 100 percent usage.",
+                    &ranks,
+                    |m| m.gpu_cache_usage_perc,
+                )?;
+                self.gauge(
+                    e,
+                    "vllm:gpu_cache_usage_perc",
+                    "GPU KV-cache usage. 1 means 100 percent usage.",
+                    &ranks,
+                    |m| m.gpu_cache_usage_perc,
+                )?;
+                self.counter(e, "vllm:num_preemptions", "Cumulative number of preemptions.", &ranks, |m| {
+                    m.num_preemptions_total
+                })?;
+                self.counter(
+                    e,
+                    "vllm:prefix_cache_queries",
+                    "Prefix cache queries, in terms of number of queried tokens.",
+                    &ranks,
+                    |m| m.prefix_cache_queries_total,
+                )?;
+                self.counter(
+                    e,
+                    "vllm:prefix_cache_hits",
+                    "Prefix cache hits, in terms of number of cached tokens.",
+                    &ranks,
+                    |m| m.prefix_cache_hits_total,
+                )?;
+                let mut info = e.encode_descriptor(
+                    "vllm:cache_config_info",
+                    "Information of the LLMEngine CacheConfig.",
+                    None,
+                    prometheus_client::metrics::MetricType::Gauge,
+                )?;
                 if let Some(m) = ranks.first() {
                     let labels = CacheConfigLabels {
                         model_name: self.model_name.clone(),
@@ -264,8 +319,16 @@ impl Collector for EngineCollector {
                 }
             }
             MetricFlavor::Sglang => {
-                self.gauge(e, "sglang:num_running_reqs", "The number of running requests.", &ranks, |m| m.running_requests as i64)?;
-                self.gauge(e, "sglang:num_queue_reqs", "The number of requests in the waiting queue.", &ranks, |m| m.waiting_requests as i64)?;
+                self.gauge(e, "sglang:num_running_reqs", "The number of running requests.", &ranks, |m| {
+                    m.running_requests as i64
+                })?;
+                self.gauge(
+                    e,
+                    "sglang:num_queue_reqs",
+                    "The number of requests in the waiting queue.",
+                    &ranks,
+                    |m| m.waiting_requests as i64,
+                )?;
                 self.gauge(e, "sglang:token_usage", "The token usage.", &ranks, |m| m.gpu_cache_usage_perc)?;
                 self.gauge(e, "sglang:cache_hit_rate", "The prefix cache hit rate.", &ranks, |m| {
                     if m.prefix_cache_queries_total == 0 {

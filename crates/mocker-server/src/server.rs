@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use mocker_core::config::{Backend, LaunchConfig};
 use mocker_live::{LiveEngine, LiveOptions, OutputBuffering};
 use tokio::net::TcpListener;
@@ -77,7 +78,8 @@ pub struct BoundServer {
 impl BoundServer {
     /// Starts the engine ranks and binds the listener.
     pub async fn bind(options: ServerOptions, ranks_options: Vec<LiveOptions>) -> Result<Self, ServerError> {
-        let ServerOptions { addr, model_name, launch, tokenizer, api_key, max_body_bytes, shutdown_grace } = options;
+        let ServerOptions { addr, model_name, launch, tokenizer, api_key, max_body_bytes, shutdown_grace } =
+            options;
         let engine = launch.engine;
         let listener = TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, source })?;
         let ranks_options = if ranks_options.is_empty() {
@@ -97,8 +99,14 @@ impl BoundServer {
         } else {
             LiveEngine::start_group(engine.clone(), ranks_options)?
         };
-        let flavor = if engine.backend == Backend::Sglang { MetricFlavor::Sglang } else { MetricFlavor::Vllm };
-        let metrics = ServerMetrics::new(flavor, &model_name, engine.block_size, engines.iter().map(|e| e.metrics()).collect());
+        let flavor =
+            if engine.backend == Backend::Sglang { MetricFlavor::Sglang } else { MetricFlavor::Vllm };
+        let metrics = ServerMetrics::new(
+            flavor,
+            &model_name,
+            engine.block_size,
+            engines.iter().map(|e| e.metrics()).collect(),
+        );
         let state = Arc::new(AppState {
             model_name,
             tokenizer,
@@ -125,6 +133,11 @@ impl BoundServer {
         let Self { listener, state, grace } = self;
         let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
         let app = router(state.clone());
+        // Each token is a small frame that must leave at once: Nagle's algorithm would hold
+        // it back waiting for the client's delayed ACK.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let server = axum::serve(listener, app).with_graceful_shutdown(async move {
             shutdown.await;
             let _ = stopping_tx.send(true);

@@ -13,7 +13,13 @@ const BUILTIN_VOCAB: u32 = 32_000;
 #[derive(Debug, Clone)]
 pub enum Tokenizer {
     /// A real tokenizer loaded from a Hugging Face `tokenizer.json`.
-    HuggingFace(Box<tokenizers::Tokenizer>),
+    HuggingFace {
+        /// The tokenizer.
+        tokenizer: Box<tokenizers::Tokenizer>,
+        /// Its vocabulary size with added tokens (computing it copies the vocabulary, so
+        /// it is taken once).
+        vocab_size: u32,
+    },
     /// Whitespace words hashed to ids; id `i` decodes to the word `t{i}`.
     Builtin,
 }
@@ -43,13 +49,14 @@ impl Tokenizer {
         // Some tokenizer files pad every encoding to a fixed length; prompts must not grow.
         tokenizer.with_padding(None);
         tokenizer.with_truncation(None).map_err(|e| TokenizerError::Codec(e.to_string()))?;
-        Ok(Self::HuggingFace(Box::new(tokenizer)))
+        let vocab_size = tokenizer.get_vocab_size(true).max(1) as u32;
+        Ok(Self::HuggingFace { tokenizer: Box::new(tokenizer), vocab_size })
     }
 
     /// Number of ids the tokenizer can decode.
     pub fn vocab_size(&self) -> u32 {
         match self {
-            Self::HuggingFace(t) => t.get_vocab_size(true).max(1) as u32,
+            Self::HuggingFace { vocab_size, .. } => *vocab_size,
             Self::Builtin => BUILTIN_VOCAB,
         }
     }
@@ -57,7 +64,7 @@ impl Tokenizer {
     /// Token ids of `text`, special tokens (BOS and the like) included as vLLM adds them.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
         match self {
-            Self::HuggingFace(t) => t
+            Self::HuggingFace { tokenizer, .. } => tokenizer
                 .encode_fast(text, add_special_tokens)
                 .map(|e| e.get_ids().to_vec())
                 .map_err(|e| TokenizerError::Codec(e.to_string())),
@@ -69,10 +76,9 @@ impl Tokenizer {
     /// tokens are full 32-bit values.
     pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
         match self {
-            Self::HuggingFace(t) => {
-                let vocab = self.vocab_size();
-                let ids: Vec<u32> = ids.iter().map(|&id| id % vocab).collect();
-                t.decode(&ids, true).map_err(|e| TokenizerError::Codec(e.to_string()))
+            Self::HuggingFace { tokenizer, vocab_size } => {
+                let ids: Vec<u32> = ids.iter().map(|&id| id % vocab_size).collect();
+                tokenizer.decode(&ids, true).map_err(|e| TokenizerError::Codec(e.to_string()))
             }
             Self::Builtin => {
                 let mut out = String::new();
@@ -86,7 +92,6 @@ impl Tokenizer {
             }
         }
     }
-
 }
 
 fn builtin_word_id(word: &str) -> u32 {

@@ -130,7 +130,10 @@ impl ServeArgs {
                     0
                 } else {
                     u16::try_from(usize::from(self.port) + i).map_err(|_| {
-                        UsageError(format!("--port: {} + {} workers exceeds 65535", self.port, self.num_workers))
+                        UsageError(format!(
+                            "--port: {} + {} workers exceeds 65535",
+                            self.port, self.num_workers
+                        ))
                     })?
                 };
                 let mut options = ServerOptions::new(SocketAddr::new(self.host, port), launch.clone());

@@ -39,7 +39,17 @@ impl Server {
     fn start(extra: &[&str]) -> Self {
         let tokenizer = repo_root().join("tests/fixtures/tokenizers/all-minilm-l6-v2");
         let mut child = Command::new(env!("CARGO_BIN_EXE_mocker"))
-            .args(["serve", "--host", "127.0.0.1", "--port", "0", "--model-name", "mocker-test", "--api-key", KEY])
+            .args([
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--model-name",
+                "mocker-test",
+                "--api-key",
+                KEY,
+            ])
             .arg("--tokenizer")
             .arg(&tokenizer)
             .args(extra)
@@ -109,7 +119,12 @@ fn modelled_arrivals_ms(prompt_len: usize, max_tokens: usize) -> Vec<f64> {
     let config = LaunchConfig::from_json_str("").unwrap().engine;
     let mut engine = Engine::new(EngineOptions { config, ..Default::default() }).unwrap();
     engine
-        .submit(Request { uuid: 1, tokens: vec![11; prompt_len], max_output_tokens: max_tokens, ..Default::default() })
+        .submit(Request {
+            uuid: 1,
+            tokens: vec![11; prompt_len],
+            max_output_tokens: max_tokens,
+            ..Default::default()
+        })
         .unwrap();
     let mut now = 0;
     let mut arrivals = Vec::new();

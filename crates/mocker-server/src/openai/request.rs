@@ -85,10 +85,13 @@ pub struct Generation {
 
 /// The body as a JSON object, and the fields both endpoints share.
 fn parse(body: &[u8]) -> Result<(Value, Common), ApiError> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
     if !value.is_object() {
-        return Err(ApiError::bad_request(format!("request body: expected a JSON object, got {}", kind(&value))));
+        return Err(ApiError::bad_request(format!(
+            "request body: expected a JSON object, got {}",
+            kind(&value)
+        )));
     }
     let common = serde_path_to_error::deserialize(&value).map_err(|e| {
         let path = e.path().to_string();
@@ -112,7 +115,10 @@ impl Common {
     fn into_generation(self, output_field: &str) -> Result<Generation, ApiError> {
         let n = count("n", self.n, 1)?.unwrap_or(1);
         if n != 1 {
-            return Err(ApiError::invalid_field("n", format!("n must be 1 (one choice per request), got {n}")));
+            return Err(ApiError::invalid_field(
+                "n",
+                format!("n must be 1 (one choice per request), got {n}"),
+            ));
         }
         let max_tokens = count("max_tokens", self.max_tokens, 1)?;
         let max_completion = count("max_completion_tokens", self.max_completion_tokens, 1)?;
@@ -130,7 +136,10 @@ impl Common {
         let options = self.stream_options.unwrap_or_default();
         let stream = self.stream.unwrap_or(false);
         if self.stream_options.is_some() && !stream {
-            return Err(ApiError::invalid_field("stream_options", "stream_options is only allowed when stream is true"));
+            return Err(ApiError::invalid_field(
+                "stream_options",
+                "stream_options is only allowed when stream is true",
+            ));
         }
         let _ = self.ignore_eos; // EOS is never sampled in the simulation: outputs always run to length.
         Ok(Generation {
@@ -162,12 +171,14 @@ pub fn parse_chat(body: &[u8]) -> Result<(Generation, Vec<ChatMessage>), ApiErro
     Ok((generation, messages))
 }
 
-const PROMPT_SHAPES: &str = "a string, a list of one string, a list of token ids, or a list of one token-id list";
+const PROMPT_SHAPES: &str =
+    "a string, a list of one string, a list of token ids, or a list of one token-id list";
 
 /// The prompt of a completions request: one string or one token-id list, possibly wrapped in
 /// a one-element list (AIPerf sends `["text"]`, vLLM bench `[[ids]]`).
 pub fn prompt_input(value: &Value) -> Result<PromptInput, ApiError> {
-    let bad = |what: &str| ApiError::invalid_field("prompt", format!("prompt: {what}; expected {PROMPT_SHAPES}"));
+    let bad =
+        |what: &str| ApiError::invalid_field("prompt", format!("prompt: {what}; expected {PROMPT_SHAPES}"));
     let prompt = match value {
         Value::Null => return Err(ApiError::invalid_field("prompt", "prompt is required")),
         Value::String(s) => PromptInput::Text(s.clone()),
@@ -198,7 +209,10 @@ fn token_ids(items: &[Value]) -> Result<Vec<u32>, ApiError> {
         .iter()
         .map(|v| {
             v.as_u64().filter(|&id| id <= u64::from(u32::MAX)).map(|id| id as u32).ok_or_else(|| {
-                ApiError::invalid_field("prompt", format!("prompt: token ids must be integers in 0..2^32, got {v}"))
+                ApiError::invalid_field(
+                    "prompt",
+                    format!("prompt: token ids must be integers in 0..2^32, got {v}"),
+                )
             })
         })
         .collect()
@@ -219,7 +233,10 @@ fn kind(v: &Value) -> &'static str {
 /// or null (assistant tool calls); extra fields (`name`, ...) ignored.
 pub fn chat_messages(value: &Value) -> Result<Vec<ChatMessage>, ApiError> {
     let Value::Array(items) = value else {
-        return Err(ApiError::invalid_field("messages", format!("messages: expected a list, got {}", kind(value))));
+        return Err(ApiError::invalid_field(
+            "messages",
+            format!("messages: expected a list, got {}", kind(value)),
+        ));
     };
     if items.is_empty() {
         return Err(ApiError::invalid_field("messages", "messages must not be empty"));
@@ -230,7 +247,10 @@ pub fn chat_messages(value: &Value) -> Result<Vec<ChatMessage>, ApiError> {
         .map(|(i, m)| {
             let field = format!("messages[{i}]");
             let Value::Object(map) = m else {
-                return Err(ApiError::invalid_field(&field, format!("{field}: expected an object, got {}", kind(m))));
+                return Err(ApiError::invalid_field(
+                    &field,
+                    format!("{field}: expected an object, got {}", kind(m)),
+                ));
             };
             let role = match map.get("role") {
                 Some(Value::String(r)) => r.clone(),

@@ -265,12 +265,19 @@ mod tests {
     fn chunks_have_the_objects_clients_dispatch_on() {
         let usage = Usage::new(3, 1, 0);
         let mode = UsageMode { include_usage: true, continuous: false };
-        let c: Value = serde_json::from_str(&header(Endpoint::Chat).content_chunk("a", true, mode, usage)).unwrap();
+        let c: Value =
+            serde_json::from_str(&header(Endpoint::Chat).content_chunk("a", true, mode, usage)).unwrap();
         assert_eq!(c["object"], "chat.completion.chunk");
         assert_eq!(c["choices"][0]["delta"]["content"], "a");
         assert_eq!(c["choices"][0]["finish_reason"], "length");
         assert!(c["usage"].is_null() && c.as_object().unwrap().contains_key("usage"));
-        let t: Value = serde_json::from_str(&header(Endpoint::Completions).content_chunk("b", false, UsageMode::default(), usage)).unwrap();
+        let t: Value = serde_json::from_str(&header(Endpoint::Completions).content_chunk(
+            "b",
+            false,
+            UsageMode::default(),
+            usage,
+        ))
+        .unwrap();
         assert_eq!(t["object"], "text_completion");
         assert!(t["choices"][0]["finish_reason"].is_null());
         assert!(!t.as_object().unwrap().contains_key("usage"));
@@ -282,7 +289,8 @@ mod tests {
 
     #[test]
     fn bodies_carry_full_usage() {
-        let b: Value = serde_json::from_str(&header(Endpoint::Chat).body("hi", Usage::new(10, 2, 4))).unwrap();
+        let b: Value =
+            serde_json::from_str(&header(Endpoint::Chat).body("hi", Usage::new(10, 2, 4))).unwrap();
         assert_eq!(b["object"], "chat.completion");
         assert_eq!(b["choices"][0]["message"]["content"], "hi");
         assert_eq!(b["usage"]["prompt_tokens_details"]["cached_tokens"], 4);

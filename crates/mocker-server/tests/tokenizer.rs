@@ -1,0 +1,38 @@
+//! The server's tokenizer over a real Hugging Face tokenizer file (the test fixture).
+
+use std::path::PathBuf;
+
+use mocker_server::tokenizer::{StreamDecoder, Tokenizer};
+
+fn fixture() -> Tokenizer {
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizers/all-minilm-l6-v2");
+    Tokenizer::from_path(&dir).expect("fixture tokenizer loads")
+}
+
+#[test]
+fn encodes_without_padding_and_streams_the_same_text_as_a_whole_decode() {
+    let t = fixture();
+    let ids = t.encode("hello world, tokenization works", true).unwrap();
+    // [CLS] ... [SEP]: the file pads to 128, which must be switched off.
+    assert!(ids.len() > 4 && ids.len() < 20, "{ids:?}");
+    let body = &ids[1..ids.len() - 1];
+    let whole = t.decode(body).unwrap();
+    assert_eq!(whole, "hello world, tokenization works");
+    let mut decoder = StreamDecoder::default();
+    let streamed: String = body.iter().map(|&id| decoder.push(&t, id).unwrap()).collect();
+    assert_eq!(streamed.split_whitespace().collect::<String>(), whole.split_whitespace().collect::<String>());
+}
+
+#[test]
+fn out_of_vocabulary_ids_wrap_instead_of_failing() {
+    let t = fixture();
+    let big = t.vocab_size() + 1037;
+    assert_eq!(t.decode(&[big]).unwrap(), t.decode(&[1037]).unwrap());
+}
+
+#[test]
+fn a_missing_file_names_the_path() {
+    let err = Tokenizer::from_path(std::path::Path::new("/nonexistent/tok.json")).unwrap_err();
+    assert!(err.to_string().contains("/nonexistent/tok.json"), "{err}");
+}
