@@ -1,0 +1,154 @@
+//! The engine-facing handle: a bounded, never-blocking hand-off to the background thread.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use mocker_core::events::KvEvent;
+use tokio::sync::mpsc;
+
+use crate::wire::PendingBatch;
+use crate::worker::{self, Bound, WorkerConfig};
+use crate::PublisherOptions;
+
+/// Why a publisher could not start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PublishError {
+    /// An option is out of range.
+    #[error("{field}: {message}")]
+    InvalidOption {
+        /// The offending [`PublisherOptions`] field.
+        field: String,
+        /// What is wrong and what is allowed.
+        message: String,
+    },
+    /// A socket could not bind its endpoint (in use, bad address...).
+    #[error("cannot bind {endpoint}: {message}")]
+    Bind {
+        /// The endpoint after DP-rank offsetting.
+        endpoint: String,
+        /// The socket layer's reason.
+        message: String,
+    },
+    /// The background thread or its runtime could not be started.
+    #[error("cannot start the KV event publisher thread: {0}")]
+    Thread(String),
+}
+
+/// Counters shared with the background thread.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub published: AtomicU64,
+    pub dropped: AtomicU64,
+}
+
+/// Publishes KV events over ZMQ as vLLM does: one [`publish`](Self::publish) call per
+/// forward pass becomes one `KVEventBatch` on a PUB socket, numbered from 0, and the last
+/// batches are kept for replay on an optional ROUTER socket.
+///
+/// `publish` only copies the events into a bounded queue; a background thread encodes and
+/// sends them, so a slow or absent subscriber never slows the engine. When the queue is
+/// full the batch is dropped and counted ([`dropped_batches`](Self::dropped_batches)).
+#[derive(Debug)]
+pub struct KvEventPublisher {
+    tx: Option<mpsc::Sender<PendingBatch>>,
+    stats: Arc<Stats>,
+    thread: Option<JoinHandle<()>>,
+    bound: Bound,
+}
+
+impl KvEventPublisher {
+    /// Binds the sockets and starts the background thread; returns once both are bound.
+    pub fn start(options: PublisherOptions) -> Result<Self, PublishError> {
+        let resolved = options.resolve()?;
+        let (tx, rx) = mpsc::channel(options.queue_capacity);
+        let stats = Arc::new(Stats::default());
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+        let config = WorkerConfig {
+            endpoint: resolved.endpoint,
+            replay_endpoint: resolved.replay_endpoint,
+            topic: options.topic.into_bytes().into(),
+            dp_rank: options.dp_rank,
+            block_size: resolved.block_size,
+            replay_buffer_steps: options.replay_buffer_steps,
+        };
+        let worker_stats = stats.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("kv-events-dp{}", options.dp_rank))
+            .spawn(move || worker::run(config, rx, worker_stats, ready_tx))
+            .map_err(|e| PublishError::Thread(e.to_string()))?;
+        let ready = ready_rx.recv();
+        match ready {
+            Ok(Ok(bound)) => Ok(Self { tx: Some(tx), stats, thread: Some(thread), bound }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(PublishError::Thread("the publisher thread exited during start-up".into()))
+            }
+        }
+    }
+
+    /// Hands one forward pass's events over for publication as one batch; never blocks.
+    /// A pass without events publishes nothing (as vLLM). Batches are stamped with the
+    /// current wall time.
+    pub fn publish(&self, events: &[KvEvent]) {
+        if events.is_empty() {
+            return;
+        }
+        let Some(tx) = &self.tx else { return };
+        // Reserve first so a full queue costs no copy.
+        match tx.try_reserve() {
+            Ok(permit) => permit.send(PendingBatch::new(wall_time_secs(), events)),
+            Err(_) => {
+                self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Batches dropped because the queue was full (or the background thread had stopped).
+    pub fn dropped_batches(&self) -> u64 {
+        self.stats.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Batches sent on the PUB socket so far; also the next sequence number.
+    pub fn published_batches(&self) -> u64 {
+        self.stats.published.load(Ordering::Relaxed)
+    }
+
+    /// The PUB endpoint as bound (`tcp://HOST:PORT`, with the actual port).
+    pub fn endpoint(&self) -> &str {
+        &self.bound.endpoint
+    }
+
+    /// The ROUTER replay endpoint as bound, when replay is on.
+    pub fn replay_endpoint(&self) -> Option<&str> {
+        self.bound.replay_endpoint.as_deref()
+    }
+
+    /// Sends what is queued, then closes the sockets and joins the background thread.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        // Closing the queue lets the worker drain it and exit.
+        self.tx = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for KvEventPublisher {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn wall_time_secs() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
