@@ -26,5 +26,5 @@ pub mod wire;
 mod worker;
 
 pub use options::{offset_endpoint, PublisherOptions};
-pub use publisher::{KvEventPublisher, PublishError};
+pub use publisher::{KvEventPublisher, PublishError, PublisherStats};
 pub use worker::REPLAY_END_SEQ;

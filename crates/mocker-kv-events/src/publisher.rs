@@ -36,6 +36,15 @@ pub enum PublishError {
     Thread(String),
 }
 
+/// Final counters of a publisher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PublisherStats {
+    /// Batches sent on the PUB socket.
+    pub published_batches: u64,
+    /// Batches dropped because the queue was full.
+    pub dropped_batches: u64,
+}
+
 /// Counters shared with the background thread.
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
@@ -129,9 +138,14 @@ impl KvEventPublisher {
         self.bound.replay_endpoint.as_deref()
     }
 
-    /// Sends what is queued, then closes the sockets and joins the background thread.
-    pub fn shutdown(mut self) {
+    /// Sends what is queued, then closes the sockets and joins the background thread;
+    /// returns the final counters.
+    pub fn shutdown(mut self) -> PublisherStats {
         self.stop();
+        PublisherStats {
+            published_batches: self.published_batches(),
+            dropped_batches: self.dropped_batches(),
+        }
     }
 
     fn stop(&mut self) {
@@ -151,4 +165,38 @@ impl Drop for KvEventPublisher {
 
 fn wall_time_secs() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mocker_core::events::KvEventData;
+
+    #[test]
+    fn a_full_queue_drops_and_counts_without_blocking() {
+        // No worker drains this queue, so it stays full after two batches.
+        let (tx, mut rx) = mpsc::channel(2);
+        let publisher = KvEventPublisher {
+            tx: Some(tx),
+            stats: Arc::new(Stats::default()),
+            thread: None,
+            bound: Bound { endpoint: String::new(), replay_endpoint: None },
+        };
+        let batch = |id| {
+            [KvEvent { event_id: id, dp_rank: 0, data: KvEventData::Removed { block_hashes: vec![id] } }]
+        };
+        publisher.publish(&[]);
+        for id in 0..5 {
+            publisher.publish(&batch(id));
+        }
+        assert_eq!(publisher.dropped_batches(), 3);
+        let first = rx.try_recv().expect("first batch queued");
+        assert_eq!(rx.try_recv().expect("second batch queued").len(), 1);
+        assert!(rx.try_recv().is_err(), "the empty pass and the dropped batches are not queued");
+        let want = PendingBatch::new(0.0, &batch(0));
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        first.encode(0, 16, &mut a);
+        want.encode(0, 16, &mut b);
+        assert_eq!(a[10..], b[10..], "the queued batch is the first one published (ts aside)");
+    }
 }
