@@ -22,6 +22,12 @@ pub const REPLAY_END_SEQ: [u8; 8] = (-1i64).to_be_bytes();
 /// the last messages out before the sockets close.
 const LINGER: Duration = Duration::from_millis(50);
 
+/// Queue polling period while batches are flowing: the most a batch waits before it is sent.
+const POLL_TICK: Duration = Duration::from_millis(1);
+
+/// Empty polls after which the worker parks until the next batch wakes it.
+const PARK_AFTER_IDLE_TICKS: u32 = 100;
+
 pub(crate) struct WorkerConfig {
     pub endpoint: String,
     pub replay_endpoint: Option<String>,
@@ -114,25 +120,83 @@ async fn serve(cfg: WorkerConfig, mut rx: mpsc::Receiver<PendingBatch>, stats: A
         buffer
     });
 
-    let mut seq: u64 = 0;
-    let mut last_len = 0;
-    while let Some(batch) = rx.recv().await {
-        let mut encoded = Vec::with_capacity(last_len);
-        batch.encode(cfg.dp_rank, cfg.block_size, &mut encoded);
-        last_len = encoded.len();
+    let mut out = Outbound {
+        pub_socket,
+        topic: cfg.topic,
+        dp_rank: cfg.dp_rank,
+        block_size: cfg.block_size,
+        seq: 0,
+        last_len: 0,
+        buffer,
+        stats,
+    };
+    // While batches keep coming, poll the queue on a short tick instead of being woken per
+    // batch: waking this thread would cost the engine thread a syscall (and often a context
+    // switch) in every `publish`. After a quiet spell, park on the queue until the next one.
+    let mut idle_ticks = 0;
+    loop {
+        let mut got = false;
+        loop {
+            match rx.try_recv() {
+                Ok(batch) => {
+                    out.send(batch).await;
+                    got = true;
+                }
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    tokio::time::sleep(LINGER).await;
+                    return;
+                }
+            }
+        }
+        idle_ticks = if got { 0 } else { idle_ticks + 1 };
+        if idle_ticks < PARK_AFTER_IDLE_TICKS {
+            tokio::time::sleep(POLL_TICK).await;
+            continue;
+        }
+        match rx.recv().await {
+            Some(batch) => {
+                out.send(batch).await;
+                idle_ticks = 0;
+            }
+            None => {
+                tokio::time::sleep(LINGER).await;
+                return;
+            }
+        }
+    }
+}
+
+/// The PUB side: numbering, encoding, sending and keeping batches for replay.
+struct Outbound {
+    pub_socket: PubSocket,
+    topic: Bytes,
+    dp_rank: u32,
+    block_size: u32,
+    seq: u64,
+    last_len: usize,
+    buffer: Option<Arc<Mutex<ReplayBuffer>>>,
+    stats: Arc<Stats>,
+}
+
+impl Outbound {
+    async fn send(&mut self, batch: PendingBatch) {
+        let mut encoded = Vec::with_capacity(self.last_len);
+        batch.encode(self.dp_rank, self.block_size, &mut encoded);
+        self.last_len = encoded.len();
         let payload = Bytes::from(encoded);
-        let frames = vec![cfg.topic.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload.clone()];
-        let message = ZmqMessage::try_from(frames).expect("three frames");
+        let seq = Bytes::copy_from_slice(&self.seq.to_be_bytes());
+        let message =
+            ZmqMessage::try_from(vec![self.topic.clone(), seq, payload.clone()]).expect("three frames");
         // PUB never waits for subscribers (it drops for slow ones), so this returns at once;
         // an error would only mean no peer got it, which replay covers.
-        let _ = pub_socket.send(message).await;
-        if let Some(buffer) = &buffer {
-            buffer.lock().expect("replay buffer lock").push(seq, payload);
+        let _ = self.pub_socket.send(message).await;
+        if let Some(buffer) = &self.buffer {
+            buffer.lock().expect("replay buffer lock").push(self.seq, payload);
         }
-        seq += 1;
-        stats.published.store(seq, Ordering::Relaxed);
+        self.seq += 1;
+        self.stats.published.store(self.seq, Ordering::Relaxed);
     }
-    tokio::time::sleep(LINGER).await;
 }
 
 /// Answers `[identity, empty, start_seq u64 BE]` with `[identity, empty, seq, payload]` for
