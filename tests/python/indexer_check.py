@@ -20,10 +20,12 @@ import urllib.request
 
 BLOCK_SIZE = 16
 # Phase 1: one request, large pool (nothing evicted). Phase 2: two distinct requests in a
-# pool too small for both, so the second evicts part of the first (Removed events).
+# pool too small for both, so the second evicts part of the first (BlockRemoved). Phase 3: a
+# request, a prefix-cache reset (AllBlocksCleared), then the same prompt again.
 PHASES = [
-    {"num_gpu_blocks": 1000, "requests": "100:40"},
-    {"num_gpu_blocks": 12, "requests": "100:40,100:40"},
+    {"num_gpu_blocks": 1000, "steps": "100:40"},
+    {"num_gpu_blocks": 12, "steps": "100:40,100:40"},
+    {"num_gpu_blocks": 1000, "steps": "100:40,reset,100:40:0"},
 ]
 
 
@@ -70,7 +72,7 @@ def longest(resp) -> int:
 def run_phase(example: str, phase: dict) -> dict:
     pub_port = free_port()
     pub = subprocess.Popen(
-        [example, f"tcp://127.0.0.1:{pub_port}", str(BLOCK_SIZE), str(phase["num_gpu_blocks"]), phase["requests"]],
+        [example, f"tcp://127.0.0.1:{pub_port}", str(BLOCK_SIZE), str(phase["num_gpu_blocks"]), phase["steps"]],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     procs = [pub]
@@ -81,28 +83,31 @@ def run_phase(example: str, phase: dict) -> dict:
         other, other_port = start_indexer(BLOCK_SIZE * 2, pub_port)
         procs += [idx, other]
         time.sleep(1.5)  # let both SUB sockets connect and subscribe before anything is sent
-        pub.stdin.write("go\n")
-        pub.stdin.flush()
-        run = json.loads(pub.stdout.readline())
-        time.sleep(1.0)  # let the indexer apply the events
-        checks = []
-        for seq, cached in zip(run["sequences"], run["cached_leading_blocks"]):
-            got = longest(score(idx_port, seq))
-            half = seq[: 3 * BLOCK_SIZE]
-            diverged = seq[: 2 * BLOCK_SIZE] + [7] * (len(seq) - 2 * BLOCK_SIZE)
-            checks.append({
-                "sequence_full_blocks": len(seq) // BLOCK_SIZE,
-                "engine_cached_leading_blocks": cached,
-                "indexer_matched_tokens": got,
-                "indexer_first3_blocks_tokens": longest(score(idx_port, half)),
-                "indexer_diverged_after_2_tokens": longest(score(idx_port, diverged)),
-                "other_block_size_indexer_tokens": longest(score(other_port, seq)),
-                "ok": got == cached * BLOCK_SIZE
-                and longest(score(idx_port, half)) == min(cached, 3) * BLOCK_SIZE
-                and longest(score(idx_port, diverged)) == min(cached, 2) * BLOCK_SIZE
-                and longest(score(other_port, seq)) == 0,
-            })
-        return {"phase": phase, "published_batches": run["batches"], "requests": checks}
+        steps = []
+        for step in phase["steps"].split(","):
+            pub.stdin.write("next\n")
+            pub.stdin.flush()
+            run = json.loads(pub.stdout.readline())
+            time.sleep(0.5)  # let the indexer apply the events
+            checks = []
+            for seq, cached in zip(run["sequences"], run["cached_leading_blocks"]):
+                got = longest(score(idx_port, seq))
+                first3 = longest(score(idx_port, seq[: 3 * BLOCK_SIZE]))
+                diverged = longest(score(idx_port, seq[: 2 * BLOCK_SIZE] + [7] * (len(seq) - 2 * BLOCK_SIZE)))
+                other_bs = longest(score(other_port, seq))
+                checks.append({
+                    "engine_cached_leading_blocks": cached,
+                    "indexer_matched_tokens": got,
+                    "first3_blocks": first3,
+                    "diverged_after_2": diverged,
+                    "other_block_size_indexer": other_bs,
+                    "ok": got == cached * BLOCK_SIZE
+                    and first3 == min(cached, 3) * BLOCK_SIZE
+                    and diverged == min(cached, 2) * BLOCK_SIZE
+                    and other_bs == 0,
+                })
+            steps.append({"step": step, "published_batches": run["batches"], "requests": checks})
+        return {"num_gpu_blocks": phase["num_gpu_blocks"], "steps": steps}
     finally:
         try:
             pub.stdin.write("bye\n")
@@ -119,7 +124,7 @@ def run_phase(example: str, phase: dict) -> dict:
 def main() -> int:
     report = [run_phase(sys.argv[1], phase) for phase in PHASES]
     print(json.dumps(report, indent=1))
-    return 0 if all(r["ok"] for p in report for r in p["requests"]) else 1
+    return 0 if all(r["ok"] for p in report for s in p["steps"] for r in s["requests"]) else 1
 
 
 if __name__ == "__main__":
