@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 import zmq
 
-# --- vLLM's declarations (vllm/distributed/kv_events.py, array_like generation) -------------
+# --- vLLM's declarations (vllm/distributed/kv_events.py, newest array_like generation) -----
 
 ExternalBlockHash = bytes | int
 
@@ -43,8 +43,6 @@ class BlockStored(KVCacheEvent):
     lora_name: str | None
     extra_keys: list[tuple[Any, ...] | None] | None = None
     group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
 
 
 class BlockRemoved(KVCacheEvent):
@@ -109,10 +107,16 @@ def event_json(e: Any) -> dict:
             "lora_id": e.lora_id,
             "medium": e.medium,
             "lora_name": e.lora_name,
+            "extra_keys": e.extra_keys,
             "group_idx": e.group_idx,
         }
     if isinstance(e, BlockRemoved):
-        return {"type": "BlockRemoved", "block_hashes": hashes(e.block_hashes), "medium": e.medium}
+        return {
+            "type": "BlockRemoved",
+            "block_hashes": hashes(e.block_hashes),
+            "medium": e.medium,
+            "group_idx": e.group_idx,
+        }
     return {"type": "AllBlocksCleared"}
 
 
@@ -183,8 +187,11 @@ def main() -> int:
 
     batches = []
     legacy_ok = True
+    same_bytes = True
     for seq in sorted(payloads):
         b = decoder.decode(payloads[seq])
+        # What vLLM's own encoder would send for these values, byte for byte.
+        same_bytes &= msgspec.msgpack.encode(b) == payloads[seq]
         old = legacy.decode(payloads[seq])
         legacy_ok &= len(old.events) == len(b.events) and abs(old.ts - b.ts) < 1e-9
         batches.append(
@@ -198,6 +205,7 @@ def main() -> int:
         "recovered_seqs": recovered_seqs,
         "batches": batches,
         "legacy_decode_ok": legacy_ok,
+        "reencoded_bytes_identical": same_bytes,
         "replay": {
             "from": args.replay_from,
             "seqs": [s for s, _ in replayed],

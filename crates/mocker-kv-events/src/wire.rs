@@ -1,17 +1,21 @@
 //! vLLM's KV-event wire format: a msgpack `KVEventBatch` of tagged positional event arrays.
 //!
-//! vLLM declares its event structs with msgspec `tag=True, array_like=True, omit_defaults=True`,
-//! so each event is an array whose first element is the class name, followed by the fields in
-//! declaration order, with trailing fields left at their defaults omitted:
+//! vLLM declares its event structs with msgspec `tag=True, array_like=True` (the layout
+//! Dynamo's batch decoder requires), so each event is an array whose first element is the
+//! class name, followed by every field in declaration order (msgspec's `omit_defaults` does
+//! not shorten arrays). We emit the newest array-like declarations field for field, so our
+//! payload is byte for byte what msgspec encodes for the same values:
 //!
 //! * `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
-//!   lora_name]` (the defaulted `extra_keys`, `group_idx`, `kv_cache_spec_*` are omitted);
-//! * `["BlockRemoved", block_hashes, medium]` (defaulted `group_idx` omitted);
+//!   lora_name, extra_keys, group_idx]`;
+//! * `["BlockRemoved", block_hashes, medium, group_idx]`;
 //! * `["AllBlocksCleared"]`;
 //!
-//! and the batch is `[ts, events, data_parallel_rank]`. Block hashes are the core's u64
+//! and the batch is `[ts, events, data_parallel_rank]`. Older subscribers (five-field
+//! `BlockStored`, no rank) decode it too: msgspec and Dynamo ignore trailing elements. Block hashes are the core's u64
 //! sequence hashes, encoded as msgpack integers (vLLM's `ExternalBlockHash` accepts ints, and
-//! Dynamo's decoder reads 64-bit ints); `medium` is `"GPU"`, `lora_id` and `lora_name` are nil.
+//! Dynamo's decoder reads 64-bit ints); `medium` is `"GPU"`; `lora_id`, `lora_name`,
+//! `extra_keys` and `group_idx` are nil (no LoRA, no extra hash keys, one KV-cache group).
 //!
 //! A [`PendingBatch`] is the engine-side copy of one pass's events, flattened into three
 //! vectors so that copying a pass costs a handful of allocations whatever its size; the
@@ -154,10 +158,17 @@ impl Serialize for EventsWire<'_> {
                         None::<u64>, // lora_id
                         MEDIUM_GPU,
                         None::<&str>, // lora_name
+                        None::<()>,   // extra_keys
+                        None::<u32>,  // group_idx
                     ))?;
                 }
                 PendingEvent::Removed { hashes } => {
-                    seq.serialize_element(&("BlockRemoved", &b.hashes[hashes.clone()], MEDIUM_GPU))?;
+                    seq.serialize_element(&(
+                        "BlockRemoved",
+                        &b.hashes[hashes.clone()],
+                        MEDIUM_GPU,
+                        None::<u32>,
+                    ))?;
                 }
                 PendingEvent::Cleared => seq.serialize_element(&("AllBlocksCleared",))?,
             }
@@ -207,7 +218,7 @@ mod tests {
         let mut want = vec![0x93, 0xcb];
         want.extend_from_slice(&0.0f64.to_be_bytes());
         want.push(0x92); // two events
-        want.push(0x98); // BlockStored: tag + 7 fields
+        want.push(0x9a); // BlockStored: tag + 9 fields
         want.extend(fixstr("BlockStored"));
         want.extend([0x92, 0xcf]); // hashes: [u64::MAX, 5]
         want.extend(u64::MAX.to_be_bytes());
@@ -217,11 +228,12 @@ mod tests {
         want.push(0x02); // block_size
         want.push(0xc0); // lora_id nil
         want.extend(fixstr("GPU"));
-        want.push(0xc0); // lora_name nil
-        want.push(0x93); // BlockRemoved: tag + 2 fields
+        want.extend([0xc0, 0xc0, 0xc0]); // lora_name, extra_keys, group_idx: nil
+        want.push(0x94); // BlockRemoved: tag + 3 fields
         want.extend(fixstr("BlockRemoved"));
         want.extend([0x91, 0x05]);
         want.extend(fixstr("GPU"));
+        want.push(0xc0); // group_idx nil
         want.push(0x00); // dp rank
         assert_eq!(got, want);
     }

@@ -24,6 +24,7 @@ struct Output {
     recovered_seqs: Vec<u64>,
     batches: Vec<SeqBatch>,
     legacy_decode_ok: bool,
+    reencoded_bytes_identical: bool,
     replay: ReplayOut,
 }
 
@@ -127,6 +128,7 @@ fn python_vllm_subscriber_decodes_engine_events() {
     let decoded: Vec<DecodedBatch> = out.batches.into_iter().map(|b| b.batch).collect();
     check_batches(&scenario, &decoded, dp_rank);
     assert!(out.legacy_decode_ok, "the oldest vLLM struct layout must still decode our batches");
+    assert!(out.reencoded_bytes_identical, "msgspec re-encoding vLLM's structs must give our exact bytes");
     assert_eq!(out.replay.from, replay_from);
     assert_eq!(out.replay.seqs, (replay_from..n).collect::<Vec<_>>());
     assert!(out.replay.end_marker_payload_empty && out.replay.payloads_match_live);

@@ -19,9 +19,13 @@ pub enum DecodedEvent {
         lora_id: Option<u64>,
         medium: Option<String>,
         lora_name: Option<String>,
+        /// Only whether it is present (we always send nil).
+        #[serde(default, deserialize_with = "present")]
+        extra_keys: Option<()>,
+        group_idx: Option<u32>,
     },
     #[serde(rename = "BlockRemoved")]
-    Removed { block_hashes: Vec<u64>, medium: Option<String> },
+    Removed { block_hashes: Vec<u64>, medium: Option<String>, group_idx: Option<u32> },
     #[serde(rename = "AllBlocksCleared")]
     Cleared,
 }
@@ -41,13 +45,21 @@ impl DecodedEvent {
                 lora_id: None,
                 medium: Some("GPU".into()),
                 lora_name: None,
+                extra_keys: None,
+                group_idx: None,
             },
-            KvEventData::Removed { block_hashes } => {
-                DecodedEvent::Removed { block_hashes: block_hashes.clone(), medium: Some("GPU".into()) }
-            }
+            KvEventData::Removed { block_hashes } => DecodedEvent::Removed {
+                block_hashes: block_hashes.clone(),
+                medium: Some("GPU".into()),
+                group_idx: None,
+            },
             KvEventData::Cleared => DecodedEvent::Cleared,
         }
     }
+}
+
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<()>, D::Error> {
+    Ok(Option::<de::IgnoredAny>::deserialize(d)?.map(|_| ()))
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -90,10 +102,13 @@ impl<'de> Deserialize<'de> for Positional {
                         lora_id: next(&mut seq, "lora_id")?,
                         medium: next(&mut seq, "medium")?,
                         lora_name: next(&mut seq, "lora_name")?,
+                        extra_keys: next::<Option<de::IgnoredAny>, _>(&mut seq, "extra_keys")?.map(|_| ()),
+                        group_idx: next(&mut seq, "group_idx")?,
                     },
                     "BlockRemoved" => DecodedEvent::Removed {
                         block_hashes: next(&mut seq, "block_hashes")?,
                         medium: next(&mut seq, "medium")?,
+                        group_idx: next(&mut seq, "group_idx")?,
                     },
                     "AllBlocksCleared" => DecodedEvent::Cleared,
                     other => return Err(de::Error::custom(format!("unknown event tag {other:?}"))),

@@ -106,11 +106,14 @@ pub fn check_batches(scenario: &Scenario, decoded: &[DecodedBatch], dp_rank: u32
                     lora_id,
                     medium,
                     lora_name,
+                    extra_keys,
+                    group_idx,
                 } => {
                     assert_eq!(
                         (*block_size, *lora_id, medium.as_deref(), lora_name.as_deref()),
                         (BLOCK_SIZE as u32, None, Some("GPU"), None)
                     );
+                    assert_eq!((extra_keys, group_idx), (&None, &None));
                     let &(r, i) =
                         position.get(&block_hashes[0]).expect("stored hash is a block of some request");
                     let n = block_hashes.len();
@@ -125,7 +128,8 @@ pub fn check_batches(scenario: &Scenario, decoded: &[DecodedBatch], dp_rank: u32
                     }
                     stored_runs.push((r, i, n));
                 }
-                DecodedEvent::Removed { block_hashes, medium } => {
+                DecodedEvent::Removed { block_hashes, medium, group_idx } => {
+                    assert_eq!(*group_idx, None);
                     assert_eq!(medium.as_deref(), Some("GPU"));
                     for h in block_hashes {
                         assert!(live.remove(h), "removed block {h} was not cached");
