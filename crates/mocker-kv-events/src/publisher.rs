@@ -58,7 +58,14 @@ pub(crate) struct Stats {
 ///
 /// `publish` only copies the events into a bounded queue; a background thread encodes and
 /// sends them, so a slow or absent subscriber never slows the engine. When the queue is
-/// full the batch is dropped and counted ([`dropped_batches`](Self::dropped_batches)).
+/// full the batch is dropped and counted ([`dropped_batches`](Self::dropped_batches)); a
+/// dropped batch takes no sequence number, so subscribers cannot detect it (vLLM blocks
+/// instead). While batches flow the thread polls the queue every millisecond rather than
+/// being woken per batch, so a batch may wait up to about a millisecond before it is sent.
+///
+/// Every batch carries the publisher's `dp_rank`. `Stored` events should carry token ids
+/// (the engine's `emit_kv_token_ids`): subscribers such as Dynamo's indexer recompute block
+/// identities from them, and blocks without tokens are sent with none.
 #[derive(Debug)]
 pub struct KvEventPublisher {
     tx: Option<mpsc::Sender<PendingBatch>>,
