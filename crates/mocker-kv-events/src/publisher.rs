@@ -1,7 +1,7 @@
 //! The engine-facing handle: a bounded, never-blocking hand-off to the background thread.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -45,6 +45,9 @@ pub struct PublisherStats {
     pub dropped_batches: u64,
 }
 
+/// Sent batches handed back by the background thread for reuse.
+pub(crate) type BatchPool = Arc<Mutex<Vec<PendingBatch>>>;
+
 /// Counters shared with the background thread.
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
@@ -69,6 +72,7 @@ pub(crate) struct Stats {
 #[derive(Debug)]
 pub struct KvEventPublisher {
     tx: Option<mpsc::Sender<PendingBatch>>,
+    pool: BatchPool,
     stats: Arc<Stats>,
     thread: Option<JoinHandle<()>>,
     bound: Bound,
@@ -89,14 +93,15 @@ impl KvEventPublisher {
             block_size: resolved.block_size,
             replay_buffer_steps: options.replay_buffer_steps,
         };
-        let worker_stats = stats.clone();
+        let pool = BatchPool::default();
+        let (worker_stats, worker_pool) = (stats.clone(), pool.clone());
         let thread = std::thread::Builder::new()
             .name(format!("kv-events-dp{}", options.dp_rank))
-            .spawn(move || worker::run(config, rx, worker_stats, ready_tx))
+            .spawn(move || worker::run(config, rx, worker_stats, worker_pool, ready_tx))
             .map_err(|e| PublishError::Thread(e.to_string()))?;
         let ready = ready_rx.recv();
         match ready {
-            Ok(Ok(bound)) => Ok(Self { tx: Some(tx), stats, thread: Some(thread), bound }),
+            Ok(Ok(bound)) => Ok(Self { tx: Some(tx), pool, stats, thread: Some(thread), bound }),
             Ok(Err(e)) => {
                 let _ = thread.join();
                 Err(e)
@@ -118,7 +123,12 @@ impl KvEventPublisher {
         let Some(tx) = &self.tx else { return };
         // Reserve first so a full queue costs no copy.
         match tx.try_reserve() {
-            Ok(permit) => permit.send(PendingBatch::new(wall_time_secs(), events)),
+            Ok(permit) => {
+                // A recycled batch keeps its buffers warm: no allocation or page fault here.
+                let mut batch = self.pool.lock().ok().and_then(|mut p| p.pop()).unwrap_or_default();
+                batch.refill(wall_time_secs(), events);
+                permit.send(batch);
+            }
             Err(_) => {
                 self.stats.dropped.fetch_add(1, Ordering::Relaxed);
             }
@@ -185,6 +195,7 @@ mod tests {
         let (tx, mut rx) = mpsc::channel(2);
         let publisher = KvEventPublisher {
             tx: Some(tx),
+            pool: BatchPool::default(),
             stats: Arc::new(Stats::default()),
             thread: None,
             bound: Bound { endpoint: String::new(), replay_endpoint: None },

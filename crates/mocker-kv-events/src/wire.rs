@@ -39,7 +39,7 @@ enum PendingEvent {
 }
 
 /// One forward pass's events, copied off the engine and waiting to be encoded.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct PendingBatch {
     /// Wall time (unix seconds) the batch was handed over, as vLLM stamps `ts`.
     ts: f64,
@@ -53,50 +53,42 @@ impl PendingBatch {
     /// concatenated tokens of its blocks; blocks the engine recorded without tokens
     /// (`emit_kv_token_ids` off) contribute none.
     pub fn new(ts: f64, events: &[KvEvent]) -> Self {
-        let (mut n_hashes, mut n_tokens) = (0, 0);
-        for e in events {
-            match &e.data {
-                KvEventData::Stored { blocks, .. } => {
-                    n_hashes += blocks.len();
-                    n_tokens +=
-                        blocks.iter().map(|b| b.token_ids.as_ref().map_or(0, Vec::len)).sum::<usize>();
-                }
-                KvEventData::Removed { block_hashes } => n_hashes += block_hashes.len(),
-                KvEventData::Cleared => {}
-            }
-        }
-        let mut batch = Self {
-            ts,
-            hashes: Vec::with_capacity(n_hashes),
-            tokens: Vec::with_capacity(n_tokens),
-            events: Vec::with_capacity(events.len()),
-        };
+        let mut batch = Self::default();
+        batch.refill(ts, events);
+        batch
+    }
+
+    /// Replaces the batch's contents with `events`, reusing its buffers.
+    pub fn refill(&mut self, ts: f64, events: &[KvEvent]) {
+        self.ts = ts;
+        self.hashes.clear();
+        self.tokens.clear();
+        self.events.clear();
         for e in events {
             let event = match &e.data {
                 KvEventData::Stored { parent_hash, blocks } => {
-                    let (h0, t0) = (batch.hashes.len(), batch.tokens.len());
+                    let (h0, t0) = (self.hashes.len(), self.tokens.len());
                     for b in blocks {
-                        batch.hashes.push(b.block_hash);
+                        self.hashes.push(b.block_hash);
                         if let Some(t) = &b.token_ids {
-                            batch.tokens.extend_from_slice(t);
+                            self.tokens.extend_from_slice(t);
                         }
                     }
                     PendingEvent::Stored {
-                        hashes: h0..batch.hashes.len(),
+                        hashes: h0..self.hashes.len(),
                         parent: *parent_hash,
-                        tokens: t0..batch.tokens.len(),
+                        tokens: t0..self.tokens.len(),
                     }
                 }
                 KvEventData::Removed { block_hashes } => {
-                    let h0 = batch.hashes.len();
-                    batch.hashes.extend_from_slice(block_hashes);
-                    PendingEvent::Removed { hashes: h0..batch.hashes.len() }
+                    let h0 = self.hashes.len();
+                    self.hashes.extend_from_slice(block_hashes);
+                    PendingEvent::Removed { hashes: h0..self.hashes.len() }
                 }
                 KvEventData::Cleared => PendingEvent::Cleared,
             };
-            batch.events.push(event);
+            self.events.push(event);
         }
-        batch
     }
 
     /// Number of events in the batch.
@@ -256,7 +248,10 @@ mod tests {
             ev(KvEventData::Removed { block_hashes: vec![8, 9] }),
             ev(KvEventData::Stored { parent_hash: Some(2), blocks: vec![b(3, 30)] }),
         ];
-        let p = PendingBatch::new(0.0, &events);
+        // Refilling a used batch leaves nothing of its previous contents.
+        let mut p = PendingBatch::new(1.0, &[ev(KvEventData::Removed { block_hashes: vec![4; 9] })]);
+        p.refill(0.0, &events);
+        assert_eq!(p.ts, 0.0);
         assert_eq!(p.hashes, vec![1, 2, 8, 9, 3]);
         assert_eq!(p.tokens, vec![10, 10, 20, 20, 30, 30]);
         assert_eq!(

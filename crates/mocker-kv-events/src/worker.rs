@@ -12,7 +12,7 @@ use zeromq::{
     PubSocket, RouterRecvHalf, RouterSendHalf, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage,
 };
 
-use crate::publisher::{PublishError, Stats};
+use crate::publisher::{BatchPool, PublishError, Stats};
 use crate::wire::PendingBatch;
 
 /// Sequence value of the replay end marker: -1 as a big-endian i64, as vLLM sends it.
@@ -24,6 +24,9 @@ const LINGER: Duration = Duration::from_millis(50);
 
 /// Queue polling period while batches are flowing: the most a batch waits before it is sent.
 const POLL_TICK: Duration = Duration::from_millis(1);
+
+/// Sent batches kept for reuse by `publish`.
+const POOL_CAPACITY: usize = 4;
 
 /// Empty polls after which the worker parks until the next batch wakes it.
 const PARK_AFTER_IDLE_TICKS: u32 = 100;
@@ -67,7 +70,13 @@ impl ReplayBuffer {
     }
 }
 
-pub(crate) fn run(cfg: WorkerConfig, rx: mpsc::Receiver<PendingBatch>, stats: Arc<Stats>, ready: Ready) {
+pub(crate) fn run(
+    cfg: WorkerConfig,
+    rx: mpsc::Receiver<PendingBatch>,
+    stats: Arc<Stats>,
+    pool: BatchPool,
+    ready: Ready,
+) {
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -75,10 +84,16 @@ pub(crate) fn run(cfg: WorkerConfig, rx: mpsc::Receiver<PendingBatch>, stats: Ar
             return;
         }
     };
-    runtime.block_on(serve(cfg, rx, stats, ready));
+    runtime.block_on(serve(cfg, rx, stats, pool, ready));
 }
 
-async fn serve(cfg: WorkerConfig, mut rx: mpsc::Receiver<PendingBatch>, stats: Arc<Stats>, ready: Ready) {
+async fn serve(
+    cfg: WorkerConfig,
+    mut rx: mpsc::Receiver<PendingBatch>,
+    stats: Arc<Stats>,
+    pool: BatchPool,
+    ready: Ready,
+) {
     let bind_err = |endpoint: &str, e: zeromq::ZmqError| PublishError::Bind {
         endpoint: endpoint.to_string(),
         message: e.to_string(),
@@ -129,6 +144,7 @@ async fn serve(cfg: WorkerConfig, mut rx: mpsc::Receiver<PendingBatch>, stats: A
         last_len: 0,
         buffer,
         stats,
+        pool,
     };
     // While batches keep coming, poll the queue on a short tick instead of being woken per
     // batch: waking this thread would cost the engine thread a syscall (and often a context
@@ -177,6 +193,7 @@ struct Outbound {
     last_len: usize,
     buffer: Option<Arc<Mutex<ReplayBuffer>>>,
     stats: Arc<Stats>,
+    pool: BatchPool,
 }
 
 impl Outbound {
@@ -196,6 +213,11 @@ impl Outbound {
         }
         self.seq += 1;
         self.stats.published.store(self.seq, Ordering::Relaxed);
+        if let Ok(mut pool) = self.pool.lock() {
+            if pool.len() < POOL_CAPACITY {
+                pool.push(batch);
+            }
+        }
     }
 }
 
