@@ -49,6 +49,28 @@ async fn engine_events_arrive_gap_free_and_match_recomputed_hashes() {
 }
 
 #[tokio::test]
+async fn a_late_subscriber_recovers_the_missed_head_through_replay() {
+    let scenario = run_scenario(0);
+    let n = scenario.batches.len() as u64;
+    let half = n / 2;
+    let publisher = KvEventPublisher::start(options(0, 10_000)).expect("start");
+    for batch in &scenario.batches[..half as usize] {
+        publisher.publish(batch);
+    }
+    wait_published(&publisher, half).await;
+    // Joins after the first half went out: PUB never delivers those to it.
+    let mut sub = Subscriber::connect(publisher.endpoint(), "kv-events").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for batch in &scenario.batches[half as usize..] {
+        publisher.publish(batch);
+    }
+    let (payloads, live_seqs) = collect(&mut sub, publisher.replay_endpoint().unwrap(), n).await;
+    assert!(live_seqs[0] >= half, "batch {} was sent before the subscriber joined", live_seqs[0]);
+    assert_eq!(live_seqs, (live_seqs[0]..n).collect::<Vec<_>>());
+    check_batches(&scenario, &decode_all(&payloads), 0);
+}
+
+#[tokio::test]
 async fn replay_serves_the_buffered_range_then_the_end_marker() {
     let scenario = run_scenario(0);
     let n = scenario.batches.len() as u64;
