@@ -12,5 +12,5 @@ pub mod openai;
 pub mod server;
 pub mod tokenizer;
 
-pub use server::{BoundServer, ServerError, ServerOptions};
+pub use server::{BoundKvEvents, BoundServer, KvEventsOptions, ServerError, ServerOptions};
 pub use tokenizer::Tokenizer;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::Args;
 use mocker_core::config::LaunchConfig;
-use mocker_server::{BoundServer, ServerOptions, Tokenizer};
+use mocker_server::{BoundServer, KvEventsOptions, ServerOptions, Tokenizer};
 
 use crate::UsageError;
 
@@ -65,6 +65,15 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on /v1 routes.
     #[arg(long, env = "MOCKER_API_KEY")]
     pub api_key: Option<String>,
+    /// Publish KV events over ZMQ in vLLM's format, e.g. tcp://127.0.0.1:5557 (DP rank r
+    /// binds port + r; worker w of --num-workers shifts by w × dp size). Off by default;
+    /// engine-args key `zmq_kv_events_port` does the same on --host.
+    #[arg(long)]
+    pub kv_events_endpoint: Option<String>,
+    /// ZMQ ROUTER endpoint answering KV-event replay (gap recovery) requests; engine-args
+    /// key `zmq_replay_port`.
+    #[arg(long)]
+    pub kv_events_replay_endpoint: Option<String>,
     /// Seconds in-flight streams may run on after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 30.0)]
     pub shutdown_grace_seconds: f64,
@@ -120,6 +129,17 @@ impl ServeArgs {
             )));
         }
         let launch = self.launch_config()?;
+        let kv_endpoint = self
+            .kv_events_endpoint
+            .clone()
+            .or_else(|| launch.dynamo.zmq_kv_events_port.map(|p| format!("tcp://{}:{p}", self.host)));
+        let replay_endpoint = self
+            .kv_events_replay_endpoint
+            .clone()
+            .or_else(|| launch.dynamo.zmq_replay_port.map(|p| format!("tcp://{}:{p}", self.host)));
+        if replay_endpoint.is_some() && kv_endpoint.is_none() {
+            return Err(UsageError("--kv-events-replay-endpoint: needs --kv-events-endpoint".into()));
+        }
         let tokenizer = match &self.tokenizer {
             Some(path) => Tokenizer::from_path(path).map_err(|e| UsageError(e.to_string()))?,
             None => Tokenizer::Builtin,
@@ -141,6 +161,20 @@ impl ServeArgs {
                 options.tokenizer = tokenizer.clone();
                 options.api_key = self.api_key.clone();
                 options.shutdown_grace = Duration::from_secs_f64(self.shutdown_grace_seconds);
+                if let Some(endpoint) = &kv_endpoint {
+                    let shift = (i * launch.dp_size) as u32;
+                    let offset = |flag: &str, e: &str| {
+                        mocker_kv_events::offset_endpoint(e, shift)
+                            .map_err(|m| UsageError(format!("{flag}: {m}")))
+                    };
+                    options.kv_events = Some(KvEventsOptions {
+                        endpoint: offset("--kv-events-endpoint", endpoint)?,
+                        replay_endpoint: replay_endpoint
+                            .as_deref()
+                            .map(|e| offset("--kv-events-replay-endpoint", e))
+                            .transpose()?,
+                    });
+                }
                 Ok(options)
             })
             .collect()
@@ -161,6 +195,11 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
             let server = BoundServer::bind(o, Vec::new()).await.map_err(|e| UsageError(e.to_string()))?;
             // Scripts and tests read the address from this line (port 0 picks a free one).
             eprintln!("mocker: serving model on http://{}", server.local_addr());
+            for kv in server.kv_events() {
+                let replay =
+                    kv.replay_endpoint.as_deref().map(|r| format!(" (replay {r})")).unwrap_or_default();
+                eprintln!("mocker: dp rank {} publishing KV events on {}{replay}", kv.dp_rank, kv.endpoint);
+            }
             let mut stop = stop_rx.clone();
             servers.push(tokio::spawn(server.serve(async move {
                 let _ = stop.wait_for(|s| *s).await;

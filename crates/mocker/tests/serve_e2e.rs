@@ -2,101 +2,15 @@
 //! `openai`, httpx, prometheus_client; see tests/python/serve_client.py). The Python
 //! interpreter comes from MOCKER_PYTHON (`.ci/run` sets it up), else `python3`.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::mpsc;
+mod common;
+
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use common::{lines_of, python, repo_root, run_client, Server, KEY};
 
 use mocker_core::config::LaunchConfig;
 use mocker_core::{Engine, EngineOptions, Request};
-
-const KEY: &str = "test-key";
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn python() -> String {
-    let python = std::env::var("MOCKER_PYTHON").unwrap_or_else(|_| "python3".to_string());
-    let probe = Command::new(&python).args(["-c", "import openai, httpx, prometheus_client"]).output();
-    match probe {
-        Ok(o) if o.status.success() => python,
-        _ => panic!(
-            "{python} lacks openai/httpx/prometheus_client: run .ci/run, or pip install -r \
-             tests/python/requirements.txt and set MOCKER_PYTHON"
-        ),
-    }
-}
-
-/// A running `mocker serve`, killed on drop.
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Server {
-    fn start(extra: &[&str]) -> Self {
-        let tokenizer = repo_root().join("tests/fixtures/tokenizers/all-minilm-l6-v2");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mocker"))
-            .args([
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--model-name",
-                "mocker-test",
-                "--api-key",
-                KEY,
-            ])
-            .arg("--tokenizer")
-            .arg(&tokenizer)
-            .args(extra)
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("mocker binary starts");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(url) = line.split("serving model on ").nth(1) {
-                    let _ = tx.send(url.trim().to_string());
-                }
-            }
-        });
-        let base = rx.recv_timeout(Duration::from_secs(30)).expect("server announces its address");
-        Self { child, base }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn run_client(args: &[&str]) -> serde_json::Value {
-    let out = Command::new(python())
-        .arg(repo_root().join("tests/python/serve_client.py"))
-        .args(args)
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success(),
-        "client failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.lines().last().expect("a result line")).expect("JSON result")
-}
 
 #[test]
 fn openai_clients_get_exact_usage_errors_and_metrics() {
@@ -151,17 +65,6 @@ fn stream_arrivals_follow_the_modelled_pass_times() {
         assert!(*o >= m - 1.0, "token {i} arrived at {o:.2} ms, before its modelled {m:.2} ms");
         assert!(*o <= m * 1.5 + 100.0, "token {i} arrived at {o:.2} ms, modelled {m:.2} ms");
     }
-}
-
-/// The lines a child prints, as they come.
-fn lines_of(stdout: ChildStdout) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    rx
 }
 
 #[test]

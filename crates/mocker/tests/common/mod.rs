@@ -1,0 +1,113 @@
+//! Shared harness of the `mocker serve` end-to-end tests: start the real binary on
+//! 127.0.0.1, find the Python interpreter with the client libraries, run a client script.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+pub const KEY: &str = "test-key";
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+pub fn python() -> String {
+    let python = std::env::var("MOCKER_PYTHON").unwrap_or_else(|_| "python3".to_string());
+    let probe = Command::new(&python).args(["-c", "import openai, httpx, prometheus_client"]).output();
+    match probe {
+        Ok(o) if o.status.success() => python,
+        _ => panic!(
+            "{python} lacks openai/httpx/prometheus_client: run .ci/run, or pip install -r \
+             tests/python/requirements.txt and set MOCKER_PYTHON"
+        ),
+    }
+}
+
+/// A running `mocker serve`, killed on drop.
+pub struct Server {
+    pub child: Child,
+    pub base: String,
+    /// Lines the server printed to stderr after its address.
+    pub stderr: mpsc::Receiver<String>,
+}
+
+impl Server {
+    pub fn start(extra: &[&str]) -> Self {
+        let tokenizer = repo_root().join("tests/fixtures/tokenizers/all-minilm-l6-v2");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mocker"))
+            .args([
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--model-name",
+                "mocker-test",
+                "--api-key",
+                KEY,
+            ])
+            .arg("--tokenizer")
+            .arg(&tokenizer)
+            .args(extra)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("mocker binary starts");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let base = loop {
+            let line = rx.recv_timeout(Duration::from_secs(30)).expect("server announces its address");
+            if let Some(url) = line.split("serving model on ").nth(1) {
+                break url.trim().to_string();
+            }
+        };
+        Self { child, base, stderr: rx }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn run_client(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(python())
+        .arg(repo_root().join("tests/python/serve_client.py"))
+        .args(args)
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "client failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().expect("a result line")).expect("JSON result")
+}
+
+/// The lines a child prints, as they come.
+pub fn lines_of(stdout: ChildStdout) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    rx
+}
