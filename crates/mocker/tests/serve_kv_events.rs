@@ -21,7 +21,7 @@ fn ids(v: &Value) -> Vec<u64> {
 
 #[test]
 fn subscriber_sees_the_cores_blocks_gap_free_with_removals_and_replay() {
-    let mut server = Server::start(&[
+    let server = Server::start(&[
         "--block-size",
         "16",
         "--num-gpu-blocks",
