@@ -116,6 +116,17 @@ impl LiveRequest {
         s
     }
 
+    /// The next signal if it was already delivered, without waiting (lets a reader that
+    /// fell behind take a run of signals at once).
+    pub fn try_recv(&mut self) -> Option<OutputSignal> {
+        if self.finished {
+            return None;
+        }
+        let s = self.rx.try_recv().ok()?;
+        self.finished = s.completed;
+        Some(s)
+    }
+
     /// Cancels the request and waits until the scheduler cleaned it up: `Ok(true)` when a
     /// cancellation was applied, `Ok(false)` when there was nothing left to cancel.
     pub async fn cancel(mut self) -> Result<bool, LiveError> {

@@ -152,13 +152,16 @@ pub struct UsageMode {
 }
 
 impl ResponseHeader {
-    fn chunk<C: Serialize>(&self, choices: C, usage: UsageField) -> String {
+    /// Appends one SSE frame `data: {chunk}\n\n` to `out`, serializing in place.
+    fn chunk<C: Serialize>(&self, out: &mut Vec<u8>, choices: C, usage: UsageField) {
         let object = match self.endpoint {
             Endpoint::Completions => "text_completion",
             Endpoint::Chat => "chat.completion.chunk",
         };
         let chunk = Chunk { id: &self.id, object, created: self.created, model: &self.model, choices, usage };
-        serde_json::to_string(&chunk).expect("chunks serialize")
+        out.extend_from_slice(b"data: ");
+        serde_json::to_writer(&mut *out, &chunk).expect("chunks serialize");
+        out.extend_from_slice(b"\n\n");
     }
 
     fn usage_field(mode: UsageMode, usage: Usage) -> UsageField {
@@ -169,27 +172,29 @@ impl ResponseHeader {
         }
     }
 
-    /// The chat stream's opening chunk (role, empty content), as vLLM sends it.
-    pub fn role_chunk(&self, mode: UsageMode, usage: Usage) -> String {
+    /// Appends the chat stream's opening frame (role, empty content), as vLLM sends it.
+    pub fn role_frame(&self, out: &mut Vec<u8>, mode: UsageMode, usage: Usage) {
         let choice = ChatChunkChoice {
             index: 0,
             delta: ChatDelta { role: Some("assistant"), content: "" },
             logprobs: None,
             finish_reason: None,
         };
-        self.chunk([choice], Self::usage_field(mode, usage))
+        self.chunk(out, [choice], Self::usage_field(mode, usage))
     }
 
-    /// A content chunk; `last` carries the finish reason.
-    pub fn content_chunk(&self, text: &str, last: bool, mode: UsageMode, usage: Usage) -> String {
+    /// Appends a content frame; `last` carries the finish reason.
+    pub fn content_frame(&self, out: &mut Vec<u8>, text: &str, last: bool, mode: UsageMode, usage: Usage) {
         let finish_reason = last.then_some(FINISH_REASON);
         let usage = Self::usage_field(mode, usage);
         match self.endpoint {
             Endpoint::Completions => self.chunk(
+                out,
                 [TextChoice { index: 0, text, logprobs: None, finish_reason, stop_reason: None }],
                 usage,
             ),
             Endpoint::Chat => self.chunk(
+                out,
                 [ChatChunkChoice {
                     index: 0,
                     delta: ChatDelta { role: None, content: text },
@@ -201,9 +206,9 @@ impl ResponseHeader {
         }
     }
 
-    /// The trailing usage chunk (`choices: []`).
-    pub fn usage_chunk(&self, usage: Usage) -> String {
-        self.chunk::<[(); 0]>([], UsageField::Value(usage))
+    /// Appends the trailing usage frame (`choices: []`).
+    pub fn usage_frame(&self, out: &mut Vec<u8>, usage: Usage) {
+        self.chunk::<[(); 0]>(out, [], UsageField::Value(usage))
     }
 
     /// The whole non-streamed response.
@@ -257,6 +262,14 @@ mod tests {
     use super::*;
     use serde_json::Value;
 
+    fn parse_frame(write: impl FnOnce(&mut Vec<u8>)) -> Value {
+        let mut out = Vec::new();
+        write(&mut out);
+        let text = String::from_utf8(out).unwrap();
+        let json = text.strip_prefix("data: ").and_then(|t| t.strip_suffix("\n\n")).expect("one SSE frame");
+        serde_json::from_str(json).unwrap()
+    }
+
     fn header(endpoint: Endpoint) -> ResponseHeader {
         ResponseHeader { endpoint, id: "x-1".into(), created: 7, model: "m".into() }
     }
@@ -265,23 +278,18 @@ mod tests {
     fn chunks_have_the_objects_clients_dispatch_on() {
         let usage = Usage::new(3, 1, 0);
         let mode = UsageMode { include_usage: true, continuous: false };
-        let c: Value =
-            serde_json::from_str(&header(Endpoint::Chat).content_chunk("a", true, mode, usage)).unwrap();
+        let c = parse_frame(|o| header(Endpoint::Chat).content_frame(o, "a", true, mode, usage));
         assert_eq!(c["object"], "chat.completion.chunk");
         assert_eq!(c["choices"][0]["delta"]["content"], "a");
         assert_eq!(c["choices"][0]["finish_reason"], "length");
         assert!(c["usage"].is_null() && c.as_object().unwrap().contains_key("usage"));
-        let t: Value = serde_json::from_str(&header(Endpoint::Completions).content_chunk(
-            "b",
-            false,
-            UsageMode::default(),
-            usage,
-        ))
-        .unwrap();
+        let t = parse_frame(|o| {
+            header(Endpoint::Completions).content_frame(o, "b", false, UsageMode::default(), usage)
+        });
         assert_eq!(t["object"], "text_completion");
         assert!(t["choices"][0]["finish_reason"].is_null());
         assert!(!t.as_object().unwrap().contains_key("usage"));
-        let u: Value = serde_json::from_str(&header(Endpoint::Chat).usage_chunk(usage)).unwrap();
+        let u = parse_frame(|o| header(Endpoint::Chat).usage_frame(o, usage));
         assert_eq!(u["choices"].as_array().unwrap().len(), 0);
         assert_eq!(u["usage"]["total_tokens"], 4);
         assert_eq!(u["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
