@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use mocker_core::config::EngineConfig;
 use mocker_core::metrics::EngineMetrics;
 use mocker_core::{Engine, SeqKey};
 use rustc_hash::FxHashMap;
@@ -14,14 +15,47 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::{FpmSink, KvEventSink};
 use crate::error::LiveError;
+use crate::handoff::{HandoffEvent, HandoffRoute, HandoffTransferTiming};
 use crate::request::{ObservedAdmission, OutputSignal, Registered};
 use crate::route::{RankShared, Route, RouteState};
 
 /// Commands applied at pass boundaries (or at once when idle).
 #[derive(Debug)]
 pub(crate) enum Command {
-    Submit { rank: u32, reg: Registered, reply: oneshot::Sender<Result<(), LiveError>> },
-    ResetPrefixCache { rank: u32, reply: oneshot::Sender<Result<(), LiveError>> },
+    Submit {
+        rank: u32,
+        reg: Registered,
+        reply: oneshot::Sender<Result<(), LiveError>>,
+    },
+    ResetPrefixCache {
+        rank: u32,
+        reply: oneshot::Sender<Result<(), LiveError>>,
+    },
+    /// Submit one side of a handoff: the source (held after finishing) or the destination
+    /// (reserved until activated).
+    SubmitHandoff {
+        rank: u32,
+        reg: Registered,
+        route: Arc<HandoffRoute>,
+        source: bool,
+        reply: oneshot::Sender<Result<(), LiveError>>,
+    },
+    /// A handoff lifecycle command; the reply says whether it was applied.
+    Handoff {
+        rank: u32,
+        route: Arc<HandoffRoute>,
+        op: HandoffOp,
+        reply: oneshot::Sender<bool>,
+    },
+}
+
+/// Handoff lifecycle commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HandoffOp {
+    ReleaseSource,
+    CancelSource,
+    CancelDestination,
+    ActivateDestination,
 }
 
 /// Messages of the cancellation lane, served even in the middle of a pass.
@@ -42,6 +76,8 @@ pub(crate) struct Lanes {
 struct Slot {
     route: Arc<Route>,
     tx: mpsc::Sender<OutputSignal>,
+    /// A handoff source: its KV stays held after its terminal output.
+    source: Option<(Arc<HandoffRoute>, HandoffTransferTiming)>,
 }
 
 /// Everything the actor keeps for one rank.
@@ -56,6 +92,8 @@ pub(crate) struct RankState {
     by_sched: FxHashMap<u128, SeqKey>,
     retired: bool,
     stepped: bool,
+    /// Transfer settings of the engine (the prompt length is filled per request).
+    pub transfer: HandoffTransferTiming,
 }
 
 impl RankState {
@@ -78,6 +116,7 @@ impl RankState {
             by_sched: FxHashMap::default(),
             retired: false,
             stepped: false,
+            transfer: HandoffTransferTiming::from_config(&EngineConfig::default(), 0),
         }
     }
 
@@ -111,7 +150,16 @@ impl RankState {
         self.publish_metrics();
     }
 
-    fn apply_submit(&mut self, mut reg: Registered) -> Result<(), LiveError> {
+    fn apply_submit(&mut self, reg: Registered) -> Result<(), LiveError> {
+        self.apply_submission(reg, None)
+    }
+
+    /// Applies a submission: ordinary (`handoff` None), a handoff source or destination.
+    fn apply_submission(
+        &mut self,
+        mut reg: Registered,
+        handoff: Option<(Arc<HandoffRoute>, bool)>,
+    ) -> Result<(), LiveError> {
         let route = reg.route.take().expect("unapplied registration");
         if self.retired || !self.shared.is_running() {
             self.shared.remove(&route);
@@ -123,21 +171,83 @@ impl RankState {
             return Ok(());
         }
         let request = std::mem::take(&mut reg.request);
-        match self.engine.submit(request) {
+        let prompt_len = request.tokens.len();
+        let mut source = None;
+        let submitted = match &handoff {
+            None => self.engine.submit(request).map_err(|e| e.to_string()),
+            Some((h, true)) => {
+                let timing = HandoffTransferTiming { full_prompt_tokens: prompt_len, ..self.transfer };
+                source = Some((h.clone(), timing));
+                self.engine.submit_held(request).map_err(|e| e.to_string())
+            }
+            Some((h, false)) => match self.engine.reserve(request) {
+                Ok(r) => {
+                    if let Some(sink) = self.kv_sink.as_mut() {
+                        if !r.kv_events.is_empty() {
+                            sink(&r.kv_events);
+                        }
+                    }
+                    h.send(HandoffEvent::DestinationReserved {
+                        transferable_prompt_tokens: r.transferable_prompt_tokens,
+                    });
+                    Ok(r.key)
+                }
+                Err(e) => Err(e.to_string()),
+            },
+        };
+        match submitted {
             Ok(key) => {
                 let i = key.0 as usize;
                 if self.slots.len() <= i {
                     self.slots.resize_with(i + 1, || None);
                 }
                 self.by_sched.insert(route.sched_id, key);
+                match &handoff {
+                    Some((h, true)) => *h.source.lock().expect("handoff") = Some(route.sched_id),
+                    Some((h, false)) => *h.destination.lock().expect("handoff") = Some(route.sched_id),
+                    None => {}
+                }
                 route.set(RouteState::Active);
-                self.slots[i] = Some(Slot { route, tx: reg.tx.clone() });
+                self.slots[i] = Some(Slot { route, tx: reg.tx.clone(), source });
                 Ok(())
             }
-            Err(e) => {
+            Err(message) => {
                 self.shared.remove(&route);
-                Err(LiveError::InvalidRequest { id: route.client_id, message: e.to_string() })
+                Err(LiveError::InvalidRequest { id: route.client_id, message })
             }
+        }
+    }
+
+    fn apply_handoff(&mut self, route: &HandoffRoute, op: HandoffOp) -> bool {
+        let side = match op {
+            HandoffOp::ReleaseSource | HandoffOp::CancelSource => &route.source,
+            HandoffOp::CancelDestination | HandoffOp::ActivateDestination => &route.destination,
+        };
+        let Some(sched) = *side.lock().expect("handoff") else { return false };
+        let Some(&key) = self.by_sched.get(&sched) else { return false };
+        match op {
+            HandoffOp::ReleaseSource => {
+                if !self.engine.release_held(key, sched) {
+                    return false;
+                }
+                self.by_sched.remove(&sched);
+                if let Some(slot) = self.slots[key.0 as usize].take() {
+                    self.shared.remove(&slot.route);
+                }
+                true
+            }
+            HandoffOp::CancelSource | HandoffOp::CancelDestination => self.cancel(sched),
+            HandoffOp::ActivateDestination => match self.engine.activate(key, sched) {
+                Some(events) => {
+                    if let Some(sink) = self.kv_sink.as_mut() {
+                        if !events.is_empty() {
+                            sink(&events);
+                        }
+                    }
+                    true
+                }
+                None => false,
+            },
         }
     }
 
@@ -151,6 +261,14 @@ impl RankState {
             if slot.route.sched_id != o.uuid {
                 continue;
             }
+            let held = o.completed && !o.rejected && slot.source.is_some();
+            let handoff_delay_ms = match &slot.source {
+                Some((h, timing)) if held => {
+                    h.send(HandoffEvent::SourceHeld { transfer_timing: *timing });
+                    timing.delay_ms(None)
+                }
+                _ => None,
+            };
             let signal = OutputSignal {
                 uuid: slot.route.client_id,
                 token_id: o.token_id(),
@@ -158,7 +276,7 @@ impl RankState {
                 completed: o.completed,
                 rejected: o.rejected,
                 cached_tokens: o.cached_tokens.map(|c| c as usize),
-                handoff_delay_ms: None,
+                handoff_delay_ms,
                 sim_time_ns,
                 observed_at,
             };
@@ -167,6 +285,10 @@ impl RankState {
                 self.shared.remove(&slot.route);
             }
             let ok = slot.tx.try_send(signal).is_ok();
+            if held {
+                // The source's KV stays held (slot and id kept) until release or cancel.
+                continue;
+            }
             if o.completed || !ok {
                 let slot = self.slots[o.key.0 as usize].take().expect("slot");
                 self.by_sched.remove(&o.uuid);
@@ -241,6 +363,18 @@ impl Actor {
                 let res = r.apply_submit(reg);
                 r.publish_metrics();
                 let _ = reply.send(res);
+            }
+            Command::SubmitHandoff { rank, reg, route, source, reply } => {
+                let r = &mut self.ranks[rank as usize];
+                let res = r.apply_submission(reg, Some((route, source)));
+                r.publish_metrics();
+                let _ = reply.send(res);
+            }
+            Command::Handoff { rank, route, op, reply } => {
+                let r = &mut self.ranks[rank as usize];
+                let applied = !r.retired && r.apply_handoff(&route, op);
+                r.publish_metrics();
+                let _ = reply.send(applied);
             }
             Command::ResetPrefixCache { rank, reply } => {
                 let r = &mut self.ranks[rank as usize];

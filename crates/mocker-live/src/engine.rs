@@ -104,11 +104,12 @@ impl Group {
     }
 }
 
-struct Rank {
+/// One rank's client-side state (shared by its `LiveEngine` clones).
+pub(crate) struct Rank {
     id: usize,
     rank: u32,
     group: Arc<Group>,
-    shared: Arc<RankShared>,
+    pub(crate) shared: Arc<RankShared>,
     cmd: mpsc::Sender<Command>,
     cancel: mpsc::Sender<CancelMsg>,
     metrics: watch::Receiver<EngineMetrics>,
@@ -169,14 +170,16 @@ impl LiveEngine {
             .map_err(|e| LiveError::InvalidArguments(e.to_string()))?;
             let (mtx, mrx) = watch::channel(engine.metrics());
             let shared = RankShared::new();
-            states.push(RankState::new(
+            let mut state = RankState::new(
                 engine,
                 shared.clone(),
                 mtx,
                 o.kv_events,
                 o.forward_pass_metrics,
                 o.admissions,
-            ));
+            );
+            state.transfer = crate::handoff::HandoffTransferTiming::from_config(&config, 0);
+            states.push(state);
             ranks.push((r as u32, shared, mrx, o.buffering));
         }
         let actor = Actor::new(states, cmd_rx, cancel_rx, token.clone(), epoch);
@@ -200,8 +203,43 @@ impl LiveEngine {
             .collect())
     }
 
-    fn is_running(&self) -> bool {
+    pub(crate) fn is_running(&self) -> bool {
         self.inner.shared.is_running() && !self.inner.group.token.is_cancelled()
+    }
+
+    pub(crate) fn rank(&self) -> &Arc<Rank> {
+        &self.inner
+    }
+
+    pub(crate) fn from_rank(inner: Arc<Rank>) -> Self {
+        Self { inner }
+    }
+
+    pub(crate) async fn command(&self, cmd: Command) -> Result<(), LiveError> {
+        self.inner.cmd.send(cmd).await.map_err(|_| LiveError::NotAcceptingCommands)
+    }
+
+    /// Submits one side of a handoff (see `LiveHandoffControl`).
+    pub(crate) async fn submit_handoff(
+        &self,
+        mut registration: LiveRequestRegistration,
+        route: Arc<crate::handoff::HandoffRoute>,
+        source: bool,
+    ) -> Result<(), LiveError> {
+        if registration.engine_id != self.inner.id {
+            return Err(LiveError::ForeignRegistration);
+        }
+        let reg = registration.inner.take().ok_or(LiveError::ForeignRegistration)?;
+        if !self.is_running() {
+            return Err(LiveError::NotRunning);
+        }
+        let (tx, rx) = oneshot::channel();
+        self.command(Command::SubmitHandoff { rank: self.inner.rank, reg, route, source, reply: tx }).await?;
+        match rx.await {
+            Ok(r) => r,
+            Err(_) if !self.is_running() => Err(LiveError::NotRunning),
+            Err(_) => Err(LiveError::CommandAckDropped),
+        }
     }
 
     fn lanes(&self) -> Lanes {
@@ -325,6 +363,7 @@ impl LiveEngine {
                 let group = inner.group.shutdown().await;
                 let failure = inner.shared.failure.lock().expect("failure").clone();
                 let left = inner.shared.len();
+                let left_handoffs = inner.shared.handoffs.lock().expect("handoffs").len();
                 inner.shared.stop();
                 group?;
                 if let Some(e) = failure {
@@ -332,6 +371,9 @@ impl LiveEngine {
                 }
                 if left > 0 {
                     return Err(LiveError::LeakedRoutes);
+                }
+                if left_handoffs > 0 {
+                    return Err(LiveError::LeakedHandoffRoutes);
                 }
                 Ok(())
             })
