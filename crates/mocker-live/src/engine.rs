@@ -120,7 +120,17 @@ pub(crate) struct Rank {
 impl Drop for Rank {
     fn drop(&mut self) {
         // Retire only this rank's requests; the actor ends when every rank is gone.
-        let _ = self.cancel.try_send(CancelMsg::Retire { rank: self.rank });
+        if let Err(mpsc::error::TrySendError::Full(msg)) =
+            self.cancel.try_send(CancelMsg::Retire { rank: self.rank })
+        {
+            // Never lose a retirement to a full lane: deliver it from a task.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let lane = self.cancel.clone();
+                rt.spawn(async move {
+                    let _ = lane.send(msg).await;
+                });
+            }
+        }
     }
 }
 

@@ -159,3 +159,41 @@ async fn reset_prefix_cache_emits_cleared_through_the_sink() {
     assert_eq!(e.metrics().borrow().inactive_blocks, 0);
     e.shutdown().await.unwrap();
 }
+
+// Property 42: two ranks, 100 ms fixed pass: nothing at 99 ms, both at 100 ms.
+#[tokio::test(start_paused = true)]
+async fn p42_grouped_pass_completes_for_both_ranks_at_the_modelled_end() {
+    let ranks =
+        LiveEngine::start_group(fixed_config(100.0, 1.0), vec![Default::default(), Default::default()])
+            .unwrap();
+    let t0 = ranks[0].started_at();
+    let (a, b) = tokio::join!(ranks[0].submit(planned(0, 8, &[1])), ranks[1].submit(planned(0, 8, &[2])));
+    let (mut a, mut b) = (a.unwrap(), b.unwrap());
+    tokio::time::sleep_until(t0 + Duration::from_millis(99)).await;
+    assert!(timeout(Duration::ZERO, a.recv()).await.is_err());
+    assert!(timeout(Duration::ZERO, b.recv()).await.is_err());
+    let (oa, ob) = (a.recv().await.unwrap(), b.recv().await.unwrap());
+    assert_eq!((oa.sim_time_ns, ob.sim_time_ns), (100_000_000, 100_000_000));
+    assert_eq!(oa.observed_at, ob.observed_at, "one boundary for the group");
+    ranks[1].shutdown().await.unwrap();
+    ranks[0].shutdown().await.unwrap();
+}
+
+// §8: a failed actor (here: a panicking sink) closes every stream promptly; later
+// submissions fail clearly and shutdown reports the task failure.
+#[tokio::test(start_paused = true)]
+async fn a_failed_actor_closes_streams_and_is_reported() {
+    let options = LiveOptions {
+        forward_pass_metrics: Some(Box::new(|_| panic!("injected sink failure"))),
+        ..Default::default()
+    };
+    let e = LiveEngine::start(fixed_config(10.0, 1.0), options).unwrap();
+    let mut s = e.submit(generated(0, 8, 5)).await.unwrap();
+    assert!(timeout(Duration::from_secs(1), s.recv()).await.unwrap().is_none());
+    assert_eq!(e.active_request_count(), 0);
+    let err = e.submit(generated(0, 8, 1)).await.unwrap_err();
+    assert!(err.to_string().contains("not running"), "{err}");
+    let err = e.shutdown().await.unwrap_err();
+    assert!(err.to_string().contains("scheduler task failed"), "{err}");
+    assert_eq!(e.shutdown().await.unwrap_err(), err);
+}
