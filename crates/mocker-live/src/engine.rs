@@ -14,8 +14,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::actor::{Actor, CancelMsg, Command, Lanes, RankState};
+use crate::actor::{Actor, CancelMsg, Command, Lanes};
 use crate::error::LiveError;
+use crate::rank::RankState;
 use crate::request::{cancel_route, LiveRequest, LiveRequestRegistration, ObservedAdmission, Registered};
 use crate::route::{RankShared, Route};
 

@@ -11,6 +11,7 @@ mod engine;
 mod error;
 mod handoff;
 mod ids;
+mod rank;
 mod request;
 mod route;
 
