@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use mocker_core::metrics::ForwardPassMetrics;
 use mocker_core::SeqKey;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -260,8 +261,22 @@ impl Actor {
             }
             self.now_ns = end;
             boundary_at = Instant::now();
+            let group = self.ranks.len() > 1;
             for r in &mut self.ranks {
                 if !r.stepped {
+                    // An idle sibling crosses the shared boundary too: it reports an empty
+                    // pass lasting the group's pass.
+                    if group && !r.retired {
+                        if let Some(sink) = r.fpm_sink.as_mut() {
+                            let m = ForwardPassMetrics {
+                                dp_rank: r.engine.metrics().dp_rank,
+                                num_queued_requests: r.engine.metrics().waiting_requests,
+                                wall_time_secs: (end - start) as f64 / 1e9,
+                                ..Default::default()
+                            };
+                            sink(&m);
+                        }
+                    }
                     continue;
                 }
                 let pass = r.engine.last_pass();
@@ -295,6 +310,13 @@ impl Drop for Actor {
         for r in &mut self.ranks {
             r.shared.stop();
             r.slots.clear();
+            // Nothing runs any more: leave the watch at an idle snapshot (totals kept).
+            let mut m = r.engine.metrics();
+            m.running_requests = 0;
+            m.waiting_requests = 0;
+            m.active_blocks = 0;
+            m.gpu_cache_usage_perc = 0.0;
+            r.metrics.send_replace(m);
         }
     }
 }

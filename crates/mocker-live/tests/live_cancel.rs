@@ -99,7 +99,8 @@ async fn p10_dropping_an_active_request_cleans_up_and_frees_the_id() {
     config.speedup_ratio = 0.1;
     let e = LiveEngine::start(config, LiveOptions::default()).unwrap();
     let mut s = e.submit(generated(5, 8, 100)).await.unwrap();
-    assert!(s.recv().await.is_some());
+    assert!(!s.recv().await.unwrap().rejected);
+    assert_eq!(e.metrics().borrow().running_requests, 1);
     drop(s);
     timeout(Duration::from_secs(3), wait_idle(&e)).await.unwrap();
     assert_eq!(e.metrics().borrow().active_blocks, 0);
