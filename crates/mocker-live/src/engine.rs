@@ -4,7 +4,7 @@ use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use mocker_core::config::EngineConfig;
+use mocker_core::config::{EngineConfig, LaunchConfig};
 use mocker_core::events::KvEvent;
 use mocker_core::metrics::{EngineMetrics, ForwardPassMetrics};
 use mocker_core::{Engine, EngineOptions, Request};
@@ -166,6 +166,8 @@ impl LiveEngine {
                 "dp_size: a group needs at least one options value (one per DP rank)".into(),
             ));
         }
+        let launch = LaunchConfig { engine: config.clone(), dp_size: options.len(), ..Default::default() };
+        launch.validate().map_err(|e| LiveError::InvalidArguments(e.to_string()))?;
         let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_LANE);
         let (cancel_tx, cancel_rx) = mpsc::channel(CANCEL_LANE);
         let token = CancellationToken::new();
