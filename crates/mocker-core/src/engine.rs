@@ -5,7 +5,7 @@ use crate::events::KvEvent;
 use crate::kv::BlockPool;
 use crate::metrics::EngineMetrics;
 use crate::request::{Request, SeqKey};
-use crate::scheduler::vllm::VllmScheduler;
+use crate::scheduler::vllm::{Reservation, ReserveError, VllmScheduler};
 use crate::scheduler::{Pass, PrefixCacheBusy, SchedulerOptions, SubmitError};
 use crate::timing::{build_timing_model, TimingModelError};
 
@@ -84,6 +84,34 @@ impl Engine {
     /// [`Engine::cancel`] by the key `submit` returned; `uuid` guards against a reused key.
     pub fn cancel_key(&mut self, key: SeqKey, uuid: u128) -> bool {
         self.scheduler.cancel(key, uuid)
+    }
+
+    /// Queues a disaggregation source: when it finishes, its KV stays held (for the
+    /// transfer) until [`Engine::release_held`] or a cancellation.
+    pub fn submit_held(&mut self, request: Request) -> Result<SeqKey, EngineError> {
+        Ok(self.scheduler.submit_held(request)?)
+    }
+
+    /// Frees a finished source's held KV; false when `key` is not a held source.
+    pub fn release_held(&mut self, key: SeqKey, uuid: u128) -> bool {
+        self.scheduler.release_held(key, uuid)
+    }
+
+    /// Reserves a disaggregation destination's prompt blocks now; it decodes after
+    /// [`Engine::activate`].
+    pub fn reserve(&mut self, request: Request) -> Result<Reservation, ReserveError> {
+        self.scheduler.reserve(request)
+    }
+
+    /// Activates a reserved destination (its prompt KV has arrived); returns the Stored
+    /// events of its prompt blocks, or `None` when `key` is not a reserved destination.
+    pub fn activate(&mut self, key: SeqKey, uuid: u128) -> Option<Vec<KvEvent>> {
+        self.scheduler.activate(key, uuid)
+    }
+
+    /// Held sources plus reserved destinations (outside the running and waiting queues).
+    pub fn num_parked(&self) -> usize {
+        self.scheduler.num_parked()
     }
 
     /// Whether the engine holds requests (a pass would do something).

@@ -76,3 +76,68 @@ fn cancelling_a_request_finished_in_the_last_pass_suppresses_its_terminal() {
     assert!(!e.cancel(3));
     assert_eq!(e.pool().num_active(), 0);
 }
+
+// Disaggregated handoff in the core: a held source and a reserved destination.
+
+#[test]
+fn a_held_source_keeps_its_kv_until_released() {
+    let mut e = engine();
+    let key = e.submit_held(req(11, 16, 1)).unwrap();
+    let pass = e.step(0);
+    assert!(pass.outputs[0].completed);
+    assert!(!e.has_work(), "a held source is idle: no effect-free passes");
+    assert_eq!(e.num_parked(), 1);
+    assert_eq!(e.pool().num_active(), 4);
+    assert!(!e.release_held(key, 12), "uuid guards the key");
+    assert!(e.release_held(key, 11));
+    assert!(!e.release_held(key, 11));
+    assert_eq!((e.pool().num_active(), e.num_parked()), (0, 0));
+    // Cancelling a held source frees it too.
+    e.submit_held(req(12, 16, 1)).unwrap();
+    let now = e.last_pass().end_ns;
+    e.step(now);
+    assert_eq!(e.pool().num_active(), 4);
+    assert!(e.cancel(12));
+    assert_eq!((e.pool().num_active(), e.num_parked()), (0, 0));
+    e.pool().check_invariants().unwrap();
+}
+
+#[test]
+fn a_reserved_destination_decodes_after_activation() {
+    let config = EngineConfig {
+        num_gpu_blocks: 64,
+        block_size: 4,
+        max_num_batched_tokens: 64,
+        timing_model: TimingModelConfig::Fixed { prefill_ms: 10.0, decode_ms: 1.0 },
+        ..Default::default()
+    };
+    let mut e = Engine::new(EngineOptions { config, record_kv_events: true, ..Default::default() }).unwrap();
+    let r = e.reserve(req(21, 16, 2)).unwrap();
+    assert_eq!(r.transferable_prompt_tokens, 16);
+    assert_eq!(e.pool().num_active(), 4);
+    assert!(!e.has_work(), "reserved, not scheduled");
+    assert!(e.activate(r.key, 22).is_none());
+    let events = e.activate(r.key, 21).unwrap();
+    assert_eq!(events.len(), 1, "one Stored run for the 4 prompt blocks");
+    assert!(e.activate(r.key, 21).is_none(), "activates once");
+    let pass = e.step(0);
+    // The first pass is a decode pass (prompt KV is present): 1 ms, token 0.
+    assert_eq!(pass.end_ns, 1_000_000);
+    assert_eq!((pass.outputs[0].index, pass.outputs[0].cached_tokens), (0, Some(0)));
+    assert_eq!(pass.metrics.num_decode_requests, 1);
+    assert_eq!(pass.metrics.sum_prefill_tokens, 0);
+    let end = pass.end_ns;
+    let pass = e.step(end);
+    assert!(pass.outputs[0].completed);
+    assert_eq!(e.pool().num_active(), 0);
+    // A second reservation of the same prompt reuses the resident blocks.
+    let r2 = e.reserve(req(23, 16, 1)).unwrap();
+    assert_eq!((r2.transferable_prompt_tokens, r2.cached_tokens), (0, 16));
+    assert!(e.cancel(23));
+    assert_eq!(e.pool().num_active(), 0);
+    // A reservation that cannot fit fails cleanly.
+    let err = e.reserve(req(24, 400, 1)).unwrap_err();
+    assert!(err.to_string().contains("cannot reserve"), "{err}");
+    assert_eq!(e.num_parked(), 0);
+    e.pool().check_invariants().unwrap();
+}

@@ -5,23 +5,54 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mocker_core::metrics::EngineMetrics;
-use mocker_core::{Engine, SeqKey};
-use rustc_hash::FxHashMap;
-use tokio::sync::{mpsc, oneshot, watch};
+use mocker_core::metrics::ForwardPassMetrics;
+use mocker_core::SeqKey;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::{FpmSink, KvEventSink};
 use crate::error::LiveError;
-use crate::request::{ObservedAdmission, OutputSignal, Registered};
-use crate::route::{RankShared, Route, RouteState};
+use crate::handoff::HandoffRoute;
+use crate::rank::RankState;
+use crate::request::{ObservedAdmission, Registered};
 
 /// Commands applied at pass boundaries (or at once when idle).
 #[derive(Debug)]
 pub(crate) enum Command {
-    Submit { rank: u32, reg: Registered, reply: oneshot::Sender<Result<(), LiveError>> },
-    ResetPrefixCache { rank: u32, reply: oneshot::Sender<Result<(), LiveError>> },
+    Submit {
+        rank: u32,
+        reg: Registered,
+        reply: oneshot::Sender<Result<(), LiveError>>,
+    },
+    ResetPrefixCache {
+        rank: u32,
+        reply: oneshot::Sender<Result<(), LiveError>>,
+    },
+    /// Submit one side of a handoff: the source (held after finishing) or the destination
+    /// (reserved until activated).
+    SubmitHandoff {
+        rank: u32,
+        reg: Registered,
+        route: Arc<HandoffRoute>,
+        source: bool,
+        reply: oneshot::Sender<Result<(), LiveError>>,
+    },
+    /// A handoff lifecycle command; the reply says whether it was applied.
+    Handoff {
+        rank: u32,
+        route: Arc<HandoffRoute>,
+        op: HandoffOp,
+        reply: oneshot::Sender<bool>,
+    },
+}
+
+/// Handoff lifecycle commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HandoffOp {
+    ReleaseSource,
+    CancelSource,
+    CancelDestination,
+    ActivateDestination,
 }
 
 /// Messages of the cancellation lane, served even in the middle of a pass.
@@ -37,152 +68,6 @@ pub(crate) enum CancelMsg {
 #[derive(Debug, Clone)]
 pub(crate) struct Lanes {
     pub cancel: mpsc::WeakSender<CancelMsg>,
-}
-
-struct Slot {
-    route: Arc<Route>,
-    tx: mpsc::Sender<OutputSignal>,
-}
-
-/// Everything the actor keeps for one rank.
-pub(crate) struct RankState {
-    pub engine: Engine,
-    pub shared: Arc<RankShared>,
-    pub metrics: watch::Sender<EngineMetrics>,
-    pub kv_sink: Option<KvEventSink>,
-    pub fpm_sink: Option<FpmSink>,
-    pub admissions: Option<mpsc::UnboundedSender<ObservedAdmission>>,
-    slots: Vec<Option<Slot>>,
-    by_sched: FxHashMap<u128, SeqKey>,
-    retired: bool,
-    stepped: bool,
-}
-
-impl RankState {
-    pub fn new(
-        engine: Engine,
-        shared: Arc<RankShared>,
-        metrics: watch::Sender<EngineMetrics>,
-        kv_sink: Option<KvEventSink>,
-        fpm_sink: Option<FpmSink>,
-        admissions: Option<mpsc::UnboundedSender<ObservedAdmission>>,
-    ) -> Self {
-        Self {
-            engine,
-            shared,
-            metrics,
-            kv_sink,
-            fpm_sink,
-            admissions,
-            slots: Vec::new(),
-            by_sched: FxHashMap::default(),
-            retired: false,
-            stepped: false,
-        }
-    }
-
-    fn publish_metrics(&self) {
-        let m = self.engine.metrics();
-        self.metrics.send_if_modified(|old| {
-            let changed = *old != m;
-            *old = m;
-            changed
-        });
-    }
-
-    /// Removes one submission from the core and closes its stream.
-    fn cancel(&mut self, sched_id: u128) -> bool {
-        let Some(key) = self.by_sched.remove(&sched_id) else { return false };
-        let applied = self.engine.cancel_key(key, sched_id);
-        if let Some(slot) = self.slots[key.0 as usize].take() {
-            self.shared.remove(&slot.route);
-        }
-        applied
-    }
-
-    /// Cancels every request of the rank and refuses new ones.
-    fn retire(&mut self) {
-        self.retired = true;
-        let ids: Vec<u128> = self.by_sched.keys().copied().collect();
-        for id in ids {
-            self.cancel(id);
-        }
-        self.shared.stop();
-        self.publish_metrics();
-    }
-
-    fn apply_submit(&mut self, mut reg: Registered) -> Result<(), LiveError> {
-        let route = reg.route.take().expect("unapplied registration");
-        if self.retired || !self.shared.is_running() {
-            self.shared.remove(&route);
-            return Err(LiveError::NotRunning);
-        }
-        if reg.tx.is_closed() {
-            // The stream was dropped before admission: nothing to run.
-            self.shared.remove(&route);
-            return Ok(());
-        }
-        let request = std::mem::take(&mut reg.request);
-        match self.engine.submit(request) {
-            Ok(key) => {
-                let i = key.0 as usize;
-                if self.slots.len() <= i {
-                    self.slots.resize_with(i + 1, || None);
-                }
-                self.by_sched.insert(route.sched_id, key);
-                route.set(RouteState::Active);
-                self.slots[i] = Some(Slot { route, tx: reg.tx.clone() });
-                Ok(())
-            }
-            Err(e) => {
-                self.shared.remove(&route);
-                Err(LiveError::InvalidRequest { id: route.client_id, message: e.to_string() })
-            }
-        }
-    }
-
-    /// Hands the last pass's outputs to their streams; streams that are full or closed are
-    /// cancelled now, at the same boundary, so no further pass runs with them.
-    fn dispatch(&mut self, sim_time_ns: u64, failed: &mut Vec<(SeqKey, u128)>) {
-        let observed_at = Instant::now();
-        let pass = self.engine.last_pass();
-        for o in pass.all_outputs() {
-            let Some(slot) = self.slots.get(o.key.0 as usize).and_then(Option::as_ref) else { continue };
-            if slot.route.sched_id != o.uuid {
-                continue;
-            }
-            let signal = OutputSignal {
-                uuid: slot.route.client_id,
-                token_id: o.token_id(),
-                index: o.index,
-                completed: o.completed,
-                rejected: o.rejected,
-                cached_tokens: o.cached_tokens.map(|c| c as usize),
-                handoff_delay_ms: None,
-                sim_time_ns,
-                observed_at,
-            };
-            if o.completed {
-                // Unregister before the terminal is readable, so the id is free by then.
-                self.shared.remove(&slot.route);
-            }
-            let ok = slot.tx.try_send(signal).is_ok();
-            if o.completed || !ok {
-                let slot = self.slots[o.key.0 as usize].take().expect("slot");
-                self.by_sched.remove(&o.uuid);
-                if !ok {
-                    self.shared.remove(&slot.route);
-                    if !o.completed {
-                        failed.push((o.key, o.uuid));
-                    }
-                }
-            }
-        }
-        for &(key, uuid) in failed.iter() {
-            self.engine.cancel_key(key, uuid);
-        }
-        failed.clear();
-    }
 }
 
 /// The actor of one group.
@@ -241,6 +126,18 @@ impl Actor {
                 let res = r.apply_submit(reg);
                 r.publish_metrics();
                 let _ = reply.send(res);
+            }
+            Command::SubmitHandoff { rank, reg, route, source, reply } => {
+                let r = &mut self.ranks[rank as usize];
+                let res = r.apply_submission(reg, Some((route, source)));
+                r.publish_metrics();
+                let _ = reply.send(res);
+            }
+            Command::Handoff { rank, route, op, reply } => {
+                let r = &mut self.ranks[rank as usize];
+                let applied = !r.retired && r.apply_handoff(&route, op);
+                r.publish_metrics();
+                let _ = reply.send(applied);
             }
             Command::ResetPrefixCache { rank, reply } => {
                 let r = &mut self.ranks[rank as usize];
@@ -364,8 +261,22 @@ impl Actor {
             }
             self.now_ns = end;
             boundary_at = Instant::now();
+            let group = self.ranks.len() > 1;
             for r in &mut self.ranks {
                 if !r.stepped {
+                    // An idle sibling crosses the shared boundary too: it reports an empty
+                    // pass lasting the group's pass.
+                    if group && !r.retired {
+                        if let Some(sink) = r.fpm_sink.as_mut() {
+                            let m = ForwardPassMetrics {
+                                dp_rank: r.engine.metrics().dp_rank,
+                                num_queued_requests: r.engine.metrics().waiting_requests,
+                                wall_time_secs: (end - start) as f64 / 1e9,
+                                ..Default::default()
+                            };
+                            sink(&m);
+                        }
+                    }
                     continue;
                 }
                 let pass = r.engine.last_pass();
@@ -399,6 +310,13 @@ impl Drop for Actor {
         for r in &mut self.ranks {
             r.shared.stop();
             r.slots.clear();
+            // Nothing runs any more: leave the watch at an idle snapshot (totals kept).
+            let mut m = r.engine.metrics();
+            m.running_requests = 0;
+            m.waiting_requests = 0;
+            m.active_blocks = 0;
+            m.gpu_cache_usage_perc = 0.0;
+            r.metrics.send_replace(m);
         }
     }
 }

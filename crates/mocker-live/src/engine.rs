@@ -4,7 +4,7 @@ use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use mocker_core::config::EngineConfig;
+use mocker_core::config::{EngineConfig, LaunchConfig};
 use mocker_core::events::KvEvent;
 use mocker_core::metrics::{EngineMetrics, ForwardPassMetrics};
 use mocker_core::{Engine, EngineOptions, Request};
@@ -14,8 +14,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::actor::{Actor, CancelMsg, Command, Lanes, RankState};
+use crate::actor::{Actor, CancelMsg, Command, Lanes};
 use crate::error::LiveError;
+use crate::rank::RankState;
 use crate::request::{cancel_route, LiveRequest, LiveRequestRegistration, ObservedAdmission, Registered};
 use crate::route::{RankShared, Route};
 
@@ -104,11 +105,12 @@ impl Group {
     }
 }
 
-struct Rank {
+/// One rank's client-side state (shared by its `LiveEngine` clones).
+pub(crate) struct Rank {
     id: usize,
     rank: u32,
     group: Arc<Group>,
-    shared: Arc<RankShared>,
+    pub(crate) shared: Arc<RankShared>,
     cmd: mpsc::Sender<Command>,
     cancel: mpsc::Sender<CancelMsg>,
     metrics: watch::Receiver<EngineMetrics>,
@@ -119,7 +121,17 @@ struct Rank {
 impl Drop for Rank {
     fn drop(&mut self) {
         // Retire only this rank's requests; the actor ends when every rank is gone.
-        let _ = self.cancel.try_send(CancelMsg::Retire { rank: self.rank });
+        if let Err(mpsc::error::TrySendError::Full(msg)) =
+            self.cancel.try_send(CancelMsg::Retire { rank: self.rank })
+        {
+            // Never lose a retirement to a full lane: deliver it from a task.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let lane = self.cancel.clone();
+                rt.spawn(async move {
+                    let _ = lane.send(msg).await;
+                });
+            }
+        }
     }
 }
 
@@ -154,6 +166,8 @@ impl LiveEngine {
                 "dp_size: a group needs at least one options value (one per DP rank)".into(),
             ));
         }
+        let launch = LaunchConfig { engine: config.clone(), dp_size: options.len(), ..Default::default() };
+        launch.validate().map_err(|e| LiveError::InvalidArguments(e.to_string()))?;
         let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_LANE);
         let (cancel_tx, cancel_rx) = mpsc::channel(CANCEL_LANE);
         let token = CancellationToken::new();
@@ -169,14 +183,16 @@ impl LiveEngine {
             .map_err(|e| LiveError::InvalidArguments(e.to_string()))?;
             let (mtx, mrx) = watch::channel(engine.metrics());
             let shared = RankShared::new();
-            states.push(RankState::new(
+            let mut state = RankState::new(
                 engine,
                 shared.clone(),
                 mtx,
                 o.kv_events,
                 o.forward_pass_metrics,
                 o.admissions,
-            ));
+            );
+            state.transfer = crate::handoff::HandoffTransferTiming::from_config(&config, 0);
+            states.push(state);
             ranks.push((r as u32, shared, mrx, o.buffering));
         }
         let actor = Actor::new(states, cmd_rx, cancel_rx, token.clone(), epoch);
@@ -200,8 +216,43 @@ impl LiveEngine {
             .collect())
     }
 
-    fn is_running(&self) -> bool {
+    pub(crate) fn is_running(&self) -> bool {
         self.inner.shared.is_running() && !self.inner.group.token.is_cancelled()
+    }
+
+    pub(crate) fn rank(&self) -> &Arc<Rank> {
+        &self.inner
+    }
+
+    pub(crate) fn from_rank(inner: Arc<Rank>) -> Self {
+        Self { inner }
+    }
+
+    pub(crate) async fn command(&self, cmd: Command) -> Result<(), LiveError> {
+        self.inner.cmd.send(cmd).await.map_err(|_| LiveError::NotAcceptingCommands)
+    }
+
+    /// Submits one side of a handoff (see `LiveHandoffControl`).
+    pub(crate) async fn submit_handoff(
+        &self,
+        mut registration: LiveRequestRegistration,
+        route: Arc<crate::handoff::HandoffRoute>,
+        source: bool,
+    ) -> Result<(), LiveError> {
+        if registration.engine_id != self.inner.id {
+            return Err(LiveError::ForeignRegistration);
+        }
+        let reg = registration.inner.take().ok_or(LiveError::ForeignRegistration)?;
+        if !self.is_running() {
+            return Err(LiveError::NotRunning);
+        }
+        let (tx, rx) = oneshot::channel();
+        self.command(Command::SubmitHandoff { rank: self.inner.rank, reg, route, source, reply: tx }).await?;
+        match rx.await {
+            Ok(r) => r,
+            Err(_) if !self.is_running() => Err(LiveError::NotRunning),
+            Err(_) => Err(LiveError::CommandAckDropped),
+        }
     }
 
     fn lanes(&self) -> Lanes {
@@ -325,6 +376,7 @@ impl LiveEngine {
                 let group = inner.group.shutdown().await;
                 let failure = inner.shared.failure.lock().expect("failure").clone();
                 let left = inner.shared.len();
+                let left_handoffs = inner.shared.handoffs.lock().expect("handoffs").len();
                 inner.shared.stop();
                 group?;
                 if let Some(e) = failure {
@@ -332,6 +384,9 @@ impl LiveEngine {
                 }
                 if left > 0 {
                     return Err(LiveError::LeakedRoutes);
+                }
+                if left_handoffs > 0 {
+                    return Err(LiveError::LeakedHandoffRoutes);
                 }
                 Ok(())
             })

@@ -60,4 +60,22 @@ pub enum LiveError {
     /// Routes survived shutdown (a bug, reported rather than hidden).
     #[error("live Mocker shutdown left active request routes")]
     LeakedRoutes,
+    /// `register_handoff` for an id whose route is still registered.
+    #[error("handoff HandoffId({0}) already has a lifecycle route")]
+    HandoffRouteExists(uuid::Uuid),
+    /// `register_handoff` while the previous generation still runs a command.
+    #[error("handoff HandoffId({0}) still has a scheduler command in progress")]
+    HandoffCommandInProgress(uuid::Uuid),
+    /// A control of an earlier registration of the id.
+    #[error("handoff HandoffId({0}) control belongs to an earlier registration")]
+    StaleHandoffControl(uuid::Uuid),
+    /// The route's events were dropped before a submission through it.
+    #[error("handoff HandoffId({0}) lifecycle route is no longer registered")]
+    HandoffRouteGone(uuid::Uuid),
+    /// The scheduler could not apply a handoff command.
+    #[error("unexpected scheduler handoff result for HandoffId({0}): {1}")]
+    UnexpectedHandoffResult(uuid::Uuid, String),
+    /// Handoff routes survived shutdown.
+    #[error("live Mocker shutdown left active handoff routes")]
+    LeakedHandoffRoutes,
 }

@@ -9,11 +9,17 @@
 mod actor;
 mod engine;
 mod error;
+mod handoff;
 mod ids;
+mod rank;
 mod request;
 mod route;
 
 pub use engine::{FpmSink, KvEventSink, LiveEngine, LiveOptions, OutputBuffering};
 pub use error::LiveError;
+pub use handoff::{
+    handoff_order, HandoffEvent, HandoffId, HandoffOrder, HandoffTransferTiming, LiveHandoffControl,
+    LiveHandoffEvents,
+};
 pub use ids::{deterministic_output_tokens, stable_request_uuid};
 pub use request::{LiveRequest, LiveRequestRegistration, ObservedAdmission, OutputSignal};

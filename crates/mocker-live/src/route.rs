@@ -64,6 +64,8 @@ pub(crate) struct RankShared {
     pub running: AtomicBool,
     /// A rank-level failure (e.g. the admission receiver closed), reported by `shutdown`.
     pub failure: Mutex<Option<crate::error::LiveError>>,
+    /// Handoff lifecycle routes.
+    pub handoffs: Mutex<crate::handoff::HandoffTable>,
 }
 
 impl RankShared {
@@ -112,6 +114,7 @@ impl RankShared {
         for (_, r) in drained {
             r.set(RouteState::Closed);
         }
+        self.handoffs.lock().expect("handoffs").close_all();
     }
 
     pub fn fail(&self, e: LiveError) {

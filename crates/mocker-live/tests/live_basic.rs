@@ -17,6 +17,18 @@ fn start_outside_a_runtime_is_a_clear_error() {
     assert!(e.to_string().contains("requires an active Tokio runtime"));
 }
 
+// Invalid arguments are refused with the field named; nothing is started.
+#[tokio::test]
+async fn invalid_engine_arguments_are_refused() {
+    let mut config = test_config();
+    config.block_size = 0;
+    let e = LiveEngine::start(config, LiveOptions::default()).unwrap_err();
+    assert!(e.to_string().starts_with("invalid Mocker engine arguments"), "{e}");
+    assert!(e.to_string().contains("block_size"), "{e}");
+    let e = LiveEngine::start_group(test_config(), Vec::new()).unwrap_err();
+    assert!(e.to_string().contains("dp_size"), "{e}");
+}
+
 // Property 3: planned tokens stream to their owner, count 0 once the terminal is read.
 #[tokio::test(start_paused = true)]
 async fn p03_planned_tokens_stream_to_the_owner() {

@@ -13,9 +13,10 @@ use tokio::time::timeout;
 // Property 15: dropping the engine closes outstanding streams promptly.
 #[tokio::test(start_paused = true)]
 async fn p15_dropping_the_engine_closes_outstanding_streams() {
-    let e = LiveEngine::start(test_config(), LiveOptions::default()).unwrap();
-    let mut s = e.submit(generated(0, 256, 10_000)).await.unwrap();
-    assert!(s.recv().await.is_some());
+    let e = LiveEngine::start(fixed_config(10.0, 10.0), LiveOptions::default()).unwrap();
+    let mut s = e.submit(generated(0, 256, 200)).await.unwrap();
+    assert!(!s.recv().await.unwrap().rejected);
+    assert_eq!(e.metrics().borrow().running_requests, 1);
     drop(e);
     let closed = timeout(Duration::from_secs(1), async { while s.recv().await.is_some() {} }).await;
     assert!(closed.is_ok(), "stream still open 1 s after the engine was dropped");
@@ -36,13 +37,17 @@ async fn p17_shutdown_resolves_after_the_actor_and_its_sinks_are_gone() {
     };
     drop(marker);
     let e = LiveEngine::start(test_config(), options).unwrap();
-    let mut s = e.submit(generated(0, 64, 1000)).await.unwrap();
-    assert!(s.recv().await.is_some());
+    let mut s = e.submit(generated(0, 64, 200)).await.unwrap();
+    assert!(!s.recv().await.unwrap().rejected);
     let (reg, mut prepared) = e.prepare_request(generated(0, 8, 1)).unwrap();
     assert!(weak.upgrade().is_some());
+    assert_eq!(e.metrics().borrow().running_requests, 1, "{:?}", *e.metrics().borrow());
     e.shutdown().await.unwrap();
     assert!(weak.upgrade().is_none(), "the KV sink outlived shutdown");
     assert_eq!(e.active_request_count(), 0);
+    let m = *e.metrics().borrow();
+    assert_eq!((m.running_requests, m.waiting_requests, m.active_blocks), (0, 0, 0), "metrics back to idle");
+    assert!(e.metrics().has_changed().is_err(), "the metrics sender (actor) is gone");
     while s.recv().await.is_some() {}
     assert_eq!(e.submit_prepared(reg).await.unwrap_err(), LiveError::NotRunning);
     assert!(prepared.recv().await.is_none());
@@ -104,7 +109,8 @@ async fn p20_dropping_one_rank_retires_only_its_requests() {
     let mut a = r0.submit(generated(0, 8, 50)).await.unwrap();
     let mut b = r1.submit(generated(0, 8, 50)).await.unwrap();
     let m1 = r1.metrics();
-    assert!(b.recv().await.is_some());
+    assert!(!b.recv().await.unwrap().rejected);
+    assert_eq!(m1.borrow().running_requests, 1);
     drop(r1);
     assert!(timeout(Duration::from_secs(1), async { while b.recv().await.is_some() {} }).await.is_ok());
     timeout(Duration::from_secs(1), async {
@@ -158,4 +164,63 @@ async fn reset_prefix_cache_emits_cleared_through_the_sink() {
     assert_eq!(got.last(), Some(&KvEventData::Cleared));
     assert_eq!(e.metrics().borrow().inactive_blocks, 0);
     e.shutdown().await.unwrap();
+}
+
+// Property 42: two ranks, 100 ms fixed pass: nothing at 99 ms, both at 100 ms.
+#[tokio::test(start_paused = true)]
+async fn p42_grouped_pass_completes_for_both_ranks_at_the_modelled_end() {
+    let ranks =
+        LiveEngine::start_group(fixed_config(100.0, 1.0), vec![Default::default(), Default::default()])
+            .unwrap();
+    let t0 = ranks[0].started_at();
+    let (a, b) = tokio::join!(ranks[0].submit(planned(0, 8, &[1])), ranks[1].submit(planned(0, 8, &[2])));
+    let (mut a, mut b) = (a.unwrap(), b.unwrap());
+    tokio::time::sleep_until(t0 + Duration::from_millis(99)).await;
+    assert!(timeout(Duration::ZERO, a.recv()).await.is_err());
+    assert!(timeout(Duration::ZERO, b.recv()).await.is_err());
+    let (oa, ob) = (a.recv().await.unwrap(), b.recv().await.unwrap());
+    assert_eq!((oa.sim_time_ns, ob.sim_time_ns), (100_000_000, 100_000_000));
+    assert_eq!(oa.observed_at, ob.observed_at, "one boundary for the group");
+    ranks[1].shutdown().await.unwrap();
+    ranks[0].shutdown().await.unwrap();
+}
+
+// §8: a failed actor (here: a panicking sink) closes every stream promptly; later
+// submissions fail clearly and shutdown reports the task failure.
+#[tokio::test(start_paused = true)]
+async fn a_failed_actor_closes_streams_and_is_reported() {
+    let options = LiveOptions {
+        forward_pass_metrics: Some(Box::new(|_| panic!("injected sink failure"))),
+        ..Default::default()
+    };
+    let e = LiveEngine::start(fixed_config(10.0, 1.0), options).unwrap();
+    let mut s = e.submit(generated(0, 8, 5)).await.unwrap();
+    assert!(timeout(Duration::from_secs(1), s.recv()).await.unwrap().is_none());
+    assert_eq!(e.active_request_count(), 0);
+    let err = e.submit(generated(0, 8, 1)).await.unwrap_err();
+    assert!(err.to_string().contains("not running"), "{err}");
+    let err = e.shutdown().await.unwrap_err();
+    assert!(err.to_string().contains("scheduler task failed"), "{err}");
+    assert_eq!(e.shutdown().await.unwrap_err(), err);
+}
+
+// Property 47: an idle sibling crossing a shared boundary reports the group's duration.
+#[tokio::test(start_paused = true)]
+async fn p47_idle_sibling_reports_the_group_pass_duration() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (l0, l1) = (log.clone(), log.clone());
+    let o0 = LiveOptions {
+        forward_pass_metrics: Some(Box::new(move |m| l0.lock().unwrap().push((0, m.wall_time_secs)))),
+        ..Default::default()
+    };
+    let o1 = LiveOptions {
+        forward_pass_metrics: Some(Box::new(move |m| l1.lock().unwrap().push((1, m.wall_time_secs)))),
+        ..Default::default()
+    };
+    let ranks = LiveEngine::start_group(fixed_config(100.0, 1.0), vec![o0, o1]).unwrap();
+    let mut s = ranks[0].submit(planned(0, 8, &[1])).await.unwrap();
+    assert!(s.recv().await.unwrap().completed);
+    let got = log.lock().unwrap().clone();
+    assert_eq!(got, vec![(0, 0.1), (1, 0.1)]);
+    ranks[0].shutdown().await.unwrap();
 }

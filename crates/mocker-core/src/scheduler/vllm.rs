@@ -14,11 +14,18 @@ use crate::timing::{scaled_nanos, DecodeShape, PrefillShape, TimingModel};
 
 use super::{Pass, PrefixCacheBusy, SchedulerOptions, SubmitError};
 
+mod handoff;
+pub use handoff::{Reservation, ReserveError};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Status {
     Fresh,
     Running,
     Preempted,
+    /// A disaggregation destination whose prompt blocks are reserved, not yet activated.
+    Reserved,
+    /// A finished disaggregation source that keeps its KV until released.
+    Held,
 }
 
 #[derive(Debug)]
@@ -41,6 +48,8 @@ struct Seq {
     sent_first: bool,
     /// Finished in the current pass; retired once emission is done.
     done: bool,
+    /// Keep the KV after finishing (a disaggregation source), until released.
+    hold: bool,
     /// When and in which pass the previous token was emitted.
     last_token_ns: u64,
     last_token_pass: u64,
@@ -230,6 +239,7 @@ impl VllmScheduler {
             first_cached: None,
             sent_first: false,
             done: false,
+            hold: false,
             last_token_ns: 0,
             last_token_pass: u64::MAX,
             pass_id: u64::MAX,
@@ -313,6 +323,7 @@ impl VllmScheduler {
             } else if let Some(i) = self.waiting.iter().position(|&k| k == key) {
                 self.waiting.remove(i);
             }
+            self.seq_mut(key).hold = false;
             self.retire(key);
         }
         live || suppressed
@@ -847,6 +858,11 @@ impl VllmScheduler {
     }
 
     fn retire(&mut self, key: SeqKey) {
+        if let Some(seq) = self.seqs[key.0 as usize].as_mut().filter(|s| s.hold && s.done) {
+            // A finished source: park it with its blocks until `release_held`.
+            seq.status = Status::Held;
+            return;
+        }
         let mut seq = self.seqs[key.0 as usize].take().expect("live seq");
         self.pool.release(&mut seq.blocks);
         self.retired_slots.push(key.0);

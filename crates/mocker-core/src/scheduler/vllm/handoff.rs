@@ -1,0 +1,140 @@
+//! Disaggregated handoff on the vLLM scheduler: a source request that keeps its KV after
+//! its (prefill) output until released, and a destination whose prompt blocks are reserved
+//! before the transfer and which starts decoding when activated.
+
+use super::{Status, VllmScheduler};
+use crate::events::KvEvent;
+use crate::request::{Request, SeqKey};
+use crate::scheduler::{Pass, SubmitError};
+
+/// A destination reservation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    /// Handle for `activate` / `cancel`.
+    pub key: SeqKey,
+    /// Prompt tokens whose KV must be transferred: the freshly reserved blocks times the
+    /// block size (resident prefix blocks are not transferred).
+    pub transferable_prompt_tokens: usize,
+    /// Prompt tokens already resident (prefix-cache hit).
+    pub cached_tokens: usize,
+    /// Removed events of blocks evicted to make room.
+    pub kv_events: Vec<KvEvent>,
+}
+
+/// Why a destination could not be reserved.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReserveError {
+    /// The request is malformed.
+    #[error(transparent)]
+    Submit(#[from] SubmitError),
+    /// Not enough free blocks now.
+    #[error("request {uuid:#x}: cannot reserve {needed} KV blocks, {available} available")]
+    NoCapacity {
+        /// The request's id.
+        uuid: u128,
+        /// Blocks the prompt needs beyond its resident prefix.
+        needed: usize,
+        /// Blocks free or evictable.
+        available: usize,
+    },
+}
+
+impl VllmScheduler {
+    /// Queues a disaggregation source: it runs like any request, but when it finishes its
+    /// blocks stay referenced (so its KV can be transferred) until [`Self::release_held`]
+    /// or a cancellation.
+    pub fn submit_held(&mut self, request: Request) -> Result<SeqKey, SubmitError> {
+        let key = self.submit(request)?;
+        self.seq_mut(key).hold = true;
+        Ok(key)
+    }
+
+    /// Whether `key` is a finished source holding its KV.
+    pub fn is_held(&self, key: SeqKey, uuid: u128) -> bool {
+        self.seqs
+            .get(key.0 as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|s| s.uuid == uuid && s.status == Status::Held)
+    }
+
+    /// Frees a held source's blocks; false when `key` is not a held source.
+    pub fn release_held(&mut self, key: SeqKey, uuid: u128) -> bool {
+        if !self.is_held(key, uuid) {
+            return false;
+        }
+        self.seq_mut(key).hold = false;
+        self.retire(key);
+        true
+    }
+
+    /// Reserves the prompt blocks of a disaggregation destination now (reusing resident
+    /// prefix blocks); it is not scheduled until [`Self::activate`].
+    pub fn reserve(&mut self, request: Request) -> Result<Reservation, ReserveError> {
+        let uuid = request.uuid;
+        let key = self.submit(request)?;
+        let popped = self.waiting.pop_back();
+        debug_assert_eq!(popped, Some(key));
+        let bs = self.block_size as usize;
+        let seq = self.seqs[key.0 as usize].as_mut().expect("just submitted");
+        seq.status = Status::Reserved;
+        let prompt = seq.prompt_len as usize;
+        let reusable = if self.prefix_caching { self.pool.match_prefix(&seq.hashes).blocks } else { 0 };
+        // The last prompt token stays uncomputed-looking only for fresh prefills; here the
+        // whole prompt is materialized, so every resident block is reused.
+        let target = prompt.div_ceil(bs);
+        let reusable = reusable.min(target);
+        let hits = &seq.hashes[..reusable.min(seq.hashes.len())];
+        if !self.pool.allocate(&mut seq.blocks, target, hits, &mut self.evicted) {
+            let available = self.pool.capacity() - self.pool.num_active();
+            // Never visible in any output: the slot can be reused at once.
+            self.seqs[key.0 as usize] = None;
+            self.free_slots.push(key.0);
+            self.evicted.clear();
+            return Err(ReserveError::NoCapacity { uuid, needed: target - reusable, available });
+        }
+        let cached = (reusable * bs).min(prompt);
+        seq.first_cached = Some(cached as u32);
+        self.totals.prefix_cache_queries_total += prompt as u64;
+        self.totals.prefix_cache_hits_total += cached as u64;
+        let mut pass = Pass::default();
+        self.flush_evicted(&mut pass);
+        Ok(Reservation {
+            key,
+            transferable_prompt_tokens: (target - reusable) * bs,
+            cached_tokens: cached,
+            kv_events: pass.kv_events,
+        })
+    }
+
+    /// Whether `key` is a destination waiting for activation.
+    pub fn is_reserved(&self, key: SeqKey, uuid: u128) -> bool {
+        self.seqs
+            .get(key.0 as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|s| s.uuid == uuid && s.status == Status::Reserved)
+    }
+
+    /// Activates a reserved destination: its prompt KV is now present (transferred), so it
+    /// joins the running queue and samples its first token in the next pass. Returns the
+    /// Stored events of its newly visible prompt blocks, or `None` if `key` is not reserved.
+    pub fn activate(&mut self, key: SeqKey, uuid: u128) -> Option<Vec<KvEvent>> {
+        if !self.is_reserved(key, uuid) {
+            return None;
+        }
+        let seq = self.seq_mut(key);
+        seq.status = Status::Running;
+        seq.num_computed = seq.prompt_len;
+        let (cached, prompt) = (seq.first_cached.unwrap_or(0), seq.prompt_len);
+        let mut pass = Pass::default();
+        if self.prefix_caching {
+            self.finalize_blocks(key, cached, prompt, &mut pass);
+        }
+        self.running.push(key);
+        Some(pass.kv_events)
+    }
+
+    /// Requests parked outside the queues (held sources and reserved destinations).
+    pub fn num_parked(&self) -> usize {
+        self.seqs.iter().flatten().filter(|s| matches!(s.status, Status::Held | Status::Reserved)).count()
+    }
+}
