@@ -43,3 +43,90 @@ fn long_outputs_pool_matches_reference() {
     assert_close(r.mean_itl_ms, 35.928875, 1e-6, "mean itl");
     e.check_invariants().unwrap();
 }
+
+fn req(uuid: u128, tokens: Vec<u32>, osl: usize) -> mocker_core::Request {
+    mocker_core::Request { uuid, tokens, max_output_tokens: osl, ..Default::default() }
+}
+
+/// Requests sharing a prefix computed in the same prefill batch: the later insert merges
+/// the duplicate pages (freeing the copies) and page bookkeeping stays conserved.
+#[test]
+fn duplicate_prefixes_in_one_batch_are_merged() {
+    let mut e = engine(config(r#"{"engine":{"backend":"sglang","block_size":16,"num_gpu_blocks":64}}"#));
+    for i in 0..3 {
+        e.submit(req(i + 1, prompt(i as usize, 100, 64, 7), 20)).unwrap();
+    }
+    let mut now = 0;
+    let mut passes = 0;
+    while e.has_work() {
+        let pass = e.step(now);
+        now = pass.end_ns;
+        e.check_invariants().unwrap();
+        let radix = e.radix().unwrap();
+        if passes == 0 {
+            // 3 × 7 prompt pages were allocated; the first tokens merged 2 × 4 shared pages.
+            assert_eq!(radix.free_pages(), 64 - 3 * 7 + 2 * 4, "duplicate copies freed");
+        }
+        passes += 1;
+        assert!(passes < 1000);
+    }
+    let radix = e.radix().unwrap();
+    assert_eq!(radix.evictable_pages(), radix.tree_pages(), "nothing locked after draining");
+    assert_eq!(radix.free_pages() + radix.tree_pages(), 64);
+}
+
+/// A prompt that can never be admitted (or never finish) in the pool is rejected, not
+/// left to stall the queue; requests behind it still run.
+#[test]
+fn oversize_requests_are_rejected() {
+    let mut e = engine(config(r#"{"engine":{"backend":"sglang","block_size":16,"num_gpu_blocks":64}}"#));
+    e.submit(req(1, prompt(0, 1020, 0, 0), 10)).unwrap();
+    e.submit(req(2, prompt(1, 900, 0, 0), 200)).unwrap();
+    e.submit(req(3, prompt(2, 100, 0, 0), 5)).unwrap();
+    let pass = e.step(0);
+    let rejected: Vec<u128> = pass.all_outputs().filter(|o| o.rejected).map(|o| o.uuid).collect();
+    assert_eq!(rejected, vec![1, 2]);
+    assert!(pass.all_outputs().filter(|o| o.rejected).all(|o| o.completed && o.token_id().is_none()));
+    assert_eq!(pass.admissions.len(), 1);
+}
+
+/// max_model_len: prompts at the limit are rejected; generation stops at the limit.
+#[test]
+fn max_model_len_rejects_and_truncates() {
+    let mut e = engine(config(r#"{"engine":{"backend":"sglang","max_model_len":120}}"#));
+    e.submit(req(1, prompt(0, 120, 0, 0), 10)).unwrap();
+    e.submit(req(2, prompt(1, 100, 0, 0), 50)).unwrap();
+    let (mut now, mut tokens, mut rejected) = (0, 0, 0);
+    while e.has_work() {
+        let pass = e.step(now);
+        now = pass.end_ns;
+        tokens += pass.all_outputs().filter(|o| o.has_token()).count();
+        rejected += pass.all_outputs().filter(|o| o.rejected).count();
+    }
+    assert_eq!((tokens, rejected), (20, 1));
+}
+
+/// Cancelling running, chunked and waiting requests frees their KV; others proceed.
+#[test]
+fn cancel_frees_kv_in_every_state() {
+    let args = r#"{"engine":{"backend":"sglang","block_size":16,"num_gpu_blocks":512,
+        "sglang":{"chunked_prefill_size":256}}}"#;
+    let mut e = engine(config(args));
+    e.submit(req(1, prompt(0, 200, 0, 0), 50)).unwrap();
+    e.submit(req(2, prompt(1, 400, 0, 0), 50)).unwrap();
+    e.submit(req(3, prompt(2, 300, 0, 0), 50)).unwrap();
+    let pass = e.step(0);
+    // Request 1 fits whole; request 2 gets a partial 48-token chunk (256 - 208 rounded).
+    assert_eq!(pass.admissions.len(), 2);
+    assert_eq!(pass.metrics.sum_prefill_tokens, 200 + 48);
+    let now = pass.end_ns;
+    assert!(e.cancel(2), "chunked request cancelled");
+    assert!(e.cancel(3), "waiting request cancelled");
+    assert!(e.cancel(1), "running request cancelled");
+    assert!(!e.cancel(1), "already gone");
+    e.check_invariants().unwrap();
+    assert!(!e.has_work());
+    let r = e.radix().unwrap();
+    assert_eq!(r.free_pages() + r.evictable_pages(), 512, "no page held");
+    assert_eq!(e.step(now).admissions.len(), 0);
+}

@@ -118,7 +118,9 @@ impl SglangScheduler {
             if last {
                 finished = true;
                 self.finish_kv(key, pass);
-            } else if seq_page_completed(self.seq(key).materialized, page) {
+            } else {
+                // Inserts only when a page boundary was passed since the last insert (a
+                // prompt's tail page completes at an arbitrary token, not just this one).
                 self.cache_materialized(key, pass);
             }
         }
@@ -143,9 +145,4 @@ impl SglangScheduler {
             self.retired.clear();
         }
     }
-}
-
-#[inline]
-fn seq_page_completed(materialized: u32, page: u32) -> bool {
-    materialized.is_multiple_of(page)
 }

@@ -76,9 +76,9 @@ impl SglangScheduler {
             &mut self.created,
         );
         seq.last_node = ins.last;
+        // Merged duplicates were freed by the cache: the request now uses the tree's copies,
+        // so its page count is unchanged while its private share shrinks.
         seq.tree_depth = ins.depth as u32;
-        // Merged duplicates were freed by the cache; the request now uses the tree's copy.
-        seq.pages -= ins.freed_duplicates as u32;
         if self.record_kv_events && !self.created.is_empty() {
             self.stored_events(key, pass);
         }
