@@ -10,38 +10,52 @@ use crate::scheduler::Pass;
 /// (SGLang's `SGLANG_RETRACT_DECODE_STEPS`).
 const RETRACT_DECODE_STEPS: f64 = 20.0;
 
+/// What a decode pass will run, after retraction.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct DecodePlan {
+    /// Requests retracted.
+    pub retracted: usize,
+    /// Pages the survivors need for their next tokens.
+    pub pages: usize,
+    /// Σ survivors' sequence lengths.
+    pub kv: usize,
+}
+
 impl SglangScheduler {
-    /// Pages the requests `keys` need for one more token each.
-    fn growth_pages(&self, keys: &[SeqKey]) -> usize {
-        let page = self.page;
-        keys.iter()
-            .map(|k| {
-                let s = self.seqs[k.0 as usize].as_ref().expect("live seq");
-                (s.len + 1).div_ceil(page).saturating_sub(s.pages) as usize
-            })
-            .sum()
+    /// Pages request `key` needs for one more token.
+    #[inline]
+    fn growth_of(&self, key: SeqKey) -> (usize, usize) {
+        let s = self.seqs[key.0 as usize].as_ref().expect("live seq");
+        ((s.len + 1).div_ceil(self.page).saturating_sub(s.pages) as usize, s.len as usize)
     }
 
     /// Retracts running requests (fewest generated tokens first) until the survivors' next
-    /// tokens fit in free plus evictable pages; at least one request always stays. Returns
-    /// how many were retracted; they go to the back of the waiting queue with their
-    /// generated tokens and their inserted pages left in the tree.
-    pub(super) fn retract_for_decode(&mut self) -> usize {
-        let mut needed = self.growth_pages(&self.running);
-        let mut retracted = 0;
-        while self.cache.free_pages() + self.cache.evictable_pages() < needed && self.running.len() > 1 {
+    /// tokens fit in free plus evictable pages; at least one request always stays.
+    /// Retracted requests go to the back of the waiting queue with their generated tokens;
+    /// their inserted pages stay in the tree. Returns the number retracted and the
+    /// survivors' page growth and Σ sequence length (the decode batch's KV).
+    pub(super) fn retract_for_decode(&mut self) -> DecodePlan {
+        let mut plan = DecodePlan::default();
+        for &k in &self.running {
+            let (g, len) = self.growth_of(k);
+            plan.pages += g;
+            plan.kv += len;
+        }
+        while self.cache.free_pages() + self.cache.evictable_pages() < plan.pages && self.running.len() > 1 {
             let idx = (0..self.running.len())
                 .min_by_key(|&i| self.seqs[self.running[i].0 as usize].as_ref().expect("live seq").generated)
                 .expect("non-empty");
             let key = self.running.remove(idx);
-            needed -= self.growth_pages(&[key]);
+            let (g, len) = self.growth_of(key);
+            plan.pages -= g;
+            plan.kv -= len;
             self.release_kv(key, false);
             self.seq_mut(key).status = Status::Retracted;
             self.waiting.push_back(key);
             self.totals.num_preemptions_total += 1;
-            retracted += 1;
+            plan.retracted += 1;
         }
-        if retracted > 0 {
+        if plan.retracted > 0 {
             let (mut gen, mut max_new) = (0u64, 0u64);
             for k in &self.running {
                 let s = self.seqs[k.0 as usize].as_ref().expect("live seq");
@@ -52,18 +66,17 @@ impl SglangScheduler {
             self.new_token_ratio =
                 ((gen as f64 + RETRACT_DECODE_STEPS * n) / (max_new as f64 + 1.0)).min(1.0);
         }
-        retracted
+        plan
     }
 
-    /// Reserves the pages the requests `running[from..]` need for one more token; false
-    /// when the pool cannot supply them even after evicting.
-    pub(super) fn reserve_growth(&mut self, from: usize, pass: &mut Pass) -> bool {
-        let needed = self.growth_pages(&self.running[from..]);
-        if !self.cache.allocate(needed, &mut self.evicted) {
+    /// Takes `pages` pages for this pass's token growth; false when the pool cannot
+    /// supply them even after evicting.
+    pub(super) fn reserve_growth(&mut self, pages: usize, pass: &mut Pass) -> bool {
+        if !self.cache.allocate(pages, &mut self.evicted) {
             self.evicted.clear();
             return false;
         }
-        self.reserved_growth = needed;
+        self.reserved_growth = pages;
         self.flush_evicted(pass);
         true
     }
@@ -118,9 +131,9 @@ impl SglangScheduler {
             if last {
                 finished = true;
                 self.finish_kv(key, pass);
-            } else {
-                // Inserts only when a page boundary was passed since the last insert (a
-                // prompt's tail page completes at an arbitrary token, not just this one).
+            } else if self.prefix_caching && seq.materialized >= (seq.tree_depth + 1) * page {
+                // A page completed since the last insert (a prompt's tail page completes at
+                // an arbitrary token, so this is not just `materialized % page == 0`).
                 self.cache_materialized(key, pass);
             }
         }

@@ -249,8 +249,9 @@ impl SglangScheduler {
             self.totals.prefix_cache_queries_total += (batch.hit_tokens + batch.computed) as u64;
             self.finish_prefill(&batch, &mut pass);
         } else if !self.running.is_empty() {
-            retracted = self.retract_for_decode();
-            let (n, kv) = (self.running.len(), self.running_kv());
+            let plan = self.retract_for_decode();
+            retracted = plan.retracted;
+            let (n, kv) = (self.running.len(), plan.kv);
             let decode_ms = self.timing.decode_ms(DecodeShape {
                 batch: n,
                 active_kv_tokens: kv,
@@ -262,7 +263,7 @@ impl SglangScheduler {
             m.sum_decode_kv_tokens = kv;
             m.scheduled_tokens = n;
             m.num_preempted = retracted;
-            if self.reserve_growth(0, &mut pass) {
+            if self.reserve_growth(plan.pages, &mut pass) {
                 self.append_tokens(0, false, &mut pass);
             }
         }
@@ -336,10 +337,6 @@ impl SglangScheduler {
         self.running.extend(finishing);
         self.append_tokens(start, true, pass);
         self.running.extend(rest);
-    }
-
-    fn running_kv(&self) -> usize {
-        self.running.iter().map(|k| self.seqs[k.0 as usize].as_ref().expect("live seq").len as usize).sum()
     }
 
     fn reject_marked(&mut self, pass: &mut Pass) {
