@@ -81,6 +81,26 @@ impl SglangScheduler {
         true
     }
 
+    /// Last resort when even one running request cannot grow: partially prefilled waiting
+    /// requests give up their KV (newest first; they restart their prefill later) until
+    /// `pages` can be reserved. Without this the pool could deadlock (the reference
+    /// stalls there). Returns whether the reservation succeeded.
+    pub(super) fn release_chunked_for(&mut self, pages: usize, pass: &mut Pass) -> bool {
+        for i in (0..self.waiting.len()).rev() {
+            let key = self.waiting[i];
+            if self.seq(key).materialized == 0 {
+                continue;
+            }
+            self.release_kv(key, false);
+            self.seq_mut(key).status = Status::Retracted;
+            self.totals.num_preemptions_total += 1;
+            if self.reserve_growth(pages, pass) {
+                return true;
+            }
+        }
+        false
+    }
+
     /// Appends one token to every request in `running[from..]` (their pages were reserved
     /// by `reserve_growth`, except `final_without_slot` ones finishing on a prefill's first
     /// token, which SGLang never gives a slot), emitting outputs stamped at `pass.end_ns`.

@@ -228,6 +228,9 @@ impl SglangScheduler {
         if !defer && !self.waiting.is_empty() && self.running.len() < self.max_running {
             self.order_waiting();
             self.admit(&mut batch, &mut pass);
+            if batch.keys.is_empty() && self.running.is_empty() && self.unstick() {
+                self.admit(&mut batch, &mut pass);
+            }
         }
         let m = &mut pass.metrics;
         m.dp_rank = self.dp_rank;
@@ -263,7 +266,7 @@ impl SglangScheduler {
             m.sum_decode_kv_tokens = kv;
             m.scheduled_tokens = n;
             m.num_preempted = retracted;
-            if self.reserve_growth(plan.pages, &mut pass) {
+            if self.reserve_growth(plan.pages, &mut pass) || self.release_chunked_for(plan.pages, &mut pass) {
                 self.append_tokens(0, false, &mut pass);
             }
         }
@@ -282,6 +285,27 @@ impl SglangScheduler {
         self.batch = batch;
         self.pass = pass;
         &self.pass
+    }
+
+    /// Nothing runs and nothing was admitted: partially prefilled requests that lpm moved
+    /// behind others hold pages the head cannot get. Continue the first of them and let
+    /// the others give their KV back (they restart later); true if anything changed. Never
+    /// needed with fifo, where a chunked request is always the head.
+    fn unstick(&mut self) -> bool {
+        let Some(i) = self.waiting.iter().position(|k| self.seq(*k).materialized > 0) else {
+            return false;
+        };
+        let key = self.waiting.remove(i).expect("in range");
+        self.waiting.push_front(key);
+        for j in 1..self.waiting.len() {
+            let k = self.waiting[j];
+            if self.seq(k).materialized > 0 {
+                self.release_kv(k, false);
+                self.seq_mut(k).status = Status::Retracted;
+                self.totals.num_preemptions_total += 1;
+            }
+        }
+        true
     }
 
     /// After a prefill forward: requests with prompt left go back to the waiting front (in

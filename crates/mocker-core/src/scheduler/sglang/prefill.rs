@@ -82,8 +82,12 @@ impl SglangScheduler {
             .sum::<f64>()
             * self.new_token_ratio;
         let mut rem_total = (self.cache.available_tokens() + self.cache.evictable_tokens()) as f64 - reserved;
-        let mut rem_input = self.max_prefill_tokens as i64;
-        let mut rem_chunk = self.chunked_prefill_size as i64;
+        // A chunk budget above max_prefill_tokens (or below a page) could never admit a
+        // long prompt; clamp it so every request can progress (defaults are unaffected).
+        let pg = page as usize;
+        let chunk_budget = self.chunked_prefill_size.min(self.max_prefill_tokens / pg * pg).max(pg);
+        let mut rem_input = self.max_prefill_tokens.max(chunk_budget) as i64;
+        let mut rem_chunk = chunk_budget as i64;
         let slots = self.max_running.saturating_sub(self.running.len());
         while batch.keys.len() < slots {
             let Some(&key) = self.waiting.front() else { break };
