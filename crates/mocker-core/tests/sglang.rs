@@ -4,6 +4,7 @@
 mod common;
 
 use common::{closed_loop, config, engine, prompt};
+use mocker_core::{Engine, EngineOptions};
 
 fn assert_close(got: f64, want: f64, tol: f64, what: &str) {
     assert!((got - want).abs() <= tol * want.abs().max(1e-9), "{what}: got {got}, reference {want}");
@@ -129,4 +130,57 @@ fn cancel_frees_kv_in_every_state() {
     let r = e.radix().unwrap();
     assert_eq!(r.free_pages() + r.evictable_pages(), 512, "no page held");
     assert_eq!(e.step(now).admissions.len(), 0);
+}
+
+/// KV events carry the same hash-chained page identities as the vLLM backend: Stored runs
+/// chain onto their parent, generated pages are stored as they complete, and evicted pages
+/// are Removed (leaves first).
+#[test]
+fn kv_events_use_chained_page_hashes() {
+    use mocker_core::events::KvEventData;
+    use mocker_core::hashing::{local_block_hash, sequence_hashes};
+    let cfg = config(r#"{"engine":{"backend":"sglang","block_size":16,"num_gpu_blocks":12}}"#);
+    let mut e =
+        Engine::new(EngineOptions { config: cfg, record_kv_events: true, ..Default::default() }).unwrap();
+    let p1 = prompt(0, 70, 0, 0);
+    e.submit(req(1, p1.clone(), 30)).unwrap();
+    let (mut now, mut stored, mut removed, mut next_id) = (0, Vec::new(), Vec::new(), 0);
+    let mut drain =
+        |e: &mut Engine, now: &mut u64, stored: &mut Vec<(Option<u64>, u64, u64)>, removed: &mut Vec<u64>| {
+            while e.has_work() {
+                let pass = e.step(*now);
+                *now = pass.end_ns;
+                for ev in &pass.kv_events {
+                    assert_eq!(ev.event_id, next_id);
+                    next_id += 1;
+                    match &ev.data {
+                        KvEventData::Stored { parent_hash, blocks } => {
+                            let mut parent = *parent_hash;
+                            for b in blocks {
+                                stored.push((parent, b.block_hash, b.tokens_hash));
+                                parent = Some(b.block_hash);
+                            }
+                        }
+                        KvEventData::Removed { block_hashes } => removed.extend(block_hashes),
+                        KvEventData::Cleared => panic!("never cleared here"),
+                    }
+                }
+            }
+        };
+    drain(&mut e, &mut now, &mut stored, &mut removed);
+    // 70 prompt + 30 generated tokens, the last one materialized too: 100 tokens = 6 pages.
+    let mut full = p1.clone();
+    full.extend((0..30).map(|k| mocker_core::hashing::deterministic_output_token(1, k)));
+    let want = sequence_hashes(&full, 16);
+    assert_eq!(stored.iter().map(|s| s.1).collect::<Vec<_>>(), want);
+    for (i, s) in stored.iter().enumerate() {
+        assert_eq!(s.0, i.checked_sub(1).map(|j| want[j]), "parent of page {i}");
+        assert_eq!(s.2, local_block_hash(&full[i * 16..(i + 1) * 16]), "tokens hash of page {i}");
+    }
+    assert!(removed.is_empty());
+    // A second request needing 10 of the 12 pages evicts the first request's leaves first.
+    e.submit(req(2, prompt(1, 150, 0, 0), 5)).unwrap();
+    drain(&mut e, &mut now, &mut stored, &mut removed);
+    assert_eq!(&removed[..], &[want[5], want[4], want[3], want[2]][..], "leaf-first eviction");
+    e.check_invariants().unwrap();
 }
