@@ -11,7 +11,8 @@
 //! goes only after all its children. Pages not in the tree are private to the requests that
 //! allocated them; the pool only counts them (`free + tree + private = total`).
 
-use std::collections::BTreeSet;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashSet};
 
 use rustc_hash::FxHashMap;
 
@@ -28,8 +29,14 @@ struct Node {
     children: u32,
     lock_ref: u32,
     stamp: u64,
+    /// Bumped when the arena slot is reused, so stale eviction entries are recognised.
+    gen: u32,
     live: bool,
 }
+
+/// An eviction candidate: (last access, node, node generation). Entries go stale when the
+/// node is locked, gains a child, is touched or evicted; they are checked when popped.
+type Candidate = Reverse<(u64, NodeId, u32)>;
 
 /// What [`RadixCache::insert`] did with a request's pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -53,8 +60,9 @@ pub struct RadixCache {
     by_hash: FxHashMap<u64, NodeId>,
     tree_pages: usize,
     evictable_pages: usize,
-    /// Unlocked leaves by (last access, id): the eviction order.
-    lru: BTreeSet<(u64, NodeId)>,
+    /// Min-heap of unlocked leaves by last access (lazily invalidated: locking a leaf costs
+    /// nothing here, a popped entry is used only if it still describes the node).
+    lru: BinaryHeap<Candidate>,
     clock: u64,
 }
 
@@ -67,10 +75,10 @@ impl RadixCache {
             free_pages: total_pages,
             nodes: Vec::new(),
             free_nodes: Vec::new(),
-            by_hash: FxHashMap::default(),
+            by_hash: FxHashMap::with_capacity_and_hasher(total_pages.min(1 << 20), Default::default()),
             tree_pages: 0,
             evictable_pages: 0,
-            lru: BTreeSet::new(),
+            lru: BinaryHeap::new(),
             clock: 0,
         }
     }
@@ -116,8 +124,22 @@ impl RadixCache {
     }
 
     /// Leading pages of `hashes` resident in the tree (read-only; no access stamp).
+    ///
+    /// Residency along one hash chain is prefix-closed (a node exists only under its
+    /// parent, and only leaves are evicted), so the matched length is found by binary
+    /// search: O(log n) lookups instead of one per page (pages are single tokens with
+    /// SGLang's default page size).
     pub fn match_len(&self, hashes: &[u64]) -> usize {
-        hashes.iter().take_while(|h| self.by_hash.contains_key(h)).count()
+        let (mut lo, mut hi) = (0, hashes.len());
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if self.by_hash.contains_key(&hashes[mid - 1]) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
     }
 
     /// Matches the leading resident pages of `hashes` and locks that path (so it cannot be
@@ -150,8 +172,7 @@ impl RadixCache {
                 self.evictable_pages += 1;
             }
             if unlocked_leaf {
-                let stamp = self.nodes[id as usize].stamp;
-                self.lru.insert((stamp, id));
+                self.push_candidate(id);
             }
             id = parent;
         }
@@ -183,7 +204,10 @@ impl RadixCache {
     pub fn evict(&mut self, pages: usize, evicted: &mut Vec<u64>) {
         let mut freed = 0;
         while freed < pages {
-            let Some((_, id)) = self.lru.pop_first() else { break };
+            let Some(Reverse((stamp, id, gen))) = self.lru.pop() else { break };
+            if !self.is_candidate(id, stamp, gen) {
+                continue;
+            }
             let node = &mut self.nodes[id as usize];
             node.live = false;
             let (hash, parent) = (node.hash, node.parent);
@@ -198,8 +222,7 @@ impl RadixCache {
                 let p = &mut self.nodes[parent as usize];
                 p.children -= 1;
                 if p.children == 0 && p.lock_ref == 0 {
-                    let stamp = p.stamp;
-                    self.lru.insert((stamp, parent));
+                    self.push_candidate(parent);
                 }
             }
         }
@@ -285,6 +308,8 @@ impl RadixCache {
                 child_locks[n.parent as usize] += u64::from(n.lock_ref);
             }
         }
+        let candidates: HashSet<(u64, NodeId, u32)> =
+            self.lru.iter().map(|c| c.0).filter(|&(s, id, g)| self.is_candidate(id, s, g)).collect();
         let mut evictable = 0;
         let mut leaves = 0;
         for &i in &live {
@@ -305,7 +330,7 @@ impl RadixCache {
                 evictable += 1;
                 if n.children == 0 {
                     leaves += 1;
-                    if !self.lru.contains(&(n.stamp, i)) {
+                    if !candidates.contains(&(n.stamp, i, n.gen)) {
                         return Err(format!("unlocked leaf {i} missing from the eviction order"));
                     }
                 }
@@ -314,8 +339,8 @@ impl RadixCache {
         if evictable != self.evictable_pages {
             return Err(format!("evictable {} but {evictable} unlocked nodes", self.evictable_pages));
         }
-        if leaves != self.lru.len() {
-            return Err(format!("{} eviction candidates but {leaves} unlocked leaves", self.lru.len()));
+        if leaves != candidates.len() {
+            return Err(format!("{} eviction candidates but {leaves} unlocked leaves", candidates.len()));
         }
         if self.free_pages + self.tree_pages + private_pages != self.total_pages {
             return Err(format!(
@@ -329,6 +354,26 @@ impl RadixCache {
     /// Lock count of the node holding `hash`, if resident (for tests).
     pub fn lock_ref(&self, hash: u64) -> Option<u32> {
         self.by_hash.get(&hash).map(|&id| self.nodes[id as usize].lock_ref)
+    }
+
+    /// Queues `id` (now an unlocked leaf) for eviction; compacts the heap when stale
+    /// entries dominate, so its size stays proportional to the tree.
+    fn push_candidate(&mut self, id: u32) {
+        let n = &self.nodes[id as usize];
+        self.lru.push(Reverse((n.stamp, id, n.gen)));
+        if self.lru.len() > 2 * self.tree_pages + 1024 {
+            let heap = std::mem::take(&mut self.lru);
+            let live: Vec<Candidate> =
+                heap.into_iter().filter(|c| self.is_candidate(c.0 .1, c.0 .0, c.0 .2)).collect();
+            self.lru = BinaryHeap::from(live);
+        }
+    }
+
+    /// Whether an eviction entry still describes an unlocked leaf.
+    #[inline]
+    fn is_candidate(&self, id: u32, stamp: u64, gen: u32) -> bool {
+        let n = &self.nodes[id as usize];
+        n.live && n.gen == gen && n.stamp == stamp && n.lock_ref == 0 && n.children == 0
     }
 
     fn tick(&mut self) -> u64 {
@@ -348,10 +393,8 @@ impl RadixCache {
     fn lock_one(&mut self, id: u32, now: u64) {
         let node = &mut self.nodes[id as usize];
         if node.lock_ref == 0 {
+            // Its eviction entry (if a leaf) goes stale: the stamp changes below.
             self.evictable_pages -= 1;
-            if node.children == 0 {
-                self.lru.remove(&(node.stamp, id));
-            }
         }
         node.lock_ref += 1;
         node.stamp = now;
@@ -359,9 +402,10 @@ impl RadixCache {
 
     /// A new locked leaf under `parent` holding one of the caller's private pages.
     fn new_node(&mut self, hash: u64, parent: u32, now: u64) -> u32 {
-        let node = Node { hash, parent, children: 0, lock_ref: 1, stamp: now, live: true };
+        let mut node = Node { hash, parent, children: 0, lock_ref: 1, stamp: now, gen: 0, live: true };
         let id = match self.free_nodes.pop() {
             Some(id) => {
+                node.gen = self.nodes[id as usize].gen.wrapping_add(1);
                 self.nodes[id as usize] = node;
                 id
             }

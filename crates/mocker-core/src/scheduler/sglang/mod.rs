@@ -227,9 +227,12 @@ impl SglangScheduler {
         let defer = self.prefill_rounds_remaining > 0;
         if !defer && !self.waiting.is_empty() && self.running.len() < self.max_running {
             self.order_waiting();
-            self.admit(&mut batch, &mut pass);
-            if batch.keys.is_empty() && self.running.is_empty() && self.unstick() {
-                self.admit(&mut batch, &mut pass);
+            self.admit(&mut batch, &mut pass, false);
+            if batch.keys.is_empty() && self.running.is_empty() {
+                // Nothing would change: the reference stalls here for good. Let the head
+                // (a partially prefilled one first) in on physical capacity alone.
+                self.unstick();
+                self.admit(&mut batch, &mut pass, true);
             }
         }
         let m = &mut pass.metrics;
@@ -288,12 +291,11 @@ impl SglangScheduler {
     }
 
     /// Nothing runs and nothing was admitted: partially prefilled requests that lpm moved
-    /// behind others hold pages the head cannot get. Continue the first of them and let
-    /// the others give their KV back (they restart later); true if anything changed. Never
-    /// needed with fifo, where a chunked request is always the head.
-    fn unstick(&mut self) -> bool {
+    /// behind others may hold pages the head cannot get. Continue the first of them and let
+    /// the others give their KV back (they restart later).
+    fn unstick(&mut self) {
         let Some(i) = self.waiting.iter().position(|k| self.seq(*k).materialized > 0) else {
-            return false;
+            return;
         };
         let key = self.waiting.remove(i).expect("in range");
         self.waiting.push_front(key);
@@ -305,7 +307,6 @@ impl SglangScheduler {
                 self.totals.num_preemptions_total += 1;
             }
         }
-        true
     }
 
     /// After a prefill forward: requests with prompt left go back to the waiting front (in

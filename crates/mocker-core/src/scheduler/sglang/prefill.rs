@@ -71,8 +71,10 @@ impl SglangScheduler {
     }
 
     /// Forms the prefill batch from the head of the waiting queue (SGLang's
-    /// `get_new_batch_prefill`): stops at the first request that does not fit.
-    pub(super) fn admit(&mut self, batch: &mut PrefillBatch, pass: &mut Pass) {
+    /// `get_new_batch_prefill`): stops at the first request that does not fit. `force`
+    /// admits the first request on physical capacity alone, ignoring the decode headroom
+    /// estimate (used only when nothing runs, so nothing else could make progress).
+    pub(super) fn admit(&mut self, batch: &mut PrefillBatch, pass: &mut Pass, force: bool) {
         let page = self.page;
         let clip = self.clip as u32;
         let reserved: f64 = self
@@ -107,7 +109,7 @@ impl SglangScheduler {
             }
             let charged = chunk.div_ceil(page) * page;
             let out_res = if chunk < extend { 0 } else { seq.remaining().min(clip) };
-            if f64::from(charged + out_res) >= rem_total {
+            if f64::from(charged + out_res) >= rem_total && !(force && batch.keys.is_empty()) {
                 break;
             }
             if i64::from(charged) > rem_input || i64::from(charged) > rem_chunk {
