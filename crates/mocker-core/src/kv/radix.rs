@@ -203,11 +203,21 @@ impl RadixCache {
     /// nothing evictable is left); appends the evicted hashes to `evicted`.
     pub fn evict(&mut self, pages: usize, evicted: &mut Vec<u64>) {
         let mut freed = 0;
+        // A parent that just became an unlocked leaf and sorts before everything queued is
+        // the next victim anyway: take it directly (chains of a finished request share one
+        // stamp, so whole chains go without touching the heap).
+        let mut next: Option<u32> = None;
         while freed < pages {
-            let Some(Reverse((stamp, id, gen))) = self.lru.pop() else { break };
-            if !self.is_candidate(id, stamp, gen) {
-                continue;
-            }
+            let id = match next.take() {
+                Some(id) => id,
+                None => {
+                    let Some(Reverse((stamp, id, gen))) = self.lru.pop() else { break };
+                    if !self.is_candidate(id, stamp, gen) {
+                        continue;
+                    }
+                    id
+                }
+            };
             let node = &mut self.nodes[id as usize];
             node.live = false;
             let (hash, parent) = (node.hash, node.parent);
@@ -222,9 +232,17 @@ impl RadixCache {
                 let p = &mut self.nodes[parent as usize];
                 p.children -= 1;
                 if p.children == 0 && p.lock_ref == 0 {
-                    self.push_candidate(parent);
+                    let key = (p.stamp, parent, p.gen);
+                    if self.lru.peek().is_none_or(|top| key < top.0) {
+                        next = Some(parent);
+                    } else {
+                        self.push_candidate(parent);
+                    }
                 }
             }
+        }
+        if let Some(id) = next {
+            self.push_candidate(id);
         }
     }
 
