@@ -1,10 +1,11 @@
 //! The engine: one rank's scheduler chosen by backend, built from one options value.
 
-use crate::config::{Backend, EngineConfig};
+use crate::config::{Backend, EngineConfig, WorkerType};
 use crate::events::KvEvent;
-use crate::kv::BlockPool;
+use crate::kv::{BlockPool, RadixCache};
 use crate::metrics::EngineMetrics;
 use crate::request::{Request, SeqKey};
+use crate::scheduler::sglang::SglangScheduler;
 use crate::scheduler::vllm::{Reservation, ReserveError, VllmScheduler};
 use crate::scheduler::{Pass, PrefixCacheBusy, SchedulerOptions, SubmitError};
 use crate::timing::{build_timing_model, TimingModelError};
@@ -26,111 +27,205 @@ pub enum EngineError {
     /// The configured timing model cannot be built.
     #[error(transparent)]
     Timing(#[from] TimingModelError),
-    /// The backend is not simulated yet.
-    #[error("engine.backend: {0:?} is not supported yet; expected one of: vllm, trtllm")]
-    UnsupportedBackend(Backend),
+    /// The backend does not simulate this configuration or operation.
+    #[error("engine.backend: {feature} is not supported for backend={backend}")]
+    Unsupported {
+        /// The backend asked for.
+        backend: Backend,
+        /// What it lacks.
+        feature: &'static str,
+    },
     /// The request is malformed.
     #[error(transparent)]
     Submit(#[from] SubmitError),
 }
 
+/// The scheduler core of the configured backend. The vLLM core is stored inline so its
+/// hot path costs one predictable branch per call.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one engine per rank; inline vLLM avoids an indirection
+enum Core {
+    Vllm(VllmScheduler),
+    Sglang(Box<SglangScheduler>),
+}
+
+/// Calls the same method on whichever core the engine has.
+macro_rules! dispatch {
+    ($self:ident, $s:ident => $e:expr) => {
+        match &$self.core {
+            Core::Vllm($s) => $e,
+            Core::Sglang($s) => $e,
+        }
+    };
+    (mut $self:ident, $s:ident => $e:expr) => {
+        match &mut $self.core {
+            Core::Vllm($s) => $e,
+            Core::Sglang($s) => $e,
+        }
+    };
+}
+
 /// One simulated engine rank: submit requests, then step forward passes.
 #[derive(Debug)]
 pub struct Engine {
-    scheduler: VllmScheduler,
+    core: Core,
 }
 
 impl Engine {
     /// Builds an engine.
     pub fn new(options: EngineOptions) -> Result<Self, EngineError> {
         let EngineOptions { config, dp_rank, record_kv_events } = options;
-        if config.backend == Backend::Sglang {
-            return Err(EngineError::UnsupportedBackend(config.backend));
-        }
         let timing = build_timing_model(&config)?;
-        let scheduler = VllmScheduler::new(&config, timing, SchedulerOptions { dp_rank, record_kv_events });
-        Ok(Self { scheduler })
+        let opts = SchedulerOptions { dp_rank, record_kv_events };
+        let core = match config.backend {
+            Backend::Sglang => {
+                if config.worker_type != WorkerType::Aggregated {
+                    let feature = "disaggregated serving (worker_type prefill/decode)";
+                    return Err(EngineError::Unsupported { backend: config.backend, feature });
+                }
+                if config.aic_nextn.is_some() {
+                    let feature = "MTP speculative decoding (aic_nextn)";
+                    return Err(EngineError::Unsupported { backend: config.backend, feature });
+                }
+                Core::Sglang(Box::new(SglangScheduler::new(&config, timing, opts)))
+            }
+            Backend::Vllm | Backend::Trtllm => Core::Vllm(VllmScheduler::new(&config, timing, opts)),
+        };
+        Ok(Self { core })
+    }
+
+    /// The simulated backend family (`Trtllm` shares the vLLM core and reports `Vllm`).
+    pub fn backend(&self) -> Backend {
+        match self.core {
+            Core::Vllm(_) => Backend::Vllm,
+            Core::Sglang(_) => Backend::Sglang,
+        }
     }
 
     /// Queues a request for admission by the next pass.
     pub fn submit(&mut self, request: Request) -> Result<SeqKey, EngineError> {
-        Ok(self.scheduler.submit(request)?)
+        Ok(dispatch!(mut self, s => s.submit(request))?)
     }
 
     /// Runs one forward pass starting at simulated time `now_ns`.
+    #[inline]
     pub fn step(&mut self, now_ns: u64) -> &Pass {
-        self.scheduler.step(now_ns)
+        dispatch!(mut self, s => s.step(now_ns))
     }
 
     /// The most recent pass; its outputs are valid until the next `step`, so a shell can
     /// deliver them at the pass end without copying.
     pub fn last_pass(&self) -> &Pass {
-        self.scheduler.last_pass()
+        dispatch!(self, s => s.last_pass())
     }
 
     /// Drops every cached block when none is in use (vLLM's `reset_prefix_cache`);
     /// returns the `Cleared` event when KV events are recorded.
     pub fn reset_prefix_cache(&mut self) -> Result<Option<KvEvent>, PrefixCacheBusy> {
-        self.scheduler.reset_prefix_cache()
+        dispatch!(mut self, s => s.reset_prefix_cache())
     }
 
     /// Cancels the request with id `uuid`: removes it if waiting or running (freeing its
     /// blocks) and drops its outputs still pending in the last pass. Returns whether
     /// anything was removed. Scans the engine; shells that kept the key use [`Engine::cancel_key`].
     pub fn cancel(&mut self, uuid: u128) -> bool {
-        self.scheduler.find(uuid).is_some_and(|key| self.scheduler.cancel(key, uuid))
+        dispatch!(mut self, s => s.find(uuid).is_some_and(|key| s.cancel(key, uuid)))
     }
 
     /// [`Engine::cancel`] by the key `submit` returned; `uuid` guards against a reused key.
     pub fn cancel_key(&mut self, key: SeqKey, uuid: u128) -> bool {
-        self.scheduler.cancel(key, uuid)
+        dispatch!(mut self, s => s.cancel(key, uuid))
     }
 
     /// Queues a disaggregation source: when it finishes, its KV stays held (for the
-    /// transfer) until [`Engine::release_held`] or a cancellation.
+    /// transfer) until [`Engine::release_held`] or a cancellation. vLLM/TRT-LLM only.
     pub fn submit_held(&mut self, request: Request) -> Result<SeqKey, EngineError> {
-        Ok(self.scheduler.submit_held(request)?)
+        match &mut self.core {
+            Core::Vllm(s) => Ok(s.submit_held(request)?),
+            Core::Sglang(_) => {
+                Err(EngineError::Unsupported { backend: Backend::Sglang, feature: "disaggregated handoff" })
+            }
+        }
     }
 
     /// Frees a finished source's held KV; false when `key` is not a held source.
     pub fn release_held(&mut self, key: SeqKey, uuid: u128) -> bool {
-        self.scheduler.release_held(key, uuid)
+        match &mut self.core {
+            Core::Vllm(s) => s.release_held(key, uuid),
+            Core::Sglang(_) => false,
+        }
     }
 
     /// Reserves a disaggregation destination's prompt blocks now; it decodes after
-    /// [`Engine::activate`].
+    /// [`Engine::activate`]. vLLM/TRT-LLM only.
     pub fn reserve(&mut self, request: Request) -> Result<Reservation, ReserveError> {
-        self.scheduler.reserve(request)
+        match &mut self.core {
+            Core::Vllm(s) => s.reserve(request),
+            Core::Sglang(_) => Err(ReserveError::Unsupported(Backend::Sglang)),
+        }
     }
 
     /// Activates a reserved destination (its prompt KV has arrived); returns the Stored
     /// events of its prompt blocks, or `None` when `key` is not a reserved destination.
     pub fn activate(&mut self, key: SeqKey, uuid: u128) -> Option<Vec<KvEvent>> {
-        self.scheduler.activate(key, uuid)
+        match &mut self.core {
+            Core::Vllm(s) => s.activate(key, uuid),
+            Core::Sglang(_) => None,
+        }
     }
 
     /// Held sources plus reserved destinations (outside the running and waiting queues).
     pub fn num_parked(&self) -> usize {
-        self.scheduler.num_parked()
+        match &self.core {
+            Core::Vllm(s) => s.num_parked(),
+            Core::Sglang(_) => 0,
+        }
     }
 
     /// Whether the engine holds requests (a pass would do something).
     pub fn has_work(&self) -> bool {
-        self.scheduler.has_work()
+        dispatch!(self, s => s.has_work())
     }
 
     /// Requests held (running plus waiting).
     pub fn num_requests(&self) -> usize {
-        self.scheduler.num_requests()
+        dispatch!(self, s => s.num_requests())
     }
 
     /// Current engine metrics.
     pub fn metrics(&self) -> EngineMetrics {
-        self.scheduler.metrics()
+        dispatch!(self, s => s.metrics())
     }
 
-    /// The KV block pool, for inspection.
-    pub fn pool(&self) -> &BlockPool {
-        self.scheduler.pool()
+    /// The vLLM/TRT-LLM block pool, for inspection (`None` for SGLang, see [`Engine::radix`]).
+    pub fn pool(&self) -> Option<&BlockPool> {
+        match &self.core {
+            Core::Vllm(s) => Some(s.pool()),
+            Core::Sglang(_) => None,
+        }
+    }
+
+    /// The SGLang radix cache, for inspection (`None` for vLLM/TRT-LLM).
+    pub fn radix(&self) -> Option<&RadixCache> {
+        match &self.core {
+            Core::Vllm(_) => None,
+            Core::Sglang(s) => Some(s.cache()),
+        }
+    }
+
+    /// Whether the prefix cache holds the block (page) with sequence hash `hash`.
+    pub fn is_cached(&self, hash: u64) -> bool {
+        match &self.core {
+            Core::Vllm(s) => s.pool().contains(hash),
+            Core::Sglang(s) => s.cache().contains(hash),
+        }
+    }
+
+    /// Checks the KV bookkeeping invariants of either backend (for tests).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        match &self.core {
+            Core::Vllm(s) => s.pool().check_invariants(),
+            Core::Sglang(s) => s.check_invariants(),
+        }
     }
 }

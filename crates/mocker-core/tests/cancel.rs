@@ -46,13 +46,13 @@ fn cancelling_a_running_request_frees_its_blocks_and_pending_output() {
     e.submit(other).unwrap();
     let pass = e.step(0);
     assert_eq!(pass.outputs.len(), 2);
-    let active = e.pool().num_active();
+    let active = e.pool().expect("vLLM pool").num_active();
     assert!(active >= 8);
     assert!(e.cancel(1));
     // The in-flight pass no longer carries request 1's token.
     assert!(e.last_pass().all_outputs().all(|o| o.uuid == 2));
     assert_eq!(e.last_pass().all_outputs().count(), 1);
-    assert!(e.pool().num_active() < active);
+    assert!(e.pool().expect("vLLM pool").num_active() < active);
     assert_eq!(e.metrics().running_requests, 1);
     let mut now = e.last_pass().end_ns;
     while e.has_work() {
@@ -60,8 +60,8 @@ fn cancelling_a_running_request_frees_its_blocks_and_pending_output() {
         assert!(p.all_outputs().all(|o| o.uuid == 2));
         now = p.end_ns;
     }
-    assert_eq!(e.pool().num_active(), 0);
-    e.pool().check_invariants().unwrap();
+    assert_eq!(e.pool().expect("vLLM pool").num_active(), 0);
+    e.pool().expect("vLLM pool").check_invariants().unwrap();
 }
 
 #[test]
@@ -74,7 +74,7 @@ fn cancelling_a_request_finished_in_the_last_pass_suppresses_its_terminal() {
     assert!(e.cancel(3), "suppressing the pending terminal output counts as applied");
     assert_eq!(e.last_pass().all_outputs().count(), 0);
     assert!(!e.cancel(3));
-    assert_eq!(e.pool().num_active(), 0);
+    assert_eq!(e.pool().expect("vLLM pool").num_active(), 0);
 }
 
 // Disaggregated handoff in the core: a held source and a reserved destination.
@@ -87,19 +87,19 @@ fn a_held_source_keeps_its_kv_until_released() {
     assert!(pass.outputs[0].completed);
     assert!(!e.has_work(), "a held source is idle: no effect-free passes");
     assert_eq!(e.num_parked(), 1);
-    assert_eq!(e.pool().num_active(), 4);
+    assert_eq!(e.pool().expect("vLLM pool").num_active(), 4);
     assert!(!e.release_held(key, 12), "uuid guards the key");
     assert!(e.release_held(key, 11));
     assert!(!e.release_held(key, 11));
-    assert_eq!((e.pool().num_active(), e.num_parked()), (0, 0));
+    assert_eq!((e.pool().expect("vLLM pool").num_active(), e.num_parked()), (0, 0));
     // Cancelling a held source frees it too.
     e.submit_held(req(12, 16, 1)).unwrap();
     let now = e.last_pass().end_ns;
     e.step(now);
-    assert_eq!(e.pool().num_active(), 4);
+    assert_eq!(e.pool().expect("vLLM pool").num_active(), 4);
     assert!(e.cancel(12));
-    assert_eq!((e.pool().num_active(), e.num_parked()), (0, 0));
-    e.pool().check_invariants().unwrap();
+    assert_eq!((e.pool().expect("vLLM pool").num_active(), e.num_parked()), (0, 0));
+    e.pool().expect("vLLM pool").check_invariants().unwrap();
 }
 
 #[test]
@@ -114,7 +114,7 @@ fn a_reserved_destination_decodes_after_activation() {
     let mut e = Engine::new(EngineOptions { config, record_kv_events: true, ..Default::default() }).unwrap();
     let r = e.reserve(req(21, 16, 2)).unwrap();
     assert_eq!(r.transferable_prompt_tokens, 16);
-    assert_eq!(e.pool().num_active(), 4);
+    assert_eq!(e.pool().expect("vLLM pool").num_active(), 4);
     assert!(!e.has_work(), "reserved, not scheduled");
     assert!(e.activate(r.key, 22).is_none());
     let events = e.activate(r.key, 21).unwrap();
@@ -129,15 +129,15 @@ fn a_reserved_destination_decodes_after_activation() {
     let end = pass.end_ns;
     let pass = e.step(end);
     assert!(pass.outputs[0].completed);
-    assert_eq!(e.pool().num_active(), 0);
+    assert_eq!(e.pool().expect("vLLM pool").num_active(), 0);
     // A second reservation of the same prompt reuses the resident blocks.
     let r2 = e.reserve(req(23, 16, 1)).unwrap();
     assert_eq!((r2.transferable_prompt_tokens, r2.cached_tokens), (0, 16));
     assert!(e.cancel(23));
-    assert_eq!(e.pool().num_active(), 0);
+    assert_eq!(e.pool().expect("vLLM pool").num_active(), 0);
     // A reservation that cannot fit fails cleanly.
     let err = e.reserve(req(24, 400, 1)).unwrap_err();
     assert!(err.to_string().contains("cannot reserve"), "{err}");
     assert_eq!(e.num_parked(), 0);
-    e.pool().check_invariants().unwrap();
+    e.pool().expect("vLLM pool").check_invariants().unwrap();
 }

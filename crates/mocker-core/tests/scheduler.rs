@@ -47,7 +47,7 @@ fn run(config: EngineConfig, requests: &[(usize, usize)]) -> Vec<Trace> {
         passes += 1;
         assert!(passes < 1_000_000);
     }
-    assert_eq!(engine.pool().num_active(), 0, "every block released");
+    assert_eq!(engine.pool().expect("vLLM pool").num_active(), 0, "every block released");
     (1..=requests.len() as u128).map(|u| traces.remove(&u).unwrap_or_default()).collect()
 }
 
@@ -148,11 +148,14 @@ fn prefix_cache_reset_clears_only_an_idle_cache() {
     while engine.has_work() {
         now = engine.step(now).end_ns;
     }
-    assert!(engine.pool().num_inactive() > 0, "finished request leaves its prefix cached");
+    assert!(
+        engine.pool().expect("vLLM pool").num_inactive() > 0,
+        "finished request leaves its prefix cached"
+    );
     let cleared = engine.reset_prefix_cache().unwrap().expect("events are recorded");
     assert_eq!(cleared.data, KvEventData::Cleared);
-    assert_eq!(engine.pool().num_inactive(), 0);
-    assert_eq!(engine.pool().num_free(), engine.pool().capacity());
+    assert_eq!(engine.pool().expect("vLLM pool").num_inactive(), 0);
+    assert_eq!(engine.pool().expect("vLLM pool").num_free(), engine.pool().expect("vLLM pool").capacity());
     // The same prompt no longer hits the cache.
     engine.submit(req(2)).unwrap();
     assert_eq!(engine.step(now).admissions[0].reused_tokens, 0);

@@ -270,7 +270,7 @@ fn run(config: EngineConfig, specs: &[Spec], record: bool) -> Result<(), TestCas
             m.running_requests
         );
         prop_assert_eq!(m.generation_tokens_total, tokens_total);
-        let pool = engine.pool();
+        let pool = engine.pool().expect("vLLM pool");
         pool.check_invariants().map_err(TestCaseError::fail)?;
         prop_assert_eq!(pool.num_active() + pool.num_inactive() + pool.num_free(), pool.capacity());
         prop_assert_eq!(m.active_blocks, pool.num_active());
@@ -279,7 +279,11 @@ fn run(config: EngineConfig, specs: &[Spec], record: bool) -> Result<(), TestCas
 
     prop_assert!(pending.peek().is_none());
     prop_assert_eq!(engine.num_requests(), 0);
-    prop_assert_eq!(engine.pool().num_active(), 0, "blocks still referenced after draining");
+    prop_assert_eq!(
+        engine.pool().expect("vLLM pool").num_active(),
+        0,
+        "blocks still referenced after draining"
+    );
     prop_assert_eq!(seen.len(), specs.len());
     for (i, s) in specs.iter().enumerate() {
         let got = &seen[&(i as u128 + 1)];
@@ -303,14 +307,18 @@ fn run(config: EngineConfig, specs: &[Spec], record: bool) -> Result<(), TestCas
     }
     if record && config.enable_prefix_caching {
         // The event stream's view of the cache is the pool's.
-        let pool = engine.pool();
+        let pool = engine.pool().expect("vLLM pool");
         prop_assert_eq!(pool.num_cached_hashes(), view.live.len(), "cached hashes vs live Stored");
         for h in &view.ever_stored {
             prop_assert_eq!(pool.contains(*h), view.live.contains(h), "contains({:#x}) vs events", h);
         }
     }
     if !config.enable_prefix_caching {
-        prop_assert_eq!(engine.pool().num_cached_hashes(), 0, "nothing cached with prefix caching off");
+        prop_assert_eq!(
+            engine.pool().expect("vLLM pool").num_cached_hashes(),
+            0,
+            "nothing cached with prefix caching off"
+        );
     }
     Ok(())
 }

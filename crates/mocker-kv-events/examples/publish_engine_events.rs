@@ -107,9 +107,7 @@ fn main() {
         }
         let cached: Vec<usize> = sequences
             .iter()
-            .map(|s| {
-                sequence_hashes(s, block_size).iter().take_while(|h| engine.pool().contains(**h)).count()
-            })
+            .map(|s| sequence_hashes(s, block_size).iter().take_while(|h| engine.is_cached(**h)).count())
             .collect();
         println!(
             "{{\"sequences\": {sequences:?}, \"cached_leading_blocks\": {cached:?}, \"batches\": {batches}}}"

@@ -1,5 +1,7 @@
-//! Paged KV-cache management for vLLM-style engines.
+//! KV-cache management: the vLLM-style paged block pool and SGLang's radix prefix cache.
 
 mod pool;
+pub mod radix;
 
 pub use pool::{BlockId, BlockPool, PrefixMatch};
+pub use radix::RadixCache;

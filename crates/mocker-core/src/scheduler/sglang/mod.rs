@@ -1,0 +1,485 @@
+//! The SGLang scheduling loop (modelled on SGLang v0.5.6's `get_next_batch_to_run`): a pass
+//! is either a prefill pass (a batch admitted from the waiting queue; running requests do
+//! not decode in it) or a decode pass (every running request samples one token, after
+//! retracting requests if their next pages do not fit). KV lives in a page-granular radix
+//! cache whose unlocked pages are evictable.
+
+mod decode;
+mod kv;
+mod prefill;
+mod seq;
+
+use std::collections::VecDeque;
+
+use crate::config::{EngineConfig, SglangSchedulePolicy};
+use crate::events::{KvEvent, KvEventData};
+use crate::hashing::extend_sequence_hashes;
+use crate::kv::RadixCache;
+use crate::metrics::EngineMetrics;
+use crate::request::{Output, OutputToken, Request, SeqKey};
+use crate::timing::{scaled_nanos, DecodeShape, PrefillShape, TimingModel};
+
+use super::{Pass, PrefixCacheBusy, SchedulerOptions, SubmitError};
+use prefill::PrefillBatch;
+use seq::{Seq, Status};
+
+/// One rank's SGLang-style scheduler, radix cache and timing model.
+#[derive(Debug)]
+pub struct SglangScheduler {
+    page: u32,
+    total_tokens: usize,
+    max_running: usize,
+    max_model_len: Option<usize>,
+    prefix_caching: bool,
+    policy: SglangSchedulePolicy,
+    max_prefill_tokens: usize,
+    chunked_prefill_size: usize,
+    clip: usize,
+    init_ratio: f64,
+    min_ratio: f64,
+    decay_step: f64,
+    new_token_ratio: f64,
+    prefill_decode_interval: usize,
+    prefill_rounds_remaining: usize,
+    speedup: f64,
+    decode_speedup: f64,
+    dp_rank: u32,
+    record_kv_events: bool,
+    kv_token_ids: bool,
+    timing: Box<dyn TimingModel>,
+
+    seqs: Vec<Option<Seq>>,
+    free_slots: Vec<u32>,
+    retired_slots: Vec<u32>,
+    waiting: VecDeque<SeqKey>,
+    running: Vec<SeqKey>,
+    cache: RadixCache,
+    /// Requests marked for rejection at the next pass.
+    pending_rejects: usize,
+
+    pass_id: u64,
+    next_event_id: u64,
+    totals: EngineMetrics,
+    /// Pages taken for this pass's token growth, not yet handed to requests.
+    reserved_growth: usize,
+    evicted: Vec<u64>,
+    created: Vec<u32>,
+    scratch_tokens: Vec<u32>,
+    retired: Vec<SeqKey>,
+    lpm_scratch: Vec<(bool, std::cmp::Reverse<usize>, SeqKey)>,
+    batch: PrefillBatch,
+    pass: Pass,
+}
+
+impl SglangScheduler {
+    /// A scheduler for `config` (backend sglang; `block_size` is the page size).
+    pub fn new(config: &EngineConfig, timing: Box<dyn TimingModel>, options: SchedulerOptions) -> Self {
+        let s = &config.sglang;
+        let page = config.block_size.clamp(1, u32::MAX as usize);
+        // SGLang's admission-estimate constants, scaled by schedule_conservativeness.
+        let init_ratio = (0.7 * s.schedule_conservativeness).min(1.0);
+        let min_ratio = (init_ratio * 0.14).min(1.0);
+        Self {
+            page: page as u32,
+            total_tokens: config.num_gpu_blocks.saturating_mul(page),
+            max_running: config.max_num_seqs,
+            max_model_len: config.max_model_len,
+            prefix_caching: config.enable_prefix_caching,
+            policy: s.schedule_policy,
+            max_prefill_tokens: s.max_prefill_tokens,
+            chunked_prefill_size: s.chunked_prefill_size,
+            clip: s.clip_max_new_tokens,
+            init_ratio,
+            min_ratio,
+            decay_step: (init_ratio - min_ratio) / 600.0,
+            new_token_ratio: init_ratio,
+            prefill_decode_interval: config.prefill_decode_interval,
+            prefill_rounds_remaining: 0,
+            speedup: config.speedup_ratio,
+            decode_speedup: config.speedup_ratio * config.decode_speedup_ratio,
+            dp_rank: options.dp_rank,
+            record_kv_events: options.record_kv_events && config.enable_prefix_caching,
+            kv_token_ids: config.emit_kv_token_ids,
+            timing,
+            seqs: Vec::new(),
+            free_slots: Vec::new(),
+            retired_slots: Vec::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            cache: RadixCache::new(config.num_gpu_blocks, page),
+            pending_rejects: 0,
+            pass_id: 0,
+            next_event_id: 0,
+            totals: EngineMetrics {
+                dp_rank: options.dp_rank,
+                total_blocks: config.num_gpu_blocks,
+                ..Default::default()
+            },
+            reserved_growth: 0,
+            evicted: Vec::new(),
+            created: Vec::new(),
+            scratch_tokens: Vec::new(),
+            retired: Vec::new(),
+            lpm_scratch: Vec::new(),
+            batch: PrefillBatch::default(),
+            pass: Pass::default(),
+        }
+    }
+
+    /// Queues a request; it is considered for admission by the next pass. A request that
+    /// could never be admitted or never finish in this pool is rejected by that pass.
+    pub fn submit(&mut self, request: Request) -> Result<SeqKey, SubmitError> {
+        if request.tokens.is_empty() {
+            return Err(SubmitError::EmptyPrompt(request.uuid));
+        }
+        let mut max_output = request.output_token_ids.as_ref().map_or(request.max_output_tokens, Vec::len);
+        if max_output == 0 {
+            return Err(SubmitError::NoOutput(request.uuid));
+        }
+        let prompt_len = request.tokens.len();
+        let mut reject = false;
+        if let Some(m) = self.max_model_len {
+            reject |= prompt_len >= m;
+            max_output = max_output.min(m.saturating_sub(prompt_len).max(1));
+        }
+        let page = self.page as usize;
+        // Never admissible (prompt pages plus the clipped output reserve fill the pool) or
+        // never completable (the finished sequence outgrows the pool): the reference would
+        // stall on these; reject them instead.
+        reject |= prompt_len.div_ceil(page) * page + max_output.min(self.clip) >= self.total_tokens;
+        reject |= (prompt_len + max_output).div_ceil(page) * page > self.total_tokens;
+        let hashes = match request.block_hashes {
+            _ if !self.prefix_caching => Vec::new(),
+            Some(h) if h.len() == prompt_len / page => h,
+            _ => {
+                let mut h = Vec::new();
+                extend_sequence_hashes(&request.tokens, page, &mut h);
+                h
+            }
+        };
+        let seq = Seq {
+            uuid: request.uuid,
+            prompt: request.tokens,
+            planned: request.output_token_ids,
+            max_output: max_output.min(u32::MAX as usize) as u32,
+            prompt_len: prompt_len as u32,
+            len: prompt_len as u32,
+            generated: 0,
+            materialized: 0,
+            pages: 0,
+            tree_depth: 0,
+            last_node: None,
+            hashes,
+            status: Status::Fresh,
+            reject,
+            first_cached: None,
+            sent_first: false,
+            last_token_ns: 0,
+            last_token_pass: u64::MAX,
+        };
+        self.pending_rejects += usize::from(reject);
+        let key = match self.free_slots.pop() {
+            Some(slot) => {
+                self.seqs[slot as usize] = Some(seq);
+                SeqKey(slot)
+            }
+            None => {
+                self.seqs.push(Some(seq));
+                SeqKey((self.seqs.len() - 1) as u32)
+            }
+        };
+        self.waiting.push_back(key);
+        Ok(key)
+    }
+
+    /// Whether a pass would do anything.
+    pub fn has_work(&self) -> bool {
+        !self.running.is_empty() || !self.waiting.is_empty()
+    }
+
+    /// Requests held (running plus waiting, including those between prefill chunks).
+    pub fn num_requests(&self) -> usize {
+        self.running.len() + self.waiting.len()
+    }
+
+    /// The most recent pass.
+    pub fn last_pass(&self) -> &Pass {
+        &self.pass
+    }
+
+    /// The radix cache (read-only), for inspection and invariant checks.
+    pub fn cache(&self) -> &RadixCache {
+        &self.cache
+    }
+
+    /// Runs one pass starting at `now_ns`: a prefill pass when the waiting queue yields a
+    /// batch, else a decode pass over the running requests.
+    pub fn step(&mut self, now_ns: u64) -> &Pass {
+        let mut pass = std::mem::take(&mut self.pass);
+        pass.clear(now_ns);
+        self.free_slots.append(&mut self.retired_slots);
+        self.pass_id += 1;
+        if self.pending_rejects > 0 {
+            self.reject_marked(&mut pass);
+        }
+        let mut batch = std::mem::take(&mut self.batch);
+        batch.clear();
+        let defer = self.prefill_rounds_remaining > 0;
+        if !defer && !self.waiting.is_empty() && self.running.len() < self.max_running {
+            self.order_waiting();
+            self.admit(&mut batch, &mut pass);
+        }
+        let m = &mut pass.metrics;
+        m.dp_rank = self.dp_rank;
+        let mut retracted = 0;
+        if !batch.keys.is_empty() {
+            let n = batch.keys.len();
+            let prefill_ms = self.timing.prefill_ms(PrefillShape {
+                batch: n,
+                mean_isl: batch.total_isl / n,
+                mean_prefix: batch.total_prefix / n,
+            });
+            pass.end_ns = now_ns + scaled_nanos(prefill_ms, self.speedup);
+            m.num_prefill_requests = n;
+            m.sum_prefill_tokens = batch.computed;
+            m.sum_prefill_kv_tokens = batch.total_prefix;
+            m.scheduled_tokens = batch.computed;
+            self.totals.prompt_tokens_computed_total += batch.computed as u64;
+            self.totals.prefix_cache_hits_total += batch.hit_tokens as u64;
+            self.totals.prefix_cache_queries_total += (batch.hit_tokens + batch.computed) as u64;
+            self.finish_prefill(&batch, &mut pass);
+        } else if !self.running.is_empty() {
+            retracted = self.retract_for_decode();
+            let (n, kv) = (self.running.len(), self.running_kv());
+            let decode_ms = self.timing.decode_ms(DecodeShape {
+                batch: n,
+                active_kv_tokens: kv,
+                total_kv_tokens: self.total_tokens,
+            });
+            pass.end_ns = now_ns + scaled_nanos(decode_ms, self.decode_speedup);
+            let m = &mut pass.metrics;
+            m.num_decode_requests = n;
+            m.sum_decode_kv_tokens = kv;
+            m.scheduled_tokens = n;
+            m.num_preempted = retracted;
+            if self.reserve_growth(0, &mut pass) {
+                self.append_tokens(0, false, &mut pass);
+            }
+        }
+        if retracted == 0 && batch.keys.is_empty() {
+            // The estimate relaxes on every pass that is not a prefill (SGLang decays it in
+            // `update_running_batch`).
+            self.new_token_ratio = (self.new_token_ratio - self.decay_step).max(self.min_ratio);
+        }
+        self.prefill_rounds_remaining = if batch.computed > 0 {
+            self.prefill_decode_interval
+        } else {
+            self.prefill_rounds_remaining.saturating_sub(1)
+        };
+        pass.metrics.num_queued_requests = self.waiting.len();
+        pass.metrics.wall_time_secs = (pass.end_ns - now_ns) as f64 / 1e9;
+        self.batch = batch;
+        self.pass = pass;
+        &self.pass
+    }
+
+    /// After a prefill forward: requests with prompt left go back to the waiting front (in
+    /// order) with their computed pages cached; finished prompts join running and get the
+    /// first token the forward sampled.
+    fn finish_prefill(&mut self, batch: &PrefillBatch, pass: &mut Pass) {
+        let from = self.running.len();
+        for &key in &batch.keys {
+            let seq = self.seq(key);
+            if seq.materialized < seq.len {
+                self.cache_materialized(key, pass);
+                self.waiting.push_front(key);
+            } else {
+                self.running.push(key);
+            }
+        }
+        if from == self.running.len() {
+            return;
+        }
+        // Requests whose first token is their last finish without a KV slot for it; the
+        // others need one, and keep their token for the next decode pass if none is free.
+        let page = self.page;
+        let needed: usize = self.running[from..]
+            .iter()
+            .map(|k| {
+                let s = self.seqs[k.0 as usize].as_ref().expect("live seq");
+                if s.remaining() <= 1 {
+                    0
+                } else {
+                    (s.len + 1).div_ceil(page).saturating_sub(s.pages) as usize
+                }
+            })
+            .sum();
+        if self.cache.allocate(needed, &mut self.evicted) {
+            self.reserved_growth = needed;
+            self.flush_evicted(pass);
+            self.append_tokens(from, true, pass);
+        } else {
+            self.evicted.clear();
+            // Only the ones finishing now can proceed; the rest wait for a decode pass.
+            self.append_final_only(from, pass);
+        }
+    }
+
+    /// Prefill-only variant of `append_tokens` for a pass with no pages for first tokens:
+    /// emits just the tokens that complete a request (they need no slot).
+    fn append_final_only(&mut self, from: usize, pass: &mut Pass) {
+        let keep: Vec<SeqKey> = self.running.drain(from..).collect();
+        let (finishing, rest): (Vec<SeqKey>, Vec<SeqKey>) = keep
+            .into_iter()
+            .partition(|k| self.seqs[k.0 as usize].as_ref().expect("live seq").remaining() <= 1);
+        let start = self.running.len();
+        self.running.extend(finishing);
+        self.append_tokens(start, true, pass);
+        self.running.extend(rest);
+    }
+
+    fn running_kv(&self) -> usize {
+        self.running.iter().map(|k| self.seqs[k.0 as usize].as_ref().expect("live seq").len as usize).sum()
+    }
+
+    fn reject_marked(&mut self, pass: &mut Pass) {
+        let mut i = 0;
+        while i < self.waiting.len() {
+            let key = self.waiting[i];
+            let seq = self.seq(key);
+            if !seq.reject {
+                i += 1;
+                continue;
+            }
+            let uuid = seq.uuid;
+            self.waiting.remove(i);
+            pass.outputs.push(Output {
+                key,
+                uuid,
+                token: OutputToken::None,
+                index: 0,
+                itl_ns: 0,
+                completed: true,
+                rejected: true,
+                cached_tokens: None,
+            });
+            self.retire(key);
+        }
+        self.pending_rejects = 0;
+    }
+
+    /// Current engine metrics. Active pages include cached tree pages (as the reference
+    /// reports SGLang usage); SGLang has no separate inactive population.
+    pub fn metrics(&self) -> EngineMetrics {
+        let total = self.cache.total_pages();
+        let active = total - self.cache.free_pages();
+        let frac = if total == 0 { 0.0 } else { active as f64 / total as f64 };
+        EngineMetrics {
+            running_requests: self.running.len(),
+            waiting_requests: self.waiting.len(),
+            active_blocks: active,
+            inactive_blocks: 0,
+            total_blocks: total,
+            gpu_cache_usage_perc: frac,
+            physical_gpu_cache_usage_perc: frac,
+            ..self.totals
+        }
+    }
+
+    /// Current admission estimate of the fraction of remaining output tokens running
+    /// requests will still need (SGLang's `new_token_ratio`).
+    pub fn new_token_ratio(&self) -> f64 {
+        self.new_token_ratio
+    }
+
+    /// The estimate's initial value (`0.7 × schedule_conservativeness`, capped at 1).
+    pub fn init_new_token_ratio(&self) -> f64 {
+        self.init_ratio
+    }
+
+    /// Drops every cached page when no request holds KV; returns the `Cleared` event when
+    /// KV events are recorded.
+    pub fn reset_prefix_cache(&mut self) -> Result<Option<KvEvent>, PrefixCacheBusy> {
+        let held = self.cache.total_pages() - self.cache.free_pages() - self.cache.evictable_pages();
+        if held > 0 || !self.cache.clear(&mut self.evicted) {
+            return Err(PrefixCacheBusy { active_blocks: held });
+        }
+        self.evicted.clear();
+        if !self.record_kv_events {
+            return Ok(None);
+        }
+        let event =
+            KvEvent { event_id: self.next_event_id, dp_rank: self.dp_rank, data: KvEventData::Cleared };
+        self.next_event_id += 1;
+        Ok(Some(event))
+    }
+
+    /// Removes request `key` carrying `uuid` (waiting, between chunks or running), freeing
+    /// its KV, and drops its undelivered outputs of the last pass. Returns whether anything
+    /// was removed.
+    pub fn cancel(&mut self, key: SeqKey, uuid: u128) -> bool {
+        let before = self.pass.outputs.len() + self.pass.steady.len();
+        let keep = |o: &Output| o.key != key || o.uuid != uuid;
+        self.pass.outputs.retain(keep);
+        self.pass.steady.retain(keep);
+        let suppressed = before != self.pass.outputs.len() + self.pass.steady.len();
+        let live = self.seqs.get(key.0 as usize).and_then(Option::as_ref).is_some_and(|s| s.uuid == uuid);
+        if live {
+            if let Some(i) = self.running.iter().position(|&k| k == key) {
+                self.running.remove(i);
+            } else if let Some(i) = self.waiting.iter().position(|&k| k == key) {
+                self.waiting.remove(i);
+                if self.seq(key).reject {
+                    self.pending_rejects = self.pending_rejects.saturating_sub(1);
+                }
+            }
+            self.release_kv(key, false);
+            self.retire(key);
+        }
+        live || suppressed
+    }
+
+    /// The handle of the held request with id `uuid` (linear scan; not for hot paths).
+    pub fn find(&self, uuid: u128) -> Option<SeqKey> {
+        self.seqs
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|s| s.uuid == uuid))
+            .map(|i| SeqKey(i as u32))
+            .or_else(|| self.pass.all_outputs().find(|o| o.uuid == uuid).map(|o| o.key))
+    }
+
+    /// Checks the cache invariants plus each request's page bookkeeping (for tests).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut private = 0usize;
+        for (i, s) in self.seqs.iter().enumerate() {
+            let Some(s) = s else { continue };
+            if s.tree_depth > s.pages || s.materialized > s.pages * self.page || s.materialized > s.len {
+                return Err(format!(
+                    "request {i}: pages {} depth {} materialized {}",
+                    s.pages, s.tree_depth, s.materialized
+                ));
+            }
+            private += s.private_pages() as usize;
+        }
+        for &k in &self.running {
+            let s = self.seq(k);
+            if s.materialized != s.len {
+                return Err(format!("running request {}: materialized {} of {}", k.0, s.materialized, s.len));
+            }
+        }
+        self.cache.check_invariants(private)
+    }
+
+    fn retire(&mut self, key: SeqKey) {
+        self.seqs[key.0 as usize] = None;
+        self.retired_slots.push(key.0);
+    }
+
+    fn seq(&self, key: SeqKey) -> &Seq {
+        self.seqs[key.0 as usize].as_ref().expect("live seq")
+    }
+
+    fn seq_mut(&mut self, key: SeqKey) -> &mut Seq {
+        self.seqs[key.0 as usize].as_mut().expect("live seq")
+    }
+}

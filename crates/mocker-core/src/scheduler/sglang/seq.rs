@@ -1,0 +1,84 @@
+//! One request's state in the SGLang scheduler.
+
+use crate::hashing::{chain_hash, deterministic_output_token, local_block_hash};
+use crate::kv::radix::NodeId;
+
+/// Where a request is in its lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Status {
+    /// Submitted, never admitted.
+    Fresh,
+    /// Admitted (running, or waiting for its next prefill chunk).
+    Admitted,
+    /// Retracted under memory pressure; its generated tokens are kept and recomputed.
+    Retracted,
+}
+
+#[derive(Debug)]
+pub(super) struct Seq {
+    pub uuid: u128,
+    pub prompt: Vec<u32>,
+    pub planned: Option<Vec<u32>>,
+    /// Output cap, already clipped to `max_model_len`.
+    pub max_output: u32,
+    pub prompt_len: u32,
+    /// Prompt plus generated tokens.
+    pub len: u32,
+    pub generated: u32,
+    /// Tokens whose KV is computed and held (0 while waiting for a first chunk).
+    pub materialized: u32,
+    /// Pages owned: the locked tree path (`tree_depth` pages) plus private pages.
+    pub pages: u32,
+    pub tree_depth: u32,
+    /// Deepest node of the locked radix path (None: nothing locked).
+    pub last_node: Option<NodeId>,
+    /// Sequence hashes of complete pages computed so far (empty without prefix caching).
+    pub hashes: Vec<u64>,
+    pub status: Status,
+    /// Rejected at the next pass (can never run here).
+    pub reject: bool,
+    pub first_cached: Option<u32>,
+    pub sent_first: bool,
+    pub last_token_ns: u64,
+    pub last_token_pass: u64,
+}
+
+impl Seq {
+    pub fn token_at(&self, pos: u32) -> u32 {
+        if pos < self.prompt_len {
+            self.prompt[pos as usize]
+        } else {
+            let k = pos - self.prompt_len;
+            match &self.planned {
+                Some(p) => p[k as usize],
+                None => deterministic_output_token(self.uuid, u64::from(k)),
+            }
+        }
+    }
+
+    #[inline]
+    pub fn remaining(&self) -> u32 {
+        self.max_output.saturating_sub(self.generated)
+    }
+
+    /// Private pages (owned, not in the tree).
+    #[inline]
+    pub fn private_pages(&self) -> u32 {
+        self.pages - self.tree_depth
+    }
+
+    /// Extends `hashes` to cover every complete page of the first `upto` tokens; `scratch`
+    /// is a reusable token buffer (prompt pages are hashed at submit, so this only runs for
+    /// pages of generated tokens, one page at a time).
+    pub fn extend_hashes(&mut self, upto: u32, page: u32, scratch: &mut Vec<u32>) {
+        let target = (upto / page) as usize;
+        while self.hashes.len() < target {
+            let blk = self.hashes.len() as u32;
+            scratch.clear();
+            scratch.extend((blk * page..(blk + 1) * page).map(|p| self.token_at(p)));
+            let local = local_block_hash(scratch);
+            let h = self.hashes.last().map_or(local, |&p| chain_hash(p, local));
+            self.hashes.push(h);
+        }
+    }
+}
