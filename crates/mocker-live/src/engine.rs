@@ -235,9 +235,28 @@ impl LiveEngine {
     /// Submits one side of a handoff (see `LiveHandoffControl`).
     pub(crate) async fn submit_handoff(
         &self,
-        mut registration: LiveRequestRegistration,
+        registration: LiveRequestRegistration,
         route: Arc<crate::handoff::HandoffRoute>,
         source: bool,
+    ) -> Result<(), LiveError> {
+        let rank = self.inner.rank;
+        self.submit_registered(registration, |reg, reply| Command::SubmitHandoff {
+            rank,
+            reg,
+            route,
+            source,
+            reply,
+        })
+        .await
+    }
+
+    /// Takes a registration made by this engine and sends the command built from it;
+    /// resolves with the actor's answer. A dropped answer means the actor stopped (or
+    /// lost the command), which callers must be able to tell apart.
+    async fn submit_registered(
+        &self,
+        mut registration: LiveRequestRegistration,
+        command: impl FnOnce(Registered, oneshot::Sender<Result<(), LiveError>>) -> Command,
     ) -> Result<(), LiveError> {
         if registration.engine_id != self.inner.id {
             return Err(LiveError::ForeignRegistration);
@@ -247,7 +266,7 @@ impl LiveEngine {
             return Err(LiveError::NotRunning);
         }
         let (tx, rx) = oneshot::channel();
-        self.command(Command::SubmitHandoff { rank: self.inner.rank, reg, route, source, reply: tx }).await?;
+        self.command(command(reg, tx)).await?;
         match rx.await {
             Ok(r) => r,
             Err(_) if !self.is_running() => Err(LiveError::NotRunning),
@@ -305,25 +324,9 @@ impl LiveEngine {
 
     /// Submits a prepared registration; resolves when the actor has applied it (at once
     /// when idle, at the next pass boundary while a pass is in flight).
-    pub async fn submit_prepared(&self, mut registration: LiveRequestRegistration) -> Result<(), LiveError> {
-        if registration.engine_id != self.inner.id {
-            return Err(LiveError::ForeignRegistration);
-        }
-        let reg = registration.inner.take().ok_or(LiveError::ForeignRegistration)?;
-        if !self.is_running() {
-            return Err(LiveError::NotRunning);
-        }
-        let (tx, rx) = oneshot::channel();
-        self.inner
-            .cmd
-            .send(Command::Submit { rank: self.inner.rank, reg, reply: tx })
-            .await
-            .map_err(|_| LiveError::NotAcceptingCommands)?;
-        match rx.await {
-            Ok(r) => r,
-            Err(_) if !self.is_running() => Err(LiveError::NotRunning),
-            Err(_) => Err(LiveError::CommandAckDropped),
-        }
+    pub async fn submit_prepared(&self, registration: LiveRequestRegistration) -> Result<(), LiveError> {
+        let rank = self.inner.rank;
+        self.submit_registered(registration, |reg, reply| Command::Submit { rank, reg, reply }).await
     }
 
     /// Submits a request and returns its output stream. `request.uuid` is the client id

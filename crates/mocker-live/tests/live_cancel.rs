@@ -1,4 +1,4 @@
-//! Cancellation: by id, via the stream, by drop, mid-pass (§9 properties 10, 12, 13, 35, 36, 48).
+//! Cancellation: by id, via the stream, by drop, mid-pass (§9 properties 10, 12, 13, 31, 33, 35, 36, 44, 48).
 
 mod common;
 
@@ -167,6 +167,22 @@ async fn p31_cancel_of_a_pending_terminal_suppresses_it_and_counts_as_applied() 
     assert_eq!(e.metrics().borrow().running_requests, 0);
     assert!(e.cancel(Uuid::from_u128(8)).await.unwrap());
     assert!(s.recv().await.is_none(), "the suppressed token is never delivered");
+    assert_eq!(e.active_request_count(), 0);
+    e.shutdown().await.unwrap();
+}
+
+// Property 44: when a queued cancellation and an overdue pass deadline are both ready, the
+// cancellation is applied first, so the pending terminal is suppressed rather than sent.
+#[tokio::test(start_paused = true)]
+async fn p44_queued_cancel_beats_an_overdue_deadline() {
+    let e = LiveEngine::start(fixed_config(100.0, 1.0), LiveOptions::default()).unwrap();
+    let mut s = e.submit(planned(9, 8, &[42])).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await; // the 100 ms pass is in flight
+                                                         // Jump past the deadline without letting the actor run: its timer and the
+                                                         // cancellation below are ready together when it next wakes.
+    tokio::time::advance(Duration::from_millis(150)).await;
+    assert!(e.cancel(Uuid::from_u128(9)).await.unwrap(), "applied, not a no-op on a finished request");
+    assert!(s.recv().await.is_none(), "the terminal of the cancelled pass is never delivered");
     assert_eq!(e.active_request_count(), 0);
     e.shutdown().await.unwrap();
 }

@@ -137,7 +137,9 @@ impl BlockPool {
             lru_head: NIL,
             lru_tail: NIL,
             num_inactive: 0,
-            index: FxHashMap::default(),
+            // Resident blocks plus at most as many stale entries (see `forget`): sized up
+            // front, it never rehashes mid-run (bounded so a huge pool reserves lazily).
+            index: FxHashMap::with_capacity_and_hasher((2 * capacity).min(1 << 21), Default::default()),
             live_hashes: 0,
             stale: 0,
             policy,

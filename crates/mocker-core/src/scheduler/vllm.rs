@@ -212,14 +212,18 @@ impl VllmScheduler {
             max_output = max_output.min(cap.max(1));
         }
         let bs = self.block_size as usize;
+        // Sized once for the whole generation (never beyond the pool), so neither list
+        // reallocates as decode crosses block boundaries.
+        let final_blocks = (prompt_len + max_output).div_ceil(bs).min(self.num_gpu_blocks + 1);
         let hashes = match request.block_hashes {
             _ if !self.prefix_caching => Vec::new(),
-            Some(h) if h.len() == prompt_len / bs => {
+            Some(mut h) if h.len() == prompt_len / bs => {
                 debug_assert_eq!(h, crate::hashing::sequence_hashes(&request.tokens, bs));
+                h.reserve(final_blocks.saturating_sub(h.len()));
                 h
             }
             _ => {
-                let mut h = Vec::new();
+                let mut h = Vec::with_capacity(final_blocks);
                 extend_sequence_hashes(&request.tokens, bs, &mut h);
                 h
             }
@@ -234,7 +238,7 @@ impl VllmScheduler {
             num_computed: 0,
             generated: 0,
             status: Status::Fresh,
-            blocks: Vec::new(),
+            blocks: Vec::with_capacity(final_blocks),
             hashes,
             first_cached: None,
             sent_first: false,
