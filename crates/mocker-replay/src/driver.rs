@@ -22,6 +22,51 @@ pub struct ReplayOptions {
     pub num_workers: usize,
     /// The workload.
     pub workload: SyntheticWorkload,
+    /// First-turn arrival times and inter-turn delays are divided by this (finite, > 0).
+    pub arrival_speedup_ratio: f64,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        Self {
+            launch: LaunchConfig::default(),
+            num_workers: 1,
+            workload: SyntheticWorkload::default(),
+            arrival_speedup_ratio: 1.0,
+        }
+    }
+}
+
+impl ReplayOptions {
+    /// Checks the options every replay mode shares (workload, workers, dp size, speedup).
+    pub fn validate(&self, mode: &str) -> Result<(), ReplayError> {
+        self.workload.validate()?;
+        if self.num_workers == 0 {
+            return Err(ReplayError::Invalid {
+                field: "num_workers",
+                message: "must be at least 1 (got 0)".into(),
+            });
+        }
+        if self.launch.dp_size != 1 {
+            return Err(ReplayError::Invalid {
+                field: "dp_size",
+                message: format!("{mode} replay supports dp_size 1 only (got {})", self.launch.dp_size),
+            });
+        }
+        let r = self.arrival_speedup_ratio;
+        if !(r.is_finite() && r > 0.0) {
+            return Err(ReplayError::Invalid {
+                field: "arrival_speedup_ratio",
+                message: format!("must be a finite number > 0 (got {r})"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Scheduled arrival `ms` on the sped-up timeline, in ns.
+    pub fn scaled_ns(&self, ms: f64) -> u64 {
+        ms_to_ns(ms / self.arrival_speedup_ratio)
+    }
 }
 
 /// Why a replay could not run.
@@ -86,6 +131,8 @@ struct Sim {
     /// Sessions whose next turn is due now.
     ready: VecDeque<SessionId>,
     delayed_seq: u64,
+    /// Arrival speedup ratio (open-loop first arrivals are divided by it).
+    speedup: f64,
 }
 
 /// Started sessions and their remaining turns.
@@ -133,19 +180,7 @@ fn ms_to_ns(ms: f64) -> u64 {
 
 /// Runs a synthetic workload offline and returns its report.
 pub fn run_synthetic(options: &ReplayOptions) -> Result<ReplayOutcome, ReplayError> {
-    options.workload.validate()?;
-    if options.num_workers == 0 {
-        return Err(ReplayError::Invalid {
-            field: "num_workers",
-            message: "must be at least 1 (got 0)".into(),
-        });
-    }
-    if options.launch.dp_size != 1 {
-        return Err(ReplayError::Invalid {
-            field: "dp_size",
-            message: format!("offline replay supports dp_size 1 only (got {})", options.launch.dp_size),
-        });
-    }
+    options.validate("offline")?;
     let engine = &options.launch.engine;
     let mut workers = Vec::with_capacity(options.num_workers);
     for _ in 0..options.num_workers {
@@ -165,7 +200,8 @@ pub fn run_synthetic(options: &ReplayOptions) -> Result<ReplayOutcome, ReplayErr
         in_flight: 0,
         next_worker: 0,
         pass_seq: 0,
-        delay_ns: ms_to_ns(options.workload.inter_turn_delay_ms),
+        delay_ns: options.scaled_ns(options.workload.inter_turn_delay_ms),
+        speedup: options.arrival_speedup_ratio,
         delayed: BinaryHeap::new(),
         ready: VecDeque::new(),
         delayed_seq: 0,
@@ -193,7 +229,8 @@ impl Sim {
             if self.done() {
                 return Ok(());
             }
-            let next_arrival = self.feed.next_arrival_ms().map(ms_to_ns);
+            let speedup = self.speedup;
+            let next_arrival = self.feed.next_arrival_ms().map(|ms| ms_to_ns(ms / speedup));
             let next_delayed = self.delayed.peek().map(|Reverse((t, _, _))| *t);
             let next_pass = self.workers.iter().filter_map(|w| w.busy.map(|(t, _)| t)).min();
             match [next_arrival, next_delayed, next_pass].into_iter().flatten().min() {
@@ -316,7 +353,7 @@ impl Sim {
             }
             None => {
                 while let Some(at) = self.feed.next_arrival_ms() {
-                    let at = ms_to_ns(at);
+                    let at = ms_to_ns(at / self.speedup);
                     if at > now {
                         break;
                     }

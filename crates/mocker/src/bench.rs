@@ -118,6 +118,7 @@ pub fn run(args: BenchArgs) -> Result<(), UsageError> {
                 num_prefix_groups: c.num_prefix_groups,
                 ..Default::default()
             },
+            ..Default::default()
         };
         let mut best = f64::INFINITY;
         let mut summary = None;

@@ -3,6 +3,7 @@
 #![warn(missing_docs)]
 
 mod bench;
+mod online;
 mod replay;
 mod serve;
 

@@ -65,21 +65,7 @@ fn next(mut f: InFlight) -> Next {
 
 /// Runs `options` online on the current tokio runtime (usable under paused time in tests).
 pub async fn replay_online(options: &ReplayOptions) -> Result<ReplayOutcome, OnlineError> {
-    options.workload.validate().map_err(ReplayError::from)?;
-    if options.num_workers == 0 {
-        return Err(ReplayError::Invalid {
-            field: "num_workers",
-            message: "must be at least 1 (got 0)".into(),
-        }
-        .into());
-    }
-    if options.launch.dp_size != 1 {
-        return Err(ReplayError::Invalid {
-            field: "dp_size",
-            message: format!("online replay supports dp_size 1 only (got {})", options.launch.dp_size),
-        }
-        .into());
-    }
+    options.validate("online")?;
     let engine_config = &options.launch.engine;
     let (adm_tx, mut adm_rx) = mpsc::unbounded_channel::<ObservedAdmission>();
     let mut workers = Vec::with_capacity(options.num_workers);
@@ -115,7 +101,8 @@ pub async fn replay_online(options: &ReplayOptions) -> Result<ReplayOutcome, Onl
             _ => None,
         },
         next_worker: 0,
-        delay_ns: (options.workload.inter_turn_delay_ms * 1e6).round() as u64,
+        delay_ns: options.scaled_ns(options.workload.inter_turn_delay_ms),
+        speedup: options.arrival_speedup_ratio,
         due: BinaryHeap::new(),
         due_seq: 0,
         pending: FuturesUnordered::new(),
@@ -156,6 +143,9 @@ struct Driver<'a> {
     concurrency: Option<usize>,
     next_worker: usize,
     delay_ns: u64,
+    /// Arrival speedup ratio: open-loop first arrivals are divided by it, as the reference
+    /// does (engine pass times are scaled separately, by the engine's own speedup_ratio).
+    speedup: f64,
     /// Turns due at a future time: (due ns, tie-break, session).
     due: BinaryHeap<Reverse<(u64, u64, u32)>>,
     due_seq: u64,
@@ -219,7 +209,7 @@ impl Driver<'_> {
     fn next_due_ns(&mut self) -> Option<u64> {
         let delayed = self.due.peek().map(|Reverse((t, _, _))| *t);
         let arrival = if self.concurrency.is_none() {
-            self.feed.next_arrival_ms().map(|ms| (ms * 1e6).round() as u64)
+            self.feed.next_arrival_ms().map(|ms| (ms / self.speedup * 1e6).round() as u64)
         } else {
             None
         };
@@ -258,7 +248,7 @@ impl Driver<'_> {
         }
         if self.concurrency.is_none() {
             while let Some(at) = self.feed.next_arrival_ms() {
-                let at = (at * 1e6).round() as u64;
+                let at = (at / self.speedup * 1e6).round() as u64;
                 if at > now {
                     break;
                 }

@@ -54,6 +54,22 @@ pub struct ReplayArgs {
     /// Write the full JSON report here (a directory gets `mocker_replay_report.json`).
     #[arg(long)]
     pub report_json: Option<PathBuf>,
+    /// offline: simulated clock, as fast as the CPU allows; online: live engines on the
+    /// wall clock (arrivals divided by --arrival-speedup-ratio).
+    #[arg(long, value_enum, default_value_t = Mode::Offline, visible_alias = "replay-mode")]
+    pub mode: Mode,
+    /// Divide first-turn arrival times and inter-turn delays by this (finite, > 0).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub arrival_speedup_ratio: f64,
+}
+
+/// Where a replay runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Discrete-event simulation on a virtual clock.
+    Offline,
+    /// Live engines on tokio's wall clock.
+    Online,
 }
 
 impl ReplayArgs {
@@ -98,7 +114,13 @@ impl ReplayArgs {
         workload
             .validate()
             .map_err(|e| UsageError(format!("--{}: {}", e.field.replace('_', "-"), e.message)))?;
-        Ok(ReplayOptions { launch, num_workers: self.num_workers, workload })
+        let r = self.arrival_speedup_ratio;
+        if !(r.is_finite() && r > 0.0) {
+            return Err(UsageError(format!(
+                "--arrival-speedup-ratio: must be a finite number > 0 (got {r})"
+            )));
+        }
+        Ok(ReplayOptions { launch, num_workers: self.num_workers, workload, arrival_speedup_ratio: r })
     }
 }
 
@@ -113,7 +135,10 @@ fn report_path(path: &Path) -> PathBuf {
 /// Runs `mocker replay`.
 pub fn run(args: ReplayArgs) -> Result<(), UsageError> {
     let options = args.options()?;
-    let outcome = run_synthetic(&options).map_err(|e| UsageError(e.to_string()))?;
+    let outcome = match args.mode {
+        Mode::Offline => run_synthetic(&options).map_err(|e| UsageError(e.to_string()))?,
+        Mode::Online => crate::online::run_online(&options).map_err(|e| UsageError(e.to_string()))?,
+    };
     let path = args.report_json.as_deref().map(report_path);
     if let Some(p) = &path {
         std::fs::write(p, outcome.summary.to_json_pretty() + "\n")

@@ -22,6 +22,7 @@ fn options(isl: usize, osl: usize, n: usize, load: Load, speedup: f64) -> Replay
             load,
             ..Default::default()
         },
+        ..Default::default()
     }
 }
 
