@@ -1,7 +1,8 @@
 //! Per-request latency bookkeeping during a replay, folded into report inputs.
 //! Live requests hold a small record; completed ones leave only their scalar samples.
 
-use crate::report::{ExactDistribution, SketchDistribution, SummaryInputs};
+use crate::options::Sla;
+use crate::report::{ExactDistribution, GoodputInputs, SketchDistribution, SummaryInputs};
 
 /// Index of a live request's record.
 pub type RecordId = u32;
@@ -17,6 +18,7 @@ struct Record {
     admitted: bool,
     reused_max: u32,
     reused_first: u32,
+    worker: u32,
 }
 
 /// Collects what the report needs while a replay runs.
@@ -40,12 +42,32 @@ pub struct Collector {
     /// Gaps of one pass are usually identical: batch them into one sketch update.
     run_gap_ns: u64,
     run_len: u64,
+    sla: Sla,
+    good: u64,
+    good_tokens: u64,
+    /// Per worker: (input tokens, reused tokens) of completed requests.
+    workers: Vec<(u64, u64)>,
 }
 
 impl Collector {
     /// An empty collector.
     pub fn new() -> Self {
         Self { itl: SketchDistribution::new(), per_user: SketchDistribution::new(), ..Default::default() }
+    }
+
+    /// An empty collector that also counts goodput under `sla` (when any threshold is set).
+    pub fn with_sla(sla: Sla) -> Self {
+        Self { sla, ..Self::new() }
+    }
+
+    /// The request was placed on `worker` (for per-worker cache statistics).
+    pub fn set_worker(&mut self, id: RecordId, worker: usize) {
+        self.records[id as usize].worker = worker as u32;
+    }
+
+    /// Per worker, (input tokens, reused tokens) of its completed requests.
+    pub fn worker_tokens(&self) -> &[(u64, u64)] {
+        &self.workers
     }
 
     /// A request arrived (was dispatched) at `arrival_ns`.
@@ -61,6 +83,7 @@ impl Collector {
             admitted: false,
             reused_max: 0,
             reused_first: 0,
+            worker: 0,
         };
         match self.free.pop() {
             Some(id) => {
@@ -138,8 +161,20 @@ impl Collector {
         self.reused_first += u64::from(r.reused_first);
         self.duration_ns = self.duration_ns.max(t_ns);
         let ms = |ns: u64| ns as f64 / 1e6;
-        self.ttft.push(ms(r.first_ns.saturating_sub(r.arrival_ns)));
-        self.e2e.push(ms(r.last_ns.saturating_sub(r.arrival_ns)));
+        let (ttft, e2e) =
+            (ms(r.first_ns.saturating_sub(r.arrival_ns)), ms(r.last_ns.saturating_sub(r.arrival_ns)));
+        self.ttft.push(ttft);
+        self.e2e.push(e2e);
+        if self.sla.any() && self.sla.is_good(ttft, e2e, r.tokens) {
+            self.good += 1;
+            self.good_tokens += u64::from(r.tokens);
+        }
+        let w = r.worker as usize;
+        if self.workers.len() <= w {
+            self.workers.resize(w + 1, (0, 0));
+        }
+        self.workers[w].0 += u64::from(r.input_len);
+        self.workers[w].1 += u64::from(r.reused_max);
         if r.tokens >= 2 {
             self.ttst.push(ms(r.second_ns - r.first_ns));
             self.tpot.push(ms(r.last_ns - r.first_ns) / f64::from(r.tokens - 1));
@@ -173,6 +208,10 @@ impl Collector {
             e2e_latency_ms: self.e2e,
             itl_ms: self.itl,
             output_token_throughput_per_user: self.per_user,
+            goodput: self
+                .sla
+                .any()
+                .then_some(GoodputInputs { good_requests: self.good, good_output_tokens: self.good_tokens }),
             ..Default::default()
         }
     }

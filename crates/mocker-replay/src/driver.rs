@@ -1,108 +1,44 @@
 //! The offline discrete-event loop: W engines on one simulated clock that jumps from event
 //! to event (arrivals, pass ends, delayed turns) and never sleeps.
+//!
+//! Pass ends sit in a heap and only workers that got work or finished a pass are looked
+//! at, so an event costs O(log W), not O(W), with many workers.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::Instant;
 
-use mocker_core::config::LaunchConfig;
-use mocker_core::{Engine, EngineError, EngineOptions, Request};
+use mocker_core::hashing::sequence_hashes;
+use mocker_core::{Engine, EngineOptions, Request};
 
 use crate::collector::{Collector, RecordId};
 use crate::feed::{PlannedSession, PlannedTurn, SessionFeed};
+use crate::options::{ms_to_ns, ReplayError, ReplayOptions};
 use crate::report::Summary;
-use crate::workload::{Load, SyntheticWorkload, WorkloadError};
-
-/// What an offline replay runs.
-#[derive(Debug, Clone)]
-pub struct ReplayOptions {
-    /// Engine configuration shared by every worker.
-    pub launch: LaunchConfig,
-    /// Workers (engines), requests placed round-robin.
-    pub num_workers: usize,
-    /// The workload.
-    pub workload: SyntheticWorkload,
-    /// First-turn arrival times and inter-turn delays are divided by this (finite, > 0).
-    pub arrival_speedup_ratio: f64,
-}
-
-impl Default for ReplayOptions {
-    fn default() -> Self {
-        Self {
-            launch: LaunchConfig::default(),
-            num_workers: 1,
-            workload: SyntheticWorkload::default(),
-            arrival_speedup_ratio: 1.0,
-        }
-    }
-}
-
-impl ReplayOptions {
-    /// Checks the options every replay mode shares (workload, workers, dp size, speedup).
-    pub fn validate(&self, mode: &str) -> Result<(), ReplayError> {
-        self.workload.validate()?;
-        if self.num_workers == 0 {
-            return Err(ReplayError::Invalid {
-                field: "num_workers",
-                message: "must be at least 1 (got 0)".into(),
-            });
-        }
-        if self.launch.dp_size != 1 {
-            return Err(ReplayError::Invalid {
-                field: "dp_size",
-                message: format!("{mode} replay supports dp_size 1 only (got {})", self.launch.dp_size),
-            });
-        }
-        let r = self.arrival_speedup_ratio;
-        if !(r.is_finite() && r > 0.0) {
-            return Err(ReplayError::Invalid {
-                field: "arrival_speedup_ratio",
-                message: format!("must be a finite number > 0 (got {r})"),
-            });
-        }
-        Ok(())
-    }
-
-    /// Scheduled arrival `ms` on the sped-up timeline, in ns.
-    pub fn scaled_ns(&self, ms: f64) -> u64 {
-        ms_to_ns(ms / self.arrival_speedup_ratio)
-    }
-}
-
-/// Why a replay could not run.
-#[derive(Debug, thiserror::Error)]
-pub enum ReplayError {
-    /// A workload parameter is out of range.
-    #[error(transparent)]
-    Workload(#[from] WorkloadError),
-    /// The engine could not be built or refused a request.
-    #[error(transparent)]
-    Engine(#[from] EngineError),
-    /// Options that are valid alone but not together, or not supported.
-    #[error("{field}: {message}")]
-    Invalid {
-        /// The offending option.
-        field: &'static str,
-        /// What is wrong.
-        message: String,
-    },
-    /// The simulation cannot make progress.
-    #[error("offline replay reached a dead end with {0} in-flight requests remaining")]
-    DeadEnd(usize),
-}
+use crate::router::{RouteId, RouteRequest, Router, RouterQueue};
 
 /// A finished replay.
 #[derive(Debug, Clone)]
 pub struct ReplayOutcome {
     /// The report's summary (`.summary` of the reference).
     pub summary: Summary,
+    /// Per worker: (input tokens, reused tokens) of the requests it completed.
+    pub worker_tokens: Vec<(u64, u64)>,
+}
+
+/// Callbacks a replay reports through while it runs.
+#[derive(Default)]
+pub struct Hooks<'a> {
+    /// Called now and then with (requests finished, total requests, simulated ms).
+    pub progress: Option<&'a mut dyn FnMut(usize, usize, f64)>,
 }
 
 struct Worker {
     engine: Engine,
-    /// End of the pass in flight, with its start order for ties.
-    busy: Option<(u64, u64)>,
-    /// Collector record and session of the request in each engine slot.
+    busy: bool,
+    /// Whether the worker is listed in `Sim::dirty`.
+    dirty: bool,
+    /// Owner of the request in each engine slot.
     owners: Vec<SlotOwner>,
 }
 
@@ -111,28 +47,44 @@ struct Worker {
 struct SlotOwner {
     record: RecordId,
     session: SessionId,
+    route: RouteId,
+    /// First token not seen yet (the router still counts its prefill).
+    prefilling: bool,
 }
 
 /// Index of a started session in `Sim::sessions`.
 type SessionId = u32;
+
+/// A turn held in the router queue.
+struct Queued {
+    sid: SessionId,
+    record: RecordId,
+    turn: PlannedTurn,
+}
 
 struct Sim {
     workers: Vec<Worker>,
     feed: SessionFeed,
     sessions: SessionTable,
     collector: Collector,
+    router: Router,
+    queue: Option<RouterQueue<Queued>>,
     concurrency: Option<usize>,
+    /// Dispatched and not finished, router-queued included.
     in_flight: usize,
-    next_worker: usize,
+    finished: usize,
+    block_size: usize,
     pass_seq: u64,
-    delay_ns: u64,
+    speedup: f64,
+    /// Pass ends: (end, start order, worker).
+    passes: BinaryHeap<Reverse<(u64, u64, usize)>>,
+    /// Workers that may be idle with work, to look at in index order.
+    dirty: Vec<usize>,
     /// Sessions whose next turn is due at a future time: (due, tie-break, session).
     delayed: BinaryHeap<Reverse<(u64, u64, SessionId)>>,
     /// Sessions whose next turn is due now.
     ready: VecDeque<SessionId>,
     delayed_seq: u64,
-    /// Arrival speedup ratio (open-loop first arrivals are divided by it).
-    speedup: f64,
 }
 
 /// Started sessions and their remaining turns.
@@ -159,8 +111,9 @@ impl SessionTable {
         }
     }
 
-    fn has_turns(&self, sid: SessionId) -> bool {
-        self.slots[sid as usize].as_ref().is_some_and(|s| !s.turns.is_empty())
+    /// Delay before the session's next turn, if it has one.
+    fn next_delay_ms(&self, sid: SessionId) -> Option<f64> {
+        self.slots[sid as usize].as_ref()?.turns.front().map(|t| t.delay_ms)
     }
 
     fn next_turn(&mut self, sid: SessionId) -> Option<PlannedTurn> {
@@ -174,42 +127,62 @@ impl SessionTable {
     }
 }
 
-fn ms_to_ns(ms: f64) -> u64 {
-    (ms * 1e6).round() as u64
+/// Runs a replay offline and returns its report.
+pub fn run_synthetic(options: &ReplayOptions) -> Result<ReplayOutcome, ReplayError> {
+    run_replay(options, Hooks::default())
 }
 
-/// Runs a synthetic workload offline and returns its report.
-pub fn run_synthetic(options: &ReplayOptions) -> Result<ReplayOutcome, ReplayError> {
+/// Runs a replay offline, reporting through `hooks`.
+pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<ReplayOutcome, ReplayError> {
     options.validate("offline")?;
     let engine = &options.launch.engine;
+    let router = Router::new(
+        options.router,
+        options.router_config,
+        options.num_workers,
+        engine.block_size,
+        engine.max_num_batched_tokens,
+    );
     let mut workers = Vec::with_capacity(options.num_workers);
     for _ in 0..options.num_workers {
-        let engine = Engine::new(EngineOptions { config: engine.clone(), ..Default::default() })?;
-        workers.push(Worker { engine, busy: None, owners: Vec::new() });
+        let engine = Engine::new(EngineOptions {
+            config: engine.clone(),
+            record_kv_events: router.wants_kv_events(),
+            ..Default::default()
+        })?;
+        workers.push(Worker { engine, busy: false, dirty: false, owners: Vec::new() });
     }
+    let queue = (router.wants_kv_events() && options.router_config.router_queue_threshold.is_some())
+        .then(|| RouterQueue::new(options.router_config.router_queue_policy));
+    let hash_prompts = engine.enable_prefix_caching || router.wants_kv_events();
     let started = Instant::now();
     let mut sim = Sim {
         workers,
-        feed: SessionFeed::new(&options.workload, engine.block_size, engine.enable_prefix_caching),
+        feed: SessionFeed::new(&options.workload, engine.block_size, hash_prompts),
         sessions: SessionTable::default(),
-        collector: Collector::new(),
-        concurrency: match options.workload.load {
-            Load::Concurrency(c) => Some(c),
-            _ => None,
-        },
+        collector: Collector::with_sla(options.sla),
+        router,
+        queue,
+        concurrency: options.workload.concurrency(),
         in_flight: 0,
-        next_worker: 0,
+        finished: 0,
+        block_size: engine.block_size,
         pass_seq: 0,
-        delay_ns: options.scaled_ns(options.workload.inter_turn_delay_ms),
         speedup: options.arrival_speedup_ratio,
+        passes: BinaryHeap::new(),
+        dirty: Vec::new(),
         delayed: BinaryHeap::new(),
         ready: VecDeque::new(),
         delayed_seq: 0,
     };
-    sim.run()?;
+    let total = options.workload.total_requests();
+    let cap = options.max_sim_time_ms.map(ms_to_ns);
+    sim.run(cap, total, &mut hooks)?;
     let wall_ms = started.elapsed().as_secs_f64() * 1e3;
 
     let committed: u64 = sim.workers.iter().map(|w| w.engine.metrics().prompt_tokens_computed_total).sum();
+    let mut worker_tokens = sim.collector.worker_tokens().to_vec();
+    worker_tokens.resize(options.num_workers, (0, 0));
     let mut inputs = sim.collector.finish();
     let duration_s = (inputs.duration_ms / 1000.0).max(1e-9);
     inputs.committed_prefill_tokens = committed;
@@ -218,22 +191,33 @@ pub fn run_synthetic(options: &ReplayOptions) -> Result<ReplayOutcome, ReplayErr
     inputs.decode_gpus_per_worker = (options.launch.tensor_parallel_size * options.launch.dp_size) as u64;
     let mut summary = Summary::from_inputs(inputs);
     summary.kv_eviction_policy = engine.eviction_policy.as_str().to_string();
-    Ok(ReplayOutcome { summary })
+    Ok(ReplayOutcome { summary, worker_tokens })
 }
 
 impl Sim {
-    fn run(&mut self) -> Result<(), ReplayError> {
+    fn run(&mut self, cap: Option<u64>, total: usize, hooks: &mut Hooks<'_>) -> Result<(), ReplayError> {
         let mut now = 0;
+        let mut reported = 0;
         loop {
             self.drain(now)?;
+            if let Some(p) = hooks.progress.as_mut() {
+                if self.finished >= reported + 256 || self.done() {
+                    reported = self.finished;
+                    p(self.finished, total, now as f64 / 1e6);
+                }
+            }
             if self.done() {
                 return Ok(());
             }
             let speedup = self.speedup;
-            let next_arrival = self.feed.next_arrival_ms().map(|ms| ms_to_ns(ms / speedup));
+            let next_arrival = match self.concurrency {
+                None => self.feed.next_arrival_ms().map(|ms| ms_to_ns(ms / speedup)),
+                Some(_) => None,
+            };
             let next_delayed = self.delayed.peek().map(|Reverse((t, _, _))| *t);
-            let next_pass = self.workers.iter().filter_map(|w| w.busy.map(|(t, _)| t)).min();
+            let next_pass = self.passes.peek().map(|Reverse((t, _, _))| *t);
             match [next_arrival, next_delayed, next_pass].into_iter().flatten().min() {
+                Some(t) if cap.is_some_and(|c| t > c) => return Ok(()),
                 Some(t) => now = t.max(now),
                 None => return Err(ReplayError::DeadEnd(self.in_flight)),
             }
@@ -245,86 +229,127 @@ impl Sim {
             && self.feed.sessions_remaining() == 0
             && self.delayed.is_empty()
             && self.ready.is_empty()
-            && self.workers.iter().all(|w| w.busy.is_none())
+            && self.passes.is_empty()
+    }
+
+    fn mark_dirty(&mut self, w: usize) {
+        let worker = &mut self.workers[w];
+        if !worker.dirty {
+            worker.dirty = true;
+            self.dirty.push(w);
+        }
     }
 
     /// Processes everything that can happen at `now`, until nothing changes.
     fn drain(&mut self, now: u64) -> Result<(), ReplayError> {
+        let mut dirty = Vec::new();
         loop {
             let mut changed = false;
             // 1. Pass completions, in (end, start order).
-            while let Some(w) = self.next_completion(now) {
-                self.workers[w].busy = None;
+            while let Some(&Reverse((t, _, w))) = self.passes.peek() {
+                if t > now {
+                    break;
+                }
+                self.passes.pop();
+                self.workers[w].busy = false;
                 self.deliver(w, now);
+                self.mark_dirty(w);
                 changed = true;
             }
             // 2. Arrivals.
             changed |= self.release_arrivals(now)?;
-            // 3. Idle workers with work run one pass.
-            for w in 0..self.workers.len() {
+            // 3. Idle workers with work run one pass, in worker order.
+            std::mem::swap(&mut dirty, &mut self.dirty);
+            dirty.sort_unstable();
+            for &w in &dirty {
+                self.workers[w].dirty = false;
+            }
+            for &w in &dirty {
                 let worker = &mut self.workers[w];
-                if worker.busy.is_some() || !worker.engine.has_work() {
+                if worker.busy || !worker.engine.has_work() {
                     continue;
                 }
                 let pass = worker.engine.step(now);
                 if pass.end_ns > now {
                     self.pass_seq += 1;
-                    worker.busy = Some((pass.end_ns, self.pass_seq));
+                    worker.busy = true;
+                    self.passes.push(Reverse((pass.end_ns, self.pass_seq, w)));
                 } else if pass.had_effect() {
                     self.deliver(w, now);
+                    self.mark_dirty(w);
                 } else {
                     return Err(ReplayError::DeadEnd(self.in_flight));
                 }
                 changed = true;
             }
+            dirty.clear();
             if !changed {
                 return Ok(());
             }
         }
     }
 
-    fn next_completion(&self, now: u64) -> Option<usize> {
-        self.workers
-            .iter()
-            .enumerate()
-            .filter_map(|(i, w)| w.busy.filter(|&(t, _)| t <= now).map(|b| (b, i)))
-            .min()
-            .map(|(_, i)| i)
-    }
-
-    /// Hands worker `w`'s last pass outputs to the collector, stamped at `t`.
+    /// Hands worker `w`'s last pass outputs to the collector and router, stamped at `t`.
     fn deliver(&mut self, w: usize, t: u64) {
         let worker = &mut self.workers[w];
         let pass = worker.engine.last_pass();
+        if let Router::Kv(r) = &mut self.router {
+            r.apply_events(w, &pass.kv_events);
+        }
         for a in &pass.admissions {
             self.collector.on_admission(worker.owners[a.key.0 as usize].record, a.reused_tokens);
         }
         if let Some(o) = pass.steady.first() {
             self.collector.on_gaps(o.itl_ns, pass.steady.len() as u64);
         }
+        let mut lifecycle = false;
         for o in &pass.outputs {
-            let SlotOwner { record: rec, session: sid } = worker.owners[o.key.0 as usize];
+            let owner = &mut worker.owners[o.key.0 as usize];
+            let SlotOwner { record: rec, session: sid, route, .. } = *owner;
             if o.rejected {
                 self.collector.on_rejected(rec);
             } else {
                 if o.has_token() {
                     self.collector.on_token(rec, t, o.index, o.itl_ns);
+                    if owner.prefilling {
+                        owner.prefilling = false;
+                        self.router.prefill_done(route);
+                        lifecycle = true;
+                    }
                 }
                 if o.completed {
                     self.collector.on_complete(rec, t);
                 }
             }
             if o.completed {
+                self.router.free(route);
+                lifecycle = true;
                 self.in_flight -= 1;
-                if !self.sessions.has_turns(sid) {
-                    self.sessions.end(sid);
-                } else if self.delay_ns == 0 {
-                    self.ready.push_back(sid);
-                } else {
-                    self.delayed_seq += 1;
-                    self.delayed.push(Reverse((t + self.delay_ns, self.delayed_seq, sid)));
+                self.finished += 1;
+                match self.sessions.next_delay_ms(sid) {
+                    None => self.sessions.end(sid),
+                    Some(0.0) => self.ready.push_back(sid),
+                    Some(d) => {
+                        self.delayed_seq += 1;
+                        self.delayed.push(Reverse((t + ms_to_ns(d / self.speedup), self.delayed_seq, sid)));
+                    }
                 }
             }
+        }
+        if lifecycle {
+            self.release_queued();
+        }
+    }
+
+    /// Places router-queued turns while some worker has room.
+    fn release_queued(&mut self) {
+        loop {
+            let Router::Kv(r) = &self.router else { return };
+            if r.all_busy() {
+                return;
+            }
+            let Some(q) = self.queue.as_mut().and_then(RouterQueue::pop) else { return };
+            self.place(q.sid, q.record, q.turn);
         }
     }
 
@@ -367,29 +392,59 @@ impl Sim {
         Ok(any)
     }
 
-    /// Submits the session's next turn, placed round-robin.
+    /// The session's next turn arrives: route it (or queue it) and submit it.
     fn dispatch(&mut self, sid: SessionId, arrival_ns: u64) -> Result<(), ReplayError> {
-        let Some(turn) = self.sessions.next_turn(sid) else {
+        let Some(mut turn) = self.sessions.next_turn(sid) else {
             self.sessions.end(sid);
             return Ok(());
         };
         let rec = self.collector.on_arrival(arrival_ns, turn.tokens.len());
-        let w = self.next_worker;
-        self.next_worker = (self.next_worker + 1) % self.workers.len();
-        let worker = &mut self.workers[w];
-        let key = worker.engine.submit(Request {
-            uuid: turn.uuid,
-            tokens: turn.tokens,
-            max_output_tokens: turn.max_output_tokens,
-            output_token_ids: None,
-            block_hashes: turn.block_hashes,
-        })?;
+        self.in_flight += 1;
+        if turn.max_output_tokens == 0 || turn.tokens.is_empty() {
+            return Err(mocker_core::EngineError::Submit(if turn.tokens.is_empty() {
+                mocker_core::SubmitError::EmptyPrompt(turn.uuid)
+            } else {
+                mocker_core::SubmitError::NoOutput(turn.uuid)
+            })
+            .into());
+        }
+        if let (Router::Kv(r), Some(q)) = (&mut self.router, self.queue.as_mut()) {
+            if !q.is_empty() || r.all_busy() {
+                let bs = self.block_size;
+                let hashes = turn.block_hashes.get_or_insert_with(|| sequence_hashes(&turn.tokens, bs));
+                let best = r.best_cached_tokens(hashes);
+                let isl = turn.tokens.len();
+                q.push(Queued { sid, record: rec, turn }, arrival_ns as f64 / 1e9, isl, best);
+                return Ok(());
+            }
+        }
+        self.place(sid, rec, turn);
+        Ok(())
+    }
+
+    /// Routes and submits a turn whose record exists.
+    fn place(&mut self, sid: SessionId, rec: RecordId, turn: PlannedTurn) {
+        let p = self.router.route(RouteRequest {
+            isl: turn.tokens.len(),
+            hashes: turn.block_hashes.as_deref().unwrap_or_default(),
+        });
+        self.collector.set_worker(rec, p.worker);
+        let worker = &mut self.workers[p.worker];
+        let key = worker
+            .engine
+            .submit(Request {
+                uuid: turn.uuid,
+                tokens: turn.tokens,
+                max_output_tokens: turn.max_output_tokens,
+                output_token_ids: None,
+                block_hashes: turn.block_hashes,
+            })
+            .expect("prompt and output lengths were checked at dispatch");
         let slot = key.0 as usize;
         if worker.owners.len() <= slot {
             worker.owners.resize(slot + 1, SlotOwner::default());
         }
-        worker.owners[slot] = SlotOwner { record: rec, session: sid };
-        self.in_flight += 1;
-        Ok(())
+        worker.owners[slot] = SlotOwner { record: rec, session: sid, route: p.id, prefilling: true };
+        self.mark_dirty(p.worker);
     }
 }

@@ -8,7 +8,9 @@ use std::thread::JoinHandle;
 
 use mocker_core::hashing::sequence_hashes;
 
-use crate::workload::{SyntheticSource, SyntheticWorkload};
+use crate::options::Workload;
+use crate::trace_source::TraceSource;
+use crate::workload::SyntheticSource;
 
 /// One turn, ready to submit.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,8 +21,11 @@ pub struct PlannedTurn {
     pub tokens: Vec<u32>,
     /// Output tokens.
     pub max_output_tokens: usize,
-    /// Sequence hashes of the prompt's full blocks (when prefix caching is on).
+    /// Sequence hashes of the prompt's full blocks (when prefix caching or the KV
+    /// router needs them).
     pub block_hashes: Option<Vec<u64>>,
+    /// Delay after the previous turn of the session completes (ms, before the speedup).
+    pub delay_ms: f64,
 }
 
 /// A session ready to start.
@@ -48,27 +53,54 @@ enum Source {
     },
 }
 
+/// Where sessions come from.
+#[allow(clippy::large_enum_variant)] // one per feed
+enum Generator {
+    Synthetic(SyntheticSource, f64),
+    Trace(TraceSource),
+}
+
 /// Turns a workload into planned sessions.
 struct Planner {
-    source: SyntheticSource,
+    source: Generator,
     hash_block_size: Option<usize>,
 }
 
 impl Planner {
     fn next(&mut self) -> Option<PlannedSession> {
-        let arrival_ms = self.source.next_arrival_ms();
-        let mut state = self.source.start_session()?;
-        let mut turns = VecDeque::with_capacity(self.source.turns_per_session());
-        while let Some(t) = self.source.next_turn(&mut state) {
-            let block_hashes = self.hash_block_size.map(|bs| sequence_hashes(&t.tokens, bs));
-            turns.push_back(PlannedTurn {
-                uuid: t.uuid,
-                tokens: t.tokens,
-                max_output_tokens: t.max_output_tokens,
-                block_hashes,
-            });
+        let hash = |tokens: &[u32]| self.hash_block_size.map(|bs| sequence_hashes(tokens, bs));
+        match &mut self.source {
+            Generator::Synthetic(source, delay) => {
+                let arrival_ms = source.next_arrival_ms();
+                let mut state = source.start_session()?;
+                let mut turns = VecDeque::with_capacity(source.turns_per_session());
+                while let Some(t) = source.next_turn(&mut state) {
+                    turns.push_back(PlannedTurn {
+                        uuid: t.uuid,
+                        block_hashes: hash(&t.tokens),
+                        tokens: t.tokens,
+                        max_output_tokens: t.max_output_tokens,
+                        delay_ms: if turns.is_empty() { 0.0 } else { *delay },
+                    });
+                }
+                Some(PlannedSession { arrival_ms, turns })
+            }
+            Generator::Trace(source) => {
+                let arrival_ms = source.next_arrival_ms();
+                let turns = source
+                    .next_session()?
+                    .into_iter()
+                    .map(|t| PlannedTurn {
+                        uuid: t.uuid,
+                        block_hashes: hash(&t.tokens),
+                        tokens: t.tokens,
+                        max_output_tokens: t.max_output_tokens,
+                        delay_ms: t.delay_ms,
+                    })
+                    .collect();
+                Some(PlannedSession { arrival_ms, turns })
+            }
         }
-        Some(PlannedSession { arrival_ms, turns })
     }
 }
 
@@ -81,14 +113,23 @@ pub struct SessionFeed {
 
 impl SessionFeed {
     /// A feed of `workload` for engines with `block_size`-token blocks; prompts are hashed
-    /// only when `hash_prompts` (prefix caching on).
-    pub fn new(workload: &SyntheticWorkload, block_size: usize, hash_prompts: bool) -> Self {
-        let remaining = workload.request_count;
-        let mut planner = Planner {
-            source: SyntheticSource::new(workload.clone(), block_size),
-            hash_block_size: hash_prompts.then_some(block_size),
+    /// only when `hash_prompts` (prefix caching on, or a KV router).
+    pub fn new(workload: &Workload, block_size: usize, hash_prompts: bool) -> Self {
+        let (source, remaining, total_prompt_tokens) = match workload {
+            Workload::Synthetic(w) => (
+                Generator::Synthetic(SyntheticSource::new(w.clone(), block_size), w.inter_turn_delay_ms),
+                w.request_count,
+                w.total_requests().saturating_mul(w.input_tokens),
+            ),
+            Workload::Trace(t) => {
+                let source = TraceSource::new(t);
+                let per_copy: usize =
+                    t.trace.sessions.iter().flat_map(|s| &s.turns).map(|t| t.input_length as usize).sum();
+                let remaining = source.sessions_remaining();
+                (Generator::Trace(source), remaining, per_copy.saturating_mul(t.repeat))
+            }
         };
-        let total_prompt_tokens = workload.total_requests().saturating_mul(workload.input_tokens);
+        let mut planner = Planner { source, hash_block_size: hash_prompts.then_some(block_size) };
         let source = if total_prompt_tokens < THREAD_MIN_PROMPT_TOKENS {
             Source::Inline(Box::new(planner))
         } else {
@@ -163,8 +204,10 @@ mod tests {
     use super::*;
     use crate::workload::Load;
 
+    use crate::workload::SyntheticWorkload;
+
     fn collect(w: &SyntheticWorkload) -> Vec<PlannedSession> {
-        let mut feed = SessionFeed::new(w, 64, true);
+        let mut feed = SessionFeed::new(&w.clone().into(), 64, true);
         let mut out = Vec::new();
         while let Some(s) = feed.start_session() {
             out.push(s);
@@ -196,7 +239,7 @@ mod tests {
     #[test]
     fn dropping_a_threaded_feed_early_stops_its_thread() {
         let w = SyntheticWorkload { input_tokens: 1000, request_count: 100_000, ..Default::default() };
-        let mut feed = SessionFeed::new(&w, 64, false);
+        let mut feed = SessionFeed::new(&w.into(), 64, false);
         assert!(feed.start_session().is_some());
         drop(feed); // must not hang
     }

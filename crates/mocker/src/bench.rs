@@ -4,7 +4,7 @@
 
 use clap::Args;
 use mocker_core::config::LaunchConfig;
-use mocker_replay::{run_synthetic, Load, ReplayOptions, SyntheticWorkload};
+use mocker_replay::{run_synthetic, Load, ReplayOptions, SyntheticWorkload, Workload};
 use serde_json::{json, Value};
 
 use crate::UsageError;
@@ -109,7 +109,7 @@ pub fn run(args: BenchArgs) -> Result<(), UsageError> {
         let options = ReplayOptions {
             launch,
             num_workers: 1,
-            workload: SyntheticWorkload {
+            workload: Workload::Synthetic(SyntheticWorkload {
                 input_tokens: c.isl,
                 output_tokens: c.osl,
                 request_count: c.n,
@@ -117,7 +117,7 @@ pub fn run(args: BenchArgs) -> Result<(), UsageError> {
                 shared_prefix_ratio: c.shared_prefix_ratio,
                 num_prefix_groups: c.num_prefix_groups,
                 ..Default::default()
-            },
+            }),
             ..Default::default()
         };
         let mut best = f64::INFINITY;

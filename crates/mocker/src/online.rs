@@ -19,7 +19,7 @@ use mocker_live::{LiveEngine, LiveError, LiveOptions, LiveRequest, ObservedAdmis
 use mocker_replay::collector::{Collector, RecordId};
 use mocker_replay::feed::{PlannedSession, PlannedTurn, SessionFeed};
 use mocker_replay::report::Summary;
-use mocker_replay::{Load, ReplayError, ReplayOptions, ReplayOutcome};
+use mocker_replay::{ReplayError, ReplayOptions, ReplayOutcome};
 use rustc_hash::FxHashMap;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -66,6 +66,21 @@ fn next(mut f: InFlight) -> Next {
 /// Runs `options` online on the current tokio runtime (usable under paused time in tests).
 pub async fn replay_online(options: &ReplayOptions) -> Result<ReplayOutcome, OnlineError> {
     options.validate("online")?;
+    if options.router != mocker_replay::RouterMode::RoundRobin {
+        return Err(ReplayError::Invalid {
+            field: "router",
+            message: "online replay places requests round-robin only; use offline mode for --router kv"
+                .into(),
+        }
+        .into());
+    }
+    if options.max_sim_time_ms.is_some() {
+        return Err(ReplayError::Invalid {
+            field: "max_sim_time_seconds",
+            message: "is supported in offline mode only".into(),
+        }
+        .into());
+    }
     let engine_config = &options.launch.engine;
     let (adm_tx, mut adm_rx) = mpsc::unbounded_channel::<ObservedAdmission>();
     let mut workers = Vec::with_capacity(options.num_workers);
@@ -96,12 +111,8 @@ pub async fn replay_online(options: &ReplayOptions) -> Result<ReplayOutcome, Onl
         active_sessions: 0,
         collector: Collector::new(),
         records: FxHashMap::default(),
-        concurrency: match options.workload.load {
-            Load::Concurrency(c) => Some(c),
-            _ => None,
-        },
+        concurrency: options.workload.concurrency(),
         next_worker: 0,
-        delay_ns: options.scaled_ns(options.workload.inter_turn_delay_ms),
         speedup: options.arrival_speedup_ratio,
         due: BinaryHeap::new(),
         due_seq: 0,
@@ -127,7 +138,7 @@ pub async fn replay_online(options: &ReplayOptions) -> Result<ReplayOutcome, Onl
     inputs.decode_gpus_per_worker = (options.launch.tensor_parallel_size * options.launch.dp_size) as u64;
     let mut summary = Summary::from_inputs(inputs);
     summary.kv_eviction_policy = engine_config.eviction_policy.as_str().to_string();
-    Ok(ReplayOutcome { summary })
+    Ok(ReplayOutcome { summary, worker_tokens: Vec::new() })
 }
 
 struct Driver<'a> {
@@ -142,7 +153,6 @@ struct Driver<'a> {
     records: FxHashMap<u128, RecordId>,
     concurrency: Option<usize>,
     next_worker: usize,
-    delay_ns: u64,
     /// Arrival speedup ratio: open-loop first arrivals are divided by it, as the reference
     /// does (engine pass times are scaled separately, by the engine's own speedup_ratio).
     speedup: f64,
@@ -310,8 +320,13 @@ impl Driver<'_> {
         }
         self.records.remove(&f.stream.id().as_u128());
         let sid = f.session;
-        let more = self.sessions[sid as usize].as_ref().is_some_and(|s| !s.is_empty());
-        if !more {
+        let delay = self.sessions[sid as usize].as_ref().and_then(|s| s.front()).map(|t| t.delay_ms);
+        if let Some(d) = delay.filter(|&d| d > 0.0) {
+            self.due_seq += 1;
+            self.due.push(Reverse((t + (d / self.speedup * 1e6).round() as u64, self.due_seq, sid)));
+        } else if delay.is_some() {
+            self.dispatch(sid, t).await?;
+        } else {
             self.end(sid);
             if let Some(c) = self.concurrency {
                 while self.active_sessions < c {
@@ -320,11 +335,6 @@ impl Driver<'_> {
                     self.dispatch(sid, t).await?;
                 }
             }
-        } else if self.delay_ns == 0 {
-            self.dispatch(sid, t).await?;
-        } else {
-            self.due_seq += 1;
-            self.due.push(Reverse((t + self.delay_ns, self.due_seq, sid)));
         }
         Ok(())
     }

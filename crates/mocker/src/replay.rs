@@ -1,26 +1,39 @@
-//! `mocker replay`: flags to a synthetic workload, run offline, print and save the report.
+//! `mocker replay`: flags to a workload (synthetic or a trace file), run offline or online,
+//! print and save the report.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use clap::Args;
 use mocker_core::config::LaunchConfig;
 use mocker_replay::report::render_table;
-use mocker_replay::{run_synthetic, Load, ReplayOptions, SyntheticWorkload};
+use mocker_replay::router::KvRouterConfig;
+use mocker_replay::{
+    load_trace, Load, ReplayOptions, RouterMode, Sla, SyntheticWorkload, TraceFormat, TraceWorkload, Workload,
+};
 
 use crate::UsageError;
 
-/// Synthetic workload and engine flags (names as in Dynamo's `python -m dynamo.replay`).
+/// Workload, engine, router and report flags (names as in Dynamo's `python -m dynamo.replay`).
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
-    /// Prompt tokens per request.
-    #[arg(long, default_value_t = 1000)]
-    pub input_tokens: usize,
-    /// Output tokens per request.
-    #[arg(long, default_value_t = 100)]
-    pub output_tokens: usize,
-    /// Requests (sessions when --turns-per-session > 1).
-    #[arg(long, default_value_t = 1000)]
-    pub request_count: usize,
+    /// Trace file to replay (Mooncake JSONL); without it a synthetic workload is generated.
+    pub trace: Option<PathBuf>,
+    /// Trace format: mooncake, mooncake-delta or agentic-mooncake.
+    #[arg(long, default_value = "mooncake")]
+    pub trace_format: String,
+    /// Tokens per trace hash id.
+    #[arg(long, default_value_t = 512)]
+    pub trace_block_size: usize,
+    /// Prompt tokens per request (synthetic; default 1000).
+    #[arg(long)]
+    pub input_tokens: Option<usize>,
+    /// Output tokens per request (synthetic; default 100).
+    #[arg(long)]
+    pub output_tokens: Option<usize>,
+    /// Requests (sessions when --turns-per-session > 1; synthetic; default 1000).
+    #[arg(long)]
+    pub request_count: Option<usize>,
     /// Closed loop with this many sessions in flight (default 64 when no load flag is given).
     #[arg(long, visible_alias = "replay-concurrency")]
     pub concurrency: Option<usize>,
@@ -33,9 +46,9 @@ pub struct ReplayArgs {
     /// Seed of Poisson arrivals.
     #[arg(long, default_value_t = 42)]
     pub arrival_seed: u64,
-    /// Turns per session; each turn follows the previous one's completion.
-    #[arg(long, default_value_t = 1)]
-    pub turns_per_session: usize,
+    /// Turns per session; each turn follows the previous one's completion (synthetic).
+    #[arg(long)]
+    pub turns_per_session: Option<usize>,
     /// Fraction of each prompt shared within its prefix group, in [0, 1].
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub shared_prefix_ratio: f64,
@@ -45,9 +58,28 @@ pub struct ReplayArgs {
     /// Delay between a turn's completion and the next turn, ms.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub inter_turn_delay_ms: f64,
-    /// Simulated workers; requests are placed round-robin.
+    /// Simulated workers.
     #[arg(long, default_value_t = 1)]
     pub num_workers: usize,
+    /// Placement: round-robin, or kv (cost-based on a simulated KV index).
+    #[arg(long, visible_alias = "router-mode", default_value = "round-robin")]
+    pub router: String,
+    /// KV router weights and queueing as JSON (e.g. {"overlap_score_weight": 1.0,
+    /// "router_temperature": 0, "router_queue_threshold": 2, "router_queue_policy": "wspt"}).
+    #[arg(long)]
+    pub router_config: Option<String>,
+    /// Stop the simulation at this simulated time; unfinished requests are not reported.
+    #[arg(long, allow_negative_numbers = true)]
+    pub max_sim_time_seconds: Option<f64>,
+    /// Goodput SLA: time to first token, ms.
+    #[arg(long, allow_negative_numbers = true)]
+    pub sla_ttft_ms: Option<f64>,
+    /// Goodput SLA: mean inter-token latency, ms.
+    #[arg(long, allow_negative_numbers = true)]
+    pub sla_itl_ms: Option<f64>,
+    /// Goodput SLA: end-to-end latency, ms.
+    #[arg(long, allow_negative_numbers = true)]
+    pub sla_e2e_ms: Option<f64>,
     /// Engine configuration as JSON (flat or {"engine": {...}}) or @file.
     #[arg(long, visible_alias = "extra-engine-args")]
     pub engine_args: Option<String>,
@@ -73,6 +105,82 @@ pub enum Mode {
 }
 
 impl ReplayArgs {
+    fn router(&self) -> Result<(RouterMode, KvRouterConfig), UsageError> {
+        let mode = match self.router.replace('_', "-").as_str() {
+            "round-robin" => RouterMode::RoundRobin,
+            "kv" | "kv-router" => RouterMode::Kv,
+            other => {
+                return Err(UsageError(format!("--router: must be round-robin or kv (got {other:?})")));
+            }
+        };
+        let cfg = match &self.router_config {
+            None => KvRouterConfig::default(),
+            Some(_) if mode != RouterMode::Kv => {
+                return Err(UsageError("--router-config: applies to --router kv only".into()));
+            }
+            Some(text) => {
+                KvRouterConfig::from_json(text).map_err(|e| UsageError(format!("--router-config: {e}")))?
+            }
+        };
+        Ok((mode, cfg))
+    }
+
+    fn workload(&self) -> Result<Workload, UsageError> {
+        let Some(path) = &self.trace else {
+            let w = SyntheticWorkload {
+                input_tokens: self.input_tokens.unwrap_or(1000),
+                output_tokens: self.output_tokens.unwrap_or(100),
+                request_count: self.request_count.unwrap_or(1000),
+                load: self.load()?,
+                arrival_seed: self.arrival_seed,
+                turns_per_session: self.turns_per_session.unwrap_or(1),
+                shared_prefix_ratio: self.shared_prefix_ratio,
+                num_prefix_groups: self.num_prefix_groups,
+                inter_turn_delay_ms: self.inter_turn_delay_ms,
+            };
+            w.validate()
+                .map_err(|e| UsageError(format!("--{}: {}", e.field.replace('_', "-"), e.message)))?;
+            return Ok(Workload::Synthetic(w));
+        };
+        for (given, flag) in [
+            (self.input_tokens.is_some(), "--input-tokens"),
+            (self.output_tokens.is_some(), "--output-tokens"),
+            (self.request_count.is_some(), "--request-count"),
+            (self.turns_per_session.is_some(), "--turns-per-session"),
+            (self.request_rate.is_some(), "--request-rate"),
+            (self.arrival_interval_ms.is_some(), "--arrival-interval-ms"),
+            (self.shared_prefix_ratio != 0.0, "--shared-prefix-ratio"),
+            (self.num_prefix_groups != 0, "--num-prefix-groups"),
+            (self.inter_turn_delay_ms != 0.0, "--inter-turn-delay-ms"),
+        ] {
+            if given {
+                return Err(UsageError(format!(
+                    "{flag}: synthetic workloads only; a trace file sets its own requests (use --concurrency or \
+                     --arrival-speedup-ratio to change the load)"
+                )));
+            }
+        }
+        let format = TraceFormat::parse(&self.trace_format).ok_or_else(|| {
+            UsageError(format!(
+                "--trace-format: must be one of {} (got {:?})",
+                TraceFormat::NAMES,
+                self.trace_format
+            ))
+        })?;
+        if self.trace_block_size == 0 {
+            return Err(UsageError("--trace-block-size: must be at least 1 (got 0)".into()));
+        }
+        if self.concurrency == Some(0) {
+            return Err(UsageError("--concurrency: must be at least 1 (got 0)".into()));
+        }
+        let trace = load_trace(path, format, self.trace_block_size).map_err(|e| UsageError(e.to_string()))?;
+        Ok(Workload::Trace(TraceWorkload {
+            trace: Arc::new(trace),
+            concurrency: self.concurrency,
+            repeat: 1,
+        }))
+    }
+
     fn load(&self) -> Result<Load, UsageError> {
         let given =
             [self.concurrency.is_some(), self.request_rate.is_some(), self.arrival_interval_ms.is_some()];
@@ -100,27 +208,50 @@ impl ReplayArgs {
             }
             None => LaunchConfig::default(),
         };
-        let workload = SyntheticWorkload {
-            input_tokens: self.input_tokens,
-            output_tokens: self.output_tokens,
-            request_count: self.request_count,
-            load: self.load()?,
-            arrival_seed: self.arrival_seed,
-            turns_per_session: self.turns_per_session,
-            shared_prefix_ratio: self.shared_prefix_ratio,
-            num_prefix_groups: self.num_prefix_groups,
-            inter_turn_delay_ms: self.inter_turn_delay_ms,
-        };
-        workload
-            .validate()
-            .map_err(|e| UsageError(format!("--{}: {}", e.field.replace('_', "-"), e.message)))?;
         let r = self.arrival_speedup_ratio;
         if !(r.is_finite() && r > 0.0) {
             return Err(UsageError(format!(
                 "--arrival-speedup-ratio: must be a finite number > 0 (got {r})"
             )));
         }
-        Ok(ReplayOptions { launch, num_workers: self.num_workers, workload, arrival_speedup_ratio: r })
+        for (flag, v) in [
+            ("--max-sim-time-seconds", self.max_sim_time_seconds),
+            ("--sla-ttft-ms", self.sla_ttft_ms),
+            ("--sla-itl-ms", self.sla_itl_ms),
+            ("--sla-e2e-ms", self.sla_e2e_ms),
+        ] {
+            if let Some(x) = v.filter(|x| !(x.is_finite() && *x >= 0.0)) {
+                return Err(UsageError(format!("{flag}: must be a finite number >= 0 (got {x})")));
+            }
+        }
+        if self.max_sim_time_seconds.is_some() && self.trace.is_none() {
+            return Err(UsageError("--max-sim-time-seconds: applies to trace replay only".into()));
+        }
+        let (router, router_config) = self.router()?;
+        if self.mode == Mode::Online {
+            if router != RouterMode::RoundRobin {
+                return Err(UsageError(
+                    "--router kv: offline mode only (online mode places round-robin)".into(),
+                ));
+            }
+            if self.max_sim_time_seconds.is_some() {
+                return Err(UsageError("--max-sim-time-seconds: offline mode only".into()));
+            }
+        }
+        if self.num_workers == 0 {
+            return Err(UsageError("--num-workers: must be at least 1 (got 0)".into()));
+        }
+        let workload = self.workload()?;
+        Ok(ReplayOptions {
+            launch,
+            num_workers: self.num_workers,
+            workload,
+            arrival_speedup_ratio: r,
+            router,
+            router_config,
+            max_sim_time_ms: self.max_sim_time_seconds.map(|s| s * 1e3),
+            sla: Sla { ttft_ms: self.sla_ttft_ms, itl_ms: self.sla_itl_ms, e2e_ms: self.sla_e2e_ms },
+        })
     }
 }
 
@@ -136,7 +267,7 @@ fn report_path(path: &Path) -> PathBuf {
 pub fn run(args: ReplayArgs) -> Result<(), UsageError> {
     let options = args.options()?;
     let outcome = match args.mode {
-        Mode::Offline => run_synthetic(&options).map_err(|e| UsageError(e.to_string()))?,
+        Mode::Offline => mocker_replay::run_synthetic(&options).map_err(|e| UsageError(e.to_string()))?,
         Mode::Online => crate::online::run_online(&options).map_err(|e| UsageError(e.to_string()))?,
     };
     let path = args.report_json.as_deref().map(report_path);

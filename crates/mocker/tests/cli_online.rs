@@ -58,7 +58,8 @@ fn bad_mode_or_speedup_exits_2() {
         (&["--mode", "sideways"][..], "--mode"),
         (&["--mode", "online", "--arrival-speedup-ratio", "0"][..], "--arrival-speedup-ratio"),
         (&["--arrival-speedup-ratio", "-2"][..], "--arrival-speedup-ratio"),
-        (&["--mode", "online", "--num-workers", "0"][..], "num_workers"),
+        (&["--mode", "online", "--num-workers", "0"][..], "--num-workers"),
+        (&["--mode", "online", "--router", "kv"][..], "--router"),
     ] {
         let mut full = vec!["replay", "--request-count", "2"];
         full.extend_from_slice(args);

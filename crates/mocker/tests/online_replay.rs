@@ -21,7 +21,8 @@ fn options(isl: usize, osl: usize, n: usize, load: Load, speedup: f64) -> Replay
             request_count: n,
             load,
             ..Default::default()
-        },
+        }
+        .into(),
         ..Default::default()
     }
 }

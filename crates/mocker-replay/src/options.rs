@@ -1,0 +1,257 @@
+//! What a replay runs: engines, workers, workload, router, stop condition and SLAs, and the
+//! checks every replay mode shares.
+
+use std::sync::Arc;
+
+use mocker_core::config::LaunchConfig;
+use mocker_core::EngineError;
+
+use crate::router::KvRouterConfig;
+use crate::trace::Trace;
+use crate::workload::{Load, SyntheticWorkload, WorkloadError};
+
+/// The requests a replay issues.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Workload {
+    /// Generated requests (`--input-tokens`, `--request-count`, ...).
+    Synthetic(SyntheticWorkload),
+    /// Rows of a trace file.
+    Trace(TraceWorkload),
+}
+
+impl From<SyntheticWorkload> for Workload {
+    fn from(w: SyntheticWorkload) -> Self {
+        Self::Synthetic(w)
+    }
+}
+
+impl Default for Workload {
+    fn default() -> Self {
+        Self::Synthetic(SyntheticWorkload::default())
+    }
+}
+
+/// A trace and how its sessions are released.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceWorkload {
+    /// The parsed trace (shared: sweeps replay one trace many times).
+    pub trace: Arc<Trace>,
+    /// `None`: trace mode (first turns at their timestamps); `Some(c)`: at most `c`
+    /// sessions active, started in file order, timestamps ignored.
+    pub concurrency: Option<usize>,
+    /// Replay the trace this many times back to back (later copies shifted by the trace's
+    /// span), for benchmarks larger than any file.
+    pub repeat: usize,
+}
+
+impl Workload {
+    /// Closed-loop session cap, if any.
+    pub fn concurrency(&self) -> Option<usize> {
+        match self {
+            Self::Synthetic(w) => match w.load {
+                Load::Concurrency(c) => Some(c),
+                _ => None,
+            },
+            Self::Trace(t) => t.concurrency,
+        }
+    }
+
+    /// Requests the workload issues in total.
+    pub fn total_requests(&self) -> usize {
+        match self {
+            Self::Synthetic(w) => w.total_requests(),
+            Self::Trace(t) => t.trace.sessions.iter().map(|s| s.turns.len()).sum::<usize>() * t.repeat,
+        }
+    }
+
+    fn validate(&self) -> Result<(), ReplayError> {
+        match self {
+            Self::Synthetic(w) => Ok(w.validate()?),
+            Self::Trace(t) => {
+                if t.concurrency == Some(0) {
+                    return Err(invalid("concurrency", "must be at least 1 (got 0)".into()));
+                }
+                if t.repeat == 0 {
+                    return Err(invalid("repeat", "must be at least 1 (got 0)".into()));
+                }
+                if t.concurrency.is_none() {
+                    if let Some(s) = t.trace.sessions.iter().find(|s| s.first_arrival_ms.is_none()) {
+                        return Err(invalid(
+                            "timestamp",
+                            format!(
+                                "trace mode requires first_arrival_timestamp_ms for session request_{} \
+                                 (give every session's first row a timestamp, or use --concurrency)",
+                                s.turns[0].line
+                            ),
+                        ));
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// How arrivals are placed on workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RouterMode {
+    /// Cycle through workers in arrival order.
+    #[default]
+    RoundRobin,
+    /// Cost-based placement from a simulated KV index (see [`crate::router`]).
+    Kv,
+}
+
+/// SLA thresholds for goodput, ms; a request is good when it meets every one set.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Sla {
+    /// Time to first token.
+    pub ttft_ms: Option<f64>,
+    /// Mean inter-token latency, `(e2e - ttft) / (output - 1)`.
+    pub itl_ms: Option<f64>,
+    /// Arrival to last token.
+    pub e2e_ms: Option<f64>,
+}
+
+impl Sla {
+    /// Whether any threshold is set (the report then carries the `goodput_*` keys).
+    pub fn any(&self) -> bool {
+        self.ttft_ms.is_some() || self.itl_ms.is_some() || self.e2e_ms.is_some()
+    }
+
+    /// Whether a completed request with these latencies (ms) and `tokens` outputs is good.
+    pub fn is_good(&self, ttft: f64, e2e: f64, tokens: u32) -> bool {
+        if tokens == 0 {
+            return self.e2e_ms.is_some() && self.ttft_ms.is_none() && self.itl_ms.is_none();
+        }
+        self.e2e_ms.is_none_or(|s| e2e <= s)
+            && self.ttft_ms.is_none_or(|s| ttft <= s)
+            && (tokens <= 1 || self.itl_ms.is_none_or(|s| (e2e - ttft) / f64::from(tokens - 1) <= s))
+    }
+}
+
+/// What a replay runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplayOptions {
+    /// Engine configuration shared by every worker.
+    pub launch: LaunchConfig,
+    /// Workers (engines).
+    pub num_workers: usize,
+    /// The workload.
+    pub workload: Workload,
+    /// First-turn arrival times and inter-turn delays are divided by this (finite, > 0).
+    pub arrival_speedup_ratio: f64,
+    /// Placement policy.
+    pub router: RouterMode,
+    /// KV router weights and queueing (used with [`RouterMode::Kv`]).
+    pub router_config: KvRouterConfig,
+    /// Stop when the simulated clock would pass this (ms); unfinished requests are dropped.
+    pub max_sim_time_ms: Option<f64>,
+    /// Goodput thresholds.
+    pub sla: Sla,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        Self {
+            launch: LaunchConfig::default(),
+            num_workers: 1,
+            workload: Workload::default(),
+            arrival_speedup_ratio: 1.0,
+            router: RouterMode::RoundRobin,
+            router_config: KvRouterConfig::default(),
+            max_sim_time_ms: None,
+            sla: Sla::default(),
+        }
+    }
+}
+
+/// Why a replay could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// A workload parameter is out of range.
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
+    /// The engine could not be built or refused a request.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// Options that are valid alone but not together, or not supported.
+    #[error("{field}: {message}")]
+    Invalid {
+        /// The offending option.
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// The simulation cannot make progress.
+    #[error("offline replay reached a dead end with {0} in-flight requests remaining")]
+    DeadEnd(usize),
+    /// A per-request record could not be written.
+    #[error("cannot write per-request records: {0}")]
+    Records(String),
+}
+
+fn invalid(field: &'static str, message: String) -> ReplayError {
+    ReplayError::Invalid { field, message }
+}
+
+fn check_ms(field: &'static str, v: Option<f64>) -> Result<(), ReplayError> {
+    match v {
+        Some(x) if !(x.is_finite() && x >= 0.0) => {
+            Err(invalid(field, format!("must be a finite number >= 0 (got {x})")))
+        }
+        _ => Ok(()),
+    }
+}
+
+impl ReplayOptions {
+    /// Checks the options every replay mode shares.
+    pub fn validate(&self, mode: &str) -> Result<(), ReplayError> {
+        self.workload.validate()?;
+        if self.num_workers == 0 {
+            return Err(invalid("num_workers", "must be at least 1 (got 0)".into()));
+        }
+        if self.launch.dp_size != 1 {
+            return Err(invalid(
+                "dp_size",
+                format!("{mode} replay supports dp_size 1 only (got {})", self.launch.dp_size),
+            ));
+        }
+        let r = self.arrival_speedup_ratio;
+        if !(r.is_finite() && r > 0.0) {
+            return Err(invalid("arrival_speedup_ratio", format!("must be a finite number > 0 (got {r})")));
+        }
+        check_ms("max_sim_time", self.max_sim_time_ms)?;
+        check_ms("sla_ttft_ms", self.sla.ttft_ms)?;
+        check_ms("sla_itl_ms", self.sla.itl_ms)?;
+        check_ms("sla_e2e_ms", self.sla.e2e_ms)?;
+        self.router_config.validate().map_err(|(field, message)| invalid(field, message))?;
+        Ok(())
+    }
+
+    /// `ms` on the sped-up timeline, in ns.
+    pub fn scaled_ns(&self, ms: f64) -> u64 {
+        ms_to_ns(ms / self.arrival_speedup_ratio)
+    }
+}
+
+/// Milliseconds to whole nanoseconds (the simulated clock's unit).
+pub fn ms_to_ns(ms: f64) -> u64 {
+    (ms * 1e6).round() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sla_goodput_rules() {
+        let s = Sla { ttft_ms: Some(100.0), itl_ms: Some(10.0), e2e_ms: None };
+        assert!(s.is_good(100.0, 190.0, 10)); // itl (190-100)/9 = 10
+        assert!(!s.is_good(100.0, 200.0, 10));
+        assert!(!s.is_good(101.0, 150.0, 10));
+        assert!(s.is_good(50.0, 5000.0, 1), "one token: no ITL to check");
+        assert!(!s.is_good(0.0, 0.0, 0));
+        assert!(Sla { e2e_ms: Some(5.0), ..Default::default() }.is_good(0.0, 0.0, 0));
+    }
+}

@@ -1,0 +1,417 @@
+//! Placement of arrivals on workers: round robin, or the KV router, which scores workers
+//! from a simulated index of their cached blocks (fed by the engines' KV events) and of
+//! the blocks and prefill work of the requests it sent them.
+
+mod config;
+mod index;
+mod queue;
+
+pub use config::{KvRouterConfig, QueuePolicy, ROUTER_CONFIG_KEYS};
+pub use index::BlockIndex;
+pub use queue::RouterQueue;
+
+use mocker_core::events::{KvEvent, KvEventData};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rustc_hash::FxHashMap;
+
+use crate::options::RouterMode;
+
+/// Router handle of a routed request, until it completes.
+pub type RouteId = u32;
+
+/// A request as the router sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteRequest<'a> {
+    /// Prompt tokens.
+    pub isl: usize,
+    /// Sequence hashes of the prompt's complete blocks.
+    pub hashes: &'a [u64],
+}
+
+/// Where the router put a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    /// Chosen worker.
+    pub worker: usize,
+    /// Handle for the lifecycle calls.
+    pub id: RouteId,
+    /// Blocks the index believed the worker held (the reference's routing evidence).
+    pub overlap_blocks: u32,
+}
+
+#[derive(Debug, Default)]
+struct Live {
+    worker: u32,
+    prefill_tokens: u64,
+    hashes: Vec<u64>,
+}
+
+/// The KV-aware router.
+#[derive(Debug)]
+pub struct KvRouter {
+    cfg: KvRouterConfig,
+    block_size: usize,
+    max_batched_tokens: f64,
+    /// Blocks cached on each worker (from KV events).
+    cached: BlockIndex,
+    /// Blocks of live requests on each worker (from routing).
+    held: BlockIndex,
+    /// (block, worker) -> live requests on the worker holding it.
+    refs: FxHashMap<(u64, u32), u32>,
+    active_blocks: Vec<u64>,
+    active_prefill_tokens: Vec<u64>,
+    active_requests: Vec<u64>,
+    live: Vec<Live>,
+    free_ids: Vec<RouteId>,
+    /// Spare hash vectors, so routing allocates nothing in steady state.
+    spare: Vec<Vec<u64>>,
+    rng: StdRng,
+    overlap: Vec<u32>,
+    held_overlap: Vec<u32>,
+    cost: Vec<f64>,
+}
+
+impl KvRouter {
+    /// A router over `num_workers` engines with `block_size`-token blocks.
+    pub fn new(
+        cfg: KvRouterConfig,
+        num_workers: usize,
+        block_size: usize,
+        max_batched_tokens: usize,
+    ) -> Self {
+        Self {
+            cfg,
+            block_size,
+            max_batched_tokens: max_batched_tokens as f64,
+            cached: BlockIndex::new(num_workers),
+            held: BlockIndex::new(num_workers),
+            refs: FxHashMap::default(),
+            active_blocks: vec![0; num_workers],
+            active_prefill_tokens: vec![0; num_workers],
+            active_requests: vec![0; num_workers],
+            live: Vec::new(),
+            free_ids: Vec::new(),
+            spare: Vec::new(),
+            rng: StdRng::seed_from_u64(cfg.seed),
+            overlap: vec![0; num_workers],
+            held_overlap: vec![0; num_workers],
+            cost: vec![0.0; num_workers],
+        }
+    }
+
+    /// Applies worker `w`'s KV events (at the pass end that made them visible).
+    pub fn apply_events(&mut self, w: usize, events: &[KvEvent]) {
+        for e in events {
+            match &e.data {
+                KvEventData::Stored { blocks, .. } => {
+                    blocks.iter().for_each(|b| self.cached.insert(b.block_hash, w))
+                }
+                KvEventData::Removed { block_hashes } => {
+                    block_hashes.iter().for_each(|&h| self.cached.remove(h, w))
+                }
+                KvEventData::Cleared => self.cached.clear_worker(w),
+            }
+        }
+    }
+
+    /// Whether every worker's pending prefill is above the queue threshold.
+    pub fn all_busy(&self) -> bool {
+        let Some(t) = self.cfg.router_queue_threshold else { return false };
+        let limit = t * self.max_batched_tokens;
+        self.active_prefill_tokens.iter().all(|&p| p as f64 > limit)
+    }
+
+    /// Largest cached prefix (tokens) of `hashes` on any worker.
+    pub fn best_cached_tokens(&mut self, hashes: &[u64]) -> usize {
+        self.cached.prefix_overlaps(hashes, &mut self.overlap);
+        self.overlap.iter().copied().max().unwrap_or(0) as usize * self.block_size
+    }
+
+    /// Scores every worker for `req`, picks one and records the request there.
+    pub fn route(&mut self, req: RouteRequest<'_>) -> Placement {
+        let cfg = self.cfg;
+        self.cached.prefix_overlaps(req.hashes, &mut self.overlap);
+        if cfg.router_assume_kv_reuse {
+            self.held.prefix_overlaps(req.hashes, &mut self.held_overlap);
+        }
+        let n = req.hashes.len() as f64;
+        let bs = self.block_size as f64;
+        let credit_scale = if cfg.prefill_load_scale == 0.0 { 0.0 } else { cfg.overlap_score_credit };
+        for w in 0..self.cost.len() {
+            let prefill = if cfg.router_track_prefill_tokens {
+                let raw = (self.active_prefill_tokens[w] as f64 + req.isl as f64) / bs;
+                cfg.prefill_load_scale * (raw - credit_scale * f64::from(self.overlap[w])).max(0.0)
+            } else {
+                0.0
+            };
+            let decode = if cfg.router_track_active_blocks {
+                let new = if cfg.router_assume_kv_reuse { n - f64::from(self.held_overlap[w]) } else { n };
+                self.active_blocks[w] as f64 + new
+            } else {
+                0.0
+            };
+            self.cost[w] =
+                prefill + decode + cfg.decode_active_request_weight * self.active_requests[w] as f64;
+        }
+        let worker = self.select();
+        let overlap_blocks = self.overlap[worker];
+        let id = self.admit(worker, req, overlap_blocks);
+        Placement { worker, id, overlap_blocks }
+    }
+
+    fn select(&mut self) -> usize {
+        let (min, max) =
+            self.cost.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &c| (a.min(c), b.max(c)));
+        let t = self.cfg.router_temperature;
+        if t > 0.0 && max > min {
+            // Softmax over normalised negative costs, one uniform draw over the cumulative sum.
+            let z: f64 = self.cost.iter().map(|&c| (-(c - min) / ((max - min) * t)).exp()).sum();
+            let mut u = self.rng.random::<f64>() * z;
+            for (w, &c) in self.cost.iter().enumerate() {
+                u -= (-(c - min) / ((max - min) * t)).exp();
+                if u <= 0.0 {
+                    return w;
+                }
+            }
+            return self.cost.len() - 1;
+        }
+        // Cheapest; ties broken uniformly by reservoir sampling on the seeded RNG.
+        let mut best = 0;
+        let mut ties = 0u32;
+        for (w, &c) in self.cost.iter().enumerate() {
+            if c == min {
+                ties += 1;
+                if ties == 1 || self.rng.random_range(0..ties) == 0 {
+                    best = w;
+                }
+            }
+        }
+        best
+    }
+
+    fn admit(&mut self, w: usize, req: RouteRequest<'_>, overlap_blocks: u32) -> RouteId {
+        let mut hashes = self.spare.pop().unwrap_or_default();
+        hashes.clear();
+        hashes.extend_from_slice(req.hashes);
+        for &h in &hashes {
+            let r = self.refs.entry((h, w as u32)).or_insert(0);
+            *r += 1;
+            if *r == 1 {
+                self.held.insert(h, w);
+                self.active_blocks[w] += 1;
+            } else if !self.cfg.router_assume_kv_reuse {
+                self.active_blocks[w] += 1;
+            }
+        }
+        let cached = overlap_blocks as usize * self.block_size;
+        let prefill_tokens = req.isl.saturating_sub(cached) as u64;
+        self.active_prefill_tokens[w] += prefill_tokens;
+        self.active_requests[w] += 1;
+        let live = Live { worker: w as u32, prefill_tokens, hashes };
+        match self.free_ids.pop() {
+            Some(id) => {
+                self.live[id as usize] = live;
+                id
+            }
+            None => {
+                self.live.push(live);
+                (self.live.len() - 1) as RouteId
+            }
+        }
+    }
+
+    /// The request's first token arrived: its prefill no longer loads the worker.
+    pub fn prefill_done(&mut self, id: RouteId) {
+        let l = &mut self.live[id as usize];
+        self.active_prefill_tokens[l.worker as usize] -= l.prefill_tokens;
+        l.prefill_tokens = 0;
+    }
+
+    /// The request finished: release its blocks.
+    pub fn free(&mut self, id: RouteId) {
+        self.prefill_done(id);
+        let l = std::mem::take(&mut self.live[id as usize]);
+        let w = l.worker as usize;
+        for &h in &l.hashes {
+            let key = (h, l.worker);
+            let r = self.refs.get_mut(&key).expect("a live block has a count");
+            *r -= 1;
+            if *r == 0 {
+                self.refs.remove(&key);
+                self.held.remove(h, w);
+                self.active_blocks[w] -= 1;
+            } else if !self.cfg.router_assume_kv_reuse {
+                self.active_blocks[w] -= 1;
+            }
+        }
+        self.active_requests[w] -= 1;
+        self.spare.push(l.hashes);
+        self.free_ids.push(id);
+    }
+
+    /// Costs computed by the last `route` call, per worker.
+    pub fn last_costs(&self) -> &[f64] {
+        &self.cost
+    }
+}
+
+/// A router of either kind.
+#[derive(Debug)]
+pub enum Router {
+    /// Cycle through workers.
+    RoundRobin {
+        /// Next worker.
+        next: usize,
+        /// Workers.
+        n: usize,
+    },
+    /// KV-aware.
+    Kv(Box<KvRouter>),
+}
+
+impl Router {
+    /// A router for `mode`.
+    pub fn new(
+        mode: RouterMode,
+        cfg: KvRouterConfig,
+        n: usize,
+        block_size: usize,
+        max_batched: usize,
+    ) -> Self {
+        match mode {
+            RouterMode::RoundRobin => Self::RoundRobin { next: 0, n },
+            RouterMode::Kv => Self::Kv(Box::new(KvRouter::new(cfg, n, block_size, max_batched))),
+        }
+    }
+
+    /// Whether the router consumes KV events.
+    pub fn wants_kv_events(&self) -> bool {
+        matches!(self, Self::Kv(_))
+    }
+
+    /// Places a request.
+    pub fn route(&mut self, req: RouteRequest<'_>) -> Placement {
+        match self {
+            Self::RoundRobin { next, n } => {
+                let worker = *next;
+                *next = (*next + 1) % *n;
+                Placement { worker, id: 0, overlap_blocks: 0 }
+            }
+            Self::Kv(r) => r.route(req),
+        }
+    }
+
+    /// See [`KvRouter::prefill_done`].
+    pub fn prefill_done(&mut self, id: RouteId) {
+        if let Self::Kv(r) = self {
+            r.prefill_done(id);
+        }
+    }
+
+    /// See [`KvRouter::free`].
+    pub fn free(&mut self, id: RouteId) {
+        if let Self::Kv(r) = self {
+            r.free(id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mocker_core::events::StoredBlock;
+
+    fn hashes(prefix: u64, n: usize) -> Vec<u64> {
+        (0..n as u64).map(|i| prefix * 1000 + i).collect()
+    }
+
+    fn stored(hs: &[u64]) -> KvEvent {
+        KvEvent {
+            event_id: 0,
+            dp_rank: 0,
+            data: KvEventData::Stored {
+                parent_hash: None,
+                blocks: hs
+                    .iter()
+                    .map(|&h| StoredBlock { block_hash: h, tokens_hash: h, token_ids: None })
+                    .collect(),
+            },
+        }
+    }
+
+    #[test]
+    fn costs_match_the_reference_examples() {
+        let mut r = KvRouter::new(KvRouterConfig::default(), 2, 64, 8192);
+        let a = hashes(1, 10);
+        let p1 = r.route(RouteRequest { isl: 640, hashes: &a });
+        assert_eq!(r.last_costs(), &[20.0, 20.0]);
+        let b = hashes(2, 10);
+        let p2 = r.route(RouteRequest { isl: 640, hashes: &b });
+        assert_ne!(p1.worker, p2.worker, "the loaded worker costs more");
+        // Third request on a worker holding one 640-token prefill: (640+640)/64 + 10 + 10.
+        let c = hashes(3, 10);
+        r.route(RouteRequest { isl: 640, hashes: &c });
+        assert_eq!(r.last_costs(), &[40.0, 40.0]);
+        // A repeat of a live prompt adds no decode blocks on its worker.
+        let p4 = r.route(RouteRequest { isl: 640, hashes: &a });
+        let w = p1.worker;
+        let on_w = r.last_costs()[w];
+        assert!(on_w == 30.0 + 20.0 || on_w == 20.0 + 10.0, "cost {on_w}");
+        let _ = p4;
+
+        // Cached half prompt on an idle worker: max(0, 10 - 5) + 10 = 15.
+        let mut r = KvRouter::new(KvRouterConfig::default(), 2, 64, 8192);
+        r.apply_events(1, &[stored(&a[..5])]);
+        let p = r.route(RouteRequest { isl: 640, hashes: &a });
+        assert_eq!((p.worker, p.overlap_blocks), (1, 5));
+        assert_eq!(r.last_costs(), &[20.0, 15.0]);
+        r.free(p.id);
+        assert_eq!((r.active_blocks[1], r.active_prefill_tokens[1], r.active_requests[1]), (0, 0, 0));
+        assert!(r.refs.is_empty() && r.held.is_empty());
+    }
+
+    #[test]
+    fn flat_prompts_cost_prefill_plus_complete_blocks() {
+        let mut r = KvRouter::new(KvRouterConfig::default(), 2, 64, 8192);
+        let mut costs = Vec::new();
+        for i in 0..4 {
+            let h = hashes(i + 1, 15);
+            r.route(RouteRequest { isl: 1000, hashes: &h });
+            costs.push(r.last_costs().iter().copied().fold(f64::INFINITY, f64::min));
+        }
+        assert_eq!(costs, vec![30.625, 30.625, 61.25, 61.25]);
+    }
+
+    #[test]
+    fn ties_are_seeded() {
+        let pick = |seed| {
+            let cfg = KvRouterConfig { seed, ..Default::default() };
+            let mut r = KvRouter::new(cfg, 8, 64, 8192);
+            let h = hashes(1, 4);
+            (0..8)
+                .map(|_| {
+                    let p = r.route(RouteRequest { isl: 256, hashes: &h });
+                    r.free(p.id);
+                    p.worker
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(pick(1), pick(1));
+        assert_ne!(pick(1), pick(2));
+    }
+
+    #[test]
+    fn queue_threshold_marks_workers_busy() {
+        let cfg = KvRouterConfig { router_queue_threshold: Some(0.5), ..Default::default() };
+        let mut r = KvRouter::new(cfg, 2, 64, 1000);
+        let h = hashes(1, 10);
+        let a = r.route(RouteRequest { isl: 640, hashes: &h });
+        assert!(!r.all_busy());
+        let h2 = hashes(2, 10);
+        r.route(RouteRequest { isl: 640, hashes: &h2 });
+        assert!(r.all_busy());
+        r.prefill_done(a.id);
+        assert!(!r.all_busy());
+    }
+}

@@ -1,0 +1,417 @@
+//! Trace files (Mooncake JSONL and its variants) parsed into sessions of turns.
+//!
+//! A trace row names its prompt by `hash_ids`, one id per `trace_block_size` tokens. Rows
+//! are kept in that compact form (ids canonicalised to dense `u32` values, an injective
+//! map) until a turn is dispatched; `expand_prompt` then synthesises the tokens the way the
+//! reference does (each id repeated over its block, truncated to `input_length`).
+
+use std::path::{Path, PathBuf};
+
+use rustc_hash::FxHashMap;
+use serde_json::{Map, Value};
+
+/// Supported trace formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceFormat {
+    /// One request per row; rows sharing `session_id` form a closed-loop session.
+    Mooncake,
+    /// Like `Mooncake`, but each row carries only the turn's new tokens: the prompt is the
+    /// session history (earlier prompts and the outputs the engine produced) plus the delta.
+    MooncakeDelta,
+    /// Legacy agentic rows: `request_id` plus `wait_for` dependencies (chains only).
+    AgenticMooncake,
+}
+
+impl TraceFormat {
+    /// Parses a CLI/API name (both `-` and `_` spellings).
+    pub fn parse(name: &str) -> Option<Self> {
+        match name.replace('_', "-").as_str() {
+            "mooncake" => Some(Self::Mooncake),
+            "mooncake-delta" => Some(Self::MooncakeDelta),
+            "agentic-mooncake" => Some(Self::AgenticMooncake),
+            _ => None,
+        }
+    }
+
+    /// Names accepted by [`TraceFormat::parse`], for error messages.
+    pub const NAMES: &'static str = "mooncake, mooncake-delta, agentic-mooncake";
+}
+
+/// One turn of a trace session, prompt still as block ids.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceTurn {
+    /// 1-based line of the row in its file (request ids and error messages use it).
+    pub line: u32,
+    /// Dense block ids (injective image of the row's `hash_ids`).
+    pub ids: Vec<u32>,
+    /// Tokens of this row (the delta for `mooncake-delta`).
+    pub input_length: u32,
+    /// Tokens to generate.
+    pub output_length: u32,
+    /// Delay after the previous turn of the session completes, ms (0 for the first).
+    pub delay_ms: f64,
+}
+
+/// A session: turns run one after another, each after the previous completes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceSession {
+    /// Arrival of the first turn (ms, as in the file), if given.
+    pub first_arrival_ms: Option<f64>,
+    /// Turns in file order.
+    pub turns: Vec<TraceTurn>,
+}
+
+/// A parsed trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trace {
+    /// Format the rows were read as.
+    pub format: TraceFormat,
+    /// Tokens per hash id.
+    pub block_size: usize,
+    /// Sessions in order of first appearance.
+    pub sessions: Vec<TraceSession>,
+}
+
+/// A malformed trace: file, 1-based line and field.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{}:{line}: {field}: {message}", path.display())]
+pub struct TraceError {
+    /// The trace file.
+    pub path: PathBuf,
+    /// 1-based line number (0 when the error concerns the whole file).
+    pub line: usize,
+    /// The offending field.
+    pub field: String,
+    /// What is wrong and what is allowed.
+    pub message: String,
+}
+
+/// Reads and parses a trace file.
+pub fn load_trace(path: &Path, format: TraceFormat, block_size: usize) -> Result<Trace, TraceError> {
+    let text = std::fs::read_to_string(path).map_err(|e| TraceError {
+        path: path.to_path_buf(),
+        line: 0,
+        field: "trace".into(),
+        message: format!("cannot read: {e}"),
+    })?;
+    parse_trace(&text, format, block_size).map_err(|mut e| {
+        e.path = path.to_path_buf();
+        e
+    })
+}
+
+/// Parses trace text (errors carry an empty path; [`load_trace`] fills it in).
+pub fn parse_trace(text: &str, format: TraceFormat, block_size: usize) -> Result<Trace, TraceError> {
+    let mut p = Parser { format: Some(format), block_size, ids: FxHashMap::default(), ..Default::default() };
+    if block_size == 0 {
+        return Err(p.err(0, "trace_block_size", "must be at least 1 (got 0)".into()));
+    }
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        p.row(i + 1, line)?;
+    }
+    Ok(Trace { format, block_size, sessions: p.sessions })
+}
+
+#[derive(Default)]
+struct Parser {
+    format: Option<TraceFormat>,
+    block_size: usize,
+    ids: FxHashMap<u64, u32>,
+    sessions: Vec<TraceSession>,
+    /// Session key -> (index in `sessions`, timestamp of its last row).
+    open: FxHashMap<String, (usize, Option<f64>)>,
+}
+
+impl Parser {
+    fn err(&self, line: usize, field: &str, message: String) -> TraceError {
+        TraceError { path: PathBuf::new(), line, field: field.into(), message }
+    }
+
+    fn number(
+        &self,
+        row: &Map<String, Value>,
+        line: usize,
+        names: &[&str],
+    ) -> Result<Option<f64>, TraceError> {
+        for n in names {
+            if let Some(v) = row.get(*n) {
+                if v.is_null() {
+                    continue;
+                }
+                return match v.as_f64() {
+                    Some(x) if x.is_finite() && x >= 0.0 => Ok(Some(x)),
+                    _ => Err(self.err(line, n, format!("must be a finite number >= 0 (got {v})"))),
+                };
+            }
+        }
+        Ok(None)
+    }
+
+    fn count(
+        &self,
+        row: &Map<String, Value>,
+        line: usize,
+        names: &[&str],
+    ) -> Result<Option<u32>, TraceError> {
+        for n in names {
+            if let Some(v) = row.get(*n) {
+                if v.is_null() {
+                    continue;
+                }
+                return match v.as_u64() {
+                    Some(x) if x <= u64::from(u32::MAX) => Ok(Some(x as u32)),
+                    _ => Err(self.err(line, n, format!("must be a non-negative integer (got {v})"))),
+                };
+            }
+        }
+        Ok(None)
+    }
+
+    fn key(&self, row: &Map<String, Value>, line: usize, name: &str) -> Result<Option<String>, TraceError> {
+        match row.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(Value::Number(n)) => Ok(Some(n.to_string())),
+            Some(v) => Err(self.err(line, name, format!("must be a string or an integer (got {v})"))),
+        }
+    }
+
+    fn row(&mut self, line: usize, text: &str) -> Result<(), TraceError> {
+        let row = match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(m)) => m,
+            Ok(other) => return Err(self.err(line, "row", format!("must be a JSON object (got {other})"))),
+            Err(e) => return Err(self.err(line, "row", format!("invalid JSON: {e}"))),
+        };
+        let timestamp = self.number(&row, line, &["timestamp", "created_time"])?;
+        let output_length =
+            self.count(&row, line, &["output_length", "output_tokens"])?.ok_or_else(|| {
+                self.err(line, "output_length", format!("trace line {line} is missing output_length"))
+            })?;
+        let raw_ids = match row.get("hash_ids") {
+            Some(Value::Array(a)) => a,
+            Some(v) => {
+                return Err(self.err(line, "hash_ids", format!("must be a list of integers (got {v})")))
+            }
+            None => return Err(self.err(line, "hash_ids", format!("trace line {line} is missing hash_ids"))),
+        };
+        if raw_ids.is_empty() {
+            return Err(self.err(line, "hash_ids", "must not be empty".into()));
+        }
+        let mut ids = Vec::with_capacity(raw_ids.len());
+        for v in raw_ids {
+            let Some(id) = v.as_u64() else {
+                return Err(self.err(line, "hash_ids", format!("must be non-negative integers (got {v})")));
+            };
+            let next = self.ids.len() as u32;
+            ids.push(*self.ids.entry(id).or_insert(next));
+        }
+        let capacity = ids.len() * self.block_size;
+        let input_length = match self.count(&row, line, &["input_length", "input_tokens"])? {
+            Some(0) => return Err(self.err(line, "input_length", "must be at least 1 (got 0)".into())),
+            Some(n) if n as usize > capacity => {
+                return Err(self.err(
+                    line,
+                    "input_length",
+                    format!("trace line {line} input_length {n} exceeds hash_ids capacity {capacity}"),
+                ))
+            }
+            Some(n) => n,
+            None => capacity.min(u32::MAX as usize) as u32,
+        };
+        let explicit_delay = self.number(&row, line, &["delay", "delay_ms"])?;
+        let session_key = match self.format {
+            Some(TraceFormat::AgenticMooncake) => self.agentic_parent(&row, line)?,
+            _ => self.key(&row, line, "session_id")?,
+        };
+        let own_key = match self.format {
+            Some(TraceFormat::AgenticMooncake) => self.key(&row, line, "request_id")?,
+            _ => None,
+        };
+        let mut delay_ms = explicit_delay.unwrap_or(0.0);
+        if let Some(Value::Number(_)) = row.get("tool_wait_ms") {
+            delay_ms += self.number(&row, line, &["tool_wait_ms"])?.unwrap_or(0.0);
+        }
+        let turn = TraceTurn { line: line as u32, ids, input_length, output_length, delay_ms };
+        let existing = session_key.as_ref().and_then(|k| self.open.get(k).copied());
+        let index = match existing {
+            Some((index, last_ts)) => {
+                let mut turn = turn;
+                if explicit_delay.is_none() {
+                    if let (Some(t), Some(prev)) = (timestamp, last_ts) {
+                        if t < prev {
+                            return Err(self.err(
+                                line,
+                                "timestamp",
+                                format!("{t} is before the session's previous row ({prev}); give an explicit delay"),
+                            ));
+                        }
+                        turn.delay_ms += t - prev;
+                    }
+                }
+                self.sessions[index].turns.push(turn);
+                index
+            }
+            None => {
+                if explicit_delay.is_some_and(|d| d > 0.0)
+                    && self.format != Some(TraceFormat::AgenticMooncake)
+                {
+                    return Err(self.err(line, "delay", "sets delay on the first turn of a session".into()));
+                }
+                let turn = TraceTurn { delay_ms: 0.0, ..turn };
+                self.sessions.push(TraceSession { first_arrival_ms: timestamp, turns: vec![turn] });
+                self.sessions.len() - 1
+            }
+        };
+        // Later rows join this session by its session id, or (agentic) by this row's id.
+        for k in [session_key, own_key].into_iter().flatten() {
+            self.open.insert(k, (index, timestamp));
+        }
+        Ok(())
+    }
+
+    /// The request an agentic row waits for (its session's previous turn), if any.
+    fn agentic_parent(&self, row: &Map<String, Value>, line: usize) -> Result<Option<String>, TraceError> {
+        let deps = match row.get("wait_for") {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::Array(a)) => a,
+            Some(v) => {
+                return Err(self.err(line, "wait_for", format!("must be a list of request ids (got {v})")))
+            }
+        };
+        match deps.as_slice() {
+            [] => Ok(None),
+            [d] => {
+                let key = match d {
+                    Value::String(s) => s.clone(),
+                    Value::Number(n) => n.to_string(),
+                    v => return Err(self.err(line, "wait_for", format!("must hold request ids (got {v})"))),
+                };
+                if !self.open.contains_key(&key) {
+                    return Err(self.err(
+                        line,
+                        "wait_for",
+                        format!("waits for {key}, which no earlier row defines"),
+                    ));
+                }
+                Ok(Some(key))
+            }
+            _ => Err(self.err(
+                line,
+                "wait_for",
+                "joins on several requests, which is not supported yet (chains of single dependencies are)"
+                    .into(),
+            )),
+        }
+    }
+}
+
+/// Synthesises `input_length` prompt tokens from dense ids: each id covers `block_size`
+/// tokens of one value (`id + 1`, so distinct ids never share a token).
+pub fn expand_prompt(ids: &[u32], input_length: usize, block_size: usize, out: &mut Vec<u32>) {
+    let mut left = input_length;
+    for &id in ids {
+        let n = left.min(block_size);
+        out.extend(std::iter::repeat_n(id.wrapping_add(1), n));
+        left -= n;
+        if left == 0 {
+            break;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Trace, TraceError> {
+        parse_trace(text, TraceFormat::Mooncake, 512)
+    }
+
+    #[test]
+    fn rows_become_sessions_with_dense_ids_and_default_lengths() {
+        let t = parse(
+            "{\"timestamp\": 5, \"output_length\": 3, \"hash_ids\": [7, 99999999999]}\n\n\
+             {\"timestamp\": 9, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": [7, 8]}\n",
+        )
+        .unwrap();
+        assert_eq!(t.sessions.len(), 2);
+        let (a, b) = (&t.sessions[0].turns[0], &t.sessions[1].turns[0]);
+        assert_eq!((a.line, a.ids.clone(), a.input_length), (1, vec![0, 1], 1024));
+        assert_eq!((b.line, b.ids.clone(), b.input_length), (3, vec![0, 2], 600));
+        assert_eq!(t.sessions[1].first_arrival_ms, Some(9.0));
+        let mut toks = Vec::new();
+        expand_prompt(&b.ids, 600, 512, &mut toks);
+        assert_eq!(toks.len(), 600);
+        assert!(toks[..512].iter().all(|&x| x == 1) && toks[512..].iter().all(|&x| x == 3));
+    }
+
+    #[test]
+    fn sessions_infer_delays_from_timestamps_unless_explicit() {
+        let t = parse(
+            r#"{"session_id": "s", "timestamp": 100, "output_length": 1, "hash_ids": [1]}
+{"session_id": 7, "timestamp": 150, "output_length": 1, "hash_ids": [2]}
+{"session_id": "s", "timestamp": 400, "output_length": 1, "hash_ids": [1, 3]}
+{"session_id": "s", "timestamp": 900, "delay_ms": 20, "output_length": 1, "hash_ids": [1, 3, 4]}"#,
+        )
+        .unwrap();
+        assert_eq!(t.sessions.len(), 2);
+        let d: Vec<f64> = t.sessions[0].turns.iter().map(|t| t.delay_ms).collect();
+        assert_eq!(d, vec![0.0, 300.0, 20.0]);
+    }
+
+    #[test]
+    fn errors_name_line_and_field() {
+        let cases = [
+            ("{\"hash_ids\": [1]}", 1, "output_length", "missing output_length"),
+            ("\n{\"output_length\": 2}", 2, "hash_ids", "missing hash_ids"),
+            (
+                "{\"output_length\": 2, \"hash_ids\": [1], \"input_length\": 513}",
+                1,
+                "input_length",
+                "capacity 512",
+            ),
+            ("{\"output_length\": 2, \"hash_ids\": []}", 1, "hash_ids", "empty"),
+            ("{\"output_length\": -2, \"hash_ids\": [1]}", 1, "output_length", "integer"),
+            ("{\"output_length\": 2, \"hash_ids\": [\"x\"]}", 1, "hash_ids", "integers"),
+            ("{\"output_length\": 2, \"hash_ids\": [1], \"timestamp\": \"soon\"}", 1, "timestamp", "number"),
+            (
+                "{\"output_length\": 2, \"hash_ids\": [1], \"delay\": 5, \"session_id\": \"a\"}",
+                1,
+                "delay",
+                "first turn",
+            ),
+            ("{\"output_length\": 2, \"hash_ids\": [1]}\n{oops", 2, "row", "JSON"),
+            ("[1]", 1, "row", "object"),
+        ];
+        for (text, line, field, needle) in cases {
+            let e = parse(text).unwrap_err();
+            assert_eq!((e.line, e.field.as_str()), (line, field), "{text}: {e}");
+            assert!(e.to_string().contains(needle), "{text}: {e}");
+        }
+        let e = parse_trace("", TraceFormat::Mooncake, 0).unwrap_err();
+        assert_eq!(e.field, "trace_block_size");
+    }
+
+    #[test]
+    fn agentic_chains_become_sessions_and_joins_are_refused() {
+        let text = r#"{"request_id": "a", "timestamp": 0, "output_length": 1, "hash_ids": [1]}
+{"request_id": "b", "wait_for": ["a"], "delay": 5, "tool_wait_ms": 10, "output_length": 1, "hash_ids": [1, 2]}
+{"request_id": "c", "timestamp": 3, "output_length": 1, "hash_ids": [9]}"#;
+        let t = parse_trace(text, TraceFormat::AgenticMooncake, 16).unwrap();
+        assert_eq!(t.sessions.len(), 2);
+        assert_eq!(t.sessions[0].turns[1].delay_ms, 15.0);
+        let bad = format!("{text}\n{{\"request_id\": \"d\", \"wait_for\": [\"b\", \"c\"], \"output_length\": 1, \"hash_ids\": [1]}}");
+        let e = parse_trace(&bad, TraceFormat::AgenticMooncake, 16).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (4, "wait_for"));
+    }
+
+    #[test]
+    fn format_names_parse_in_both_spellings() {
+        assert_eq!(TraceFormat::parse("mooncake_delta"), Some(TraceFormat::MooncakeDelta));
+        assert_eq!(TraceFormat::parse("agentic-mooncake"), Some(TraceFormat::AgenticMooncake));
+        assert_eq!(TraceFormat::parse("weka"), None);
+    }
+}

@@ -1,0 +1,177 @@
+//! A trace's sessions in release order with their prompts synthesised: trace mode orders
+//! sessions by first arrival (normalised so the first is at 0), concurrency mode keeps file
+//! order and drops timestamps.
+
+use std::sync::Arc;
+
+use mocker_core::hashing::deterministic_output_token;
+
+use crate::options::TraceWorkload;
+use crate::trace::{expand_prompt, Trace, TraceFormat};
+
+/// One synthesised turn of a trace session.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourcedTurn {
+    /// Request id: the row's line number, plus the copy number in the high bits.
+    pub uuid: u128,
+    /// Prompt tokens.
+    pub tokens: Vec<u32>,
+    /// Tokens to generate.
+    pub max_output_tokens: usize,
+    /// Delay after the previous turn completes (ms, before the speedup ratio).
+    pub delay_ms: f64,
+}
+
+/// Sessions of a [`TraceWorkload`], one at a time.
+#[derive(Debug)]
+pub struct TraceSource {
+    trace: Arc<Trace>,
+    /// Session indices in release order, with first arrivals (ms, normalised).
+    order: Vec<(u32, Option<f64>)>,
+    /// Gap between copies when the trace is repeated.
+    span_ms: f64,
+    repeat: usize,
+    copy: usize,
+    pos: usize,
+}
+
+impl TraceSource {
+    /// A source for `w`.
+    pub fn new(w: &TraceWorkload) -> Self {
+        let trace = w.trace.clone();
+        let trace_mode = w.concurrency.is_none();
+        let mut order: Vec<(u32, Option<f64>)> = trace
+            .sessions
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (i as u32, if trace_mode { s.first_arrival_ms } else { None }))
+            .collect();
+        let mut span_ms = 0.0;
+        if trace_mode {
+            // Stable: sessions arriving together keep file order.
+            order.sort_by(|a, b| a.1.unwrap_or(0.0).total_cmp(&b.1.unwrap_or(0.0)));
+            let min = order.first().and_then(|o| o.1).unwrap_or(0.0);
+            for o in &mut order {
+                o.1 = o.1.map(|t| t - min);
+            }
+            let last = order.last().and_then(|o| o.1).unwrap_or(0.0);
+            let mean_gap = if order.len() > 1 { last / (order.len() - 1) as f64 } else { 1.0 };
+            span_ms = last + mean_gap;
+        }
+        Self { trace, order, span_ms, repeat: w.repeat, copy: 0, pos: 0 }
+    }
+
+    /// Sessions not started yet.
+    pub fn sessions_remaining(&self) -> usize {
+        (self.repeat - self.copy) * self.order.len() - self.pos
+    }
+
+    /// First arrival (ms) of the next session, in trace mode.
+    pub fn next_arrival_ms(&self) -> Option<f64> {
+        if self.sessions_remaining() == 0 {
+            return None;
+        }
+        self.order[self.pos].1.map(|t| t + self.copy as f64 * self.span_ms)
+    }
+
+    /// The next session's turns, prompts synthesised.
+    pub fn next_session(&mut self) -> Option<Vec<SourcedTurn>> {
+        if self.sessions_remaining() == 0 {
+            return None;
+        }
+        let (index, _) = self.order[self.pos];
+        let copy = self.copy as u128;
+        self.pos += 1;
+        if self.pos == self.order.len() {
+            self.pos = 0;
+            self.copy += 1;
+        }
+        let session = &self.trace.sessions[index as usize];
+        let bs = self.trace.block_size;
+        let delta = self.trace.format == TraceFormat::MooncakeDelta;
+        let mut history: Vec<u32> = Vec::new();
+        let mut turns = Vec::with_capacity(session.turns.len());
+        for t in &session.turns {
+            let uuid = (copy << 32) | u128::from(t.line);
+            let tokens = if delta {
+                expand_prompt(&t.ids, t.input_length as usize, bs, &mut history);
+                let prompt = history.clone();
+                // The engine's deterministic output tokens join the history of later turns.
+                history.extend((0..u64::from(t.output_length)).map(|k| deterministic_output_token(uuid, k)));
+                prompt
+            } else {
+                let mut v = Vec::with_capacity(t.input_length as usize);
+                expand_prompt(&t.ids, t.input_length as usize, bs, &mut v);
+                v
+            };
+            turns.push(SourcedTurn {
+                uuid,
+                tokens,
+                max_output_tokens: t.output_length as usize,
+                delay_ms: t.delay_ms,
+            });
+        }
+        Some(turns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::parse_trace;
+
+    fn source(text: &str, format: TraceFormat, concurrency: Option<usize>, repeat: usize) -> TraceSource {
+        let trace = Arc::new(parse_trace(text, format, 4).unwrap());
+        TraceSource::new(&TraceWorkload { trace, concurrency, repeat })
+    }
+
+    const ROWS: &str = r#"{"timestamp": 2000, "output_length": 2, "hash_ids": [1]}
+{"timestamp": 1000, "output_length": 3, "hash_ids": [1, 2], "input_length": 6}
+{"timestamp": 3000, "output_length": 1, "hash_ids": [3]}"#;
+
+    #[test]
+    fn trace_mode_sorts_normalises_and_repeats() {
+        let mut s = source(ROWS, TraceFormat::Mooncake, None, 2);
+        let mut seen = Vec::new();
+        while let Some(t) = s.next_arrival_ms() {
+            let turns = s.next_session().unwrap();
+            seen.push((t, turns[0].uuid, turns[0].tokens.len()));
+        }
+        let copy = 1u128 << 32;
+        assert_eq!(
+            seen,
+            vec![
+                (0.0, 2, 6),
+                (1000.0, 1, 4),
+                (2000.0, 3, 4),
+                (3000.0, copy | 2, 6),
+                (4000.0, copy | 1, 4),
+                (5000.0, copy | 3, 4)
+            ]
+        );
+        assert_eq!(s.sessions_remaining(), 0);
+    }
+
+    #[test]
+    fn concurrency_mode_keeps_file_order_without_arrivals() {
+        let mut s = source(ROWS, TraceFormat::Mooncake, Some(2), 1);
+        assert_eq!(s.next_arrival_ms(), None);
+        let uuids: Vec<u128> = std::iter::from_fn(|| s.next_session()).map(|t| t[0].uuid).collect();
+        assert_eq!(uuids, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn delta_turns_carry_history_and_outputs() {
+        let text = r#"{"session_id": "s", "timestamp": 0, "output_length": 3, "hash_ids": [1, 2]}
+{"session_id": "s", "timestamp": 5, "output_length": 1, "hash_ids": [7], "input_length": 2}"#;
+        let mut s = source(text, TraceFormat::MooncakeDelta, None, 1);
+        let turns = s.next_session().unwrap();
+        assert_eq!(turns[0].tokens.len(), 8);
+        assert_eq!(turns[1].tokens.len(), 8 + 3 + 2);
+        assert_eq!(turns[1].tokens[..8], turns[0].tokens[..]);
+        assert_eq!(turns[1].tokens[8], deterministic_output_token(1, 0));
+        assert_eq!(turns[1].delay_ms, 5.0);
+        let mut plain = source(text, TraceFormat::Mooncake, None, 1);
+        assert_eq!(plain.next_session().unwrap()[1].tokens.len(), 2);
+    }
+}
