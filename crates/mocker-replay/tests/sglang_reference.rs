@@ -13,8 +13,13 @@ struct Want {
 
 fn check(engine_args: &str, workload: SyntheticWorkload, want: Want) {
     let launch = LaunchConfig::from_json_str(engine_args).expect("engine args");
-    let out = run_synthetic(&ReplayOptions { launch, num_workers: 1, workload, ..Default::default() })
-        .expect("replay runs");
+    let out = run_synthetic(&ReplayOptions {
+        launch,
+        num_workers: 1,
+        workload: workload.into(),
+        ..Default::default()
+    })
+    .expect("replay runs");
     let s = out.summary;
     let close = |got: f64, want: f64, what: &str| {
         assert!((got - want).abs() <= 1e-6 * want.abs().max(1.0), "{what}: got {got}, reference {want}");
