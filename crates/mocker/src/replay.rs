@@ -263,6 +263,19 @@ fn report_path(path: &Path) -> PathBuf {
     }
 }
 
+/// Writes `bytes` to a temporary file beside `path`, then renames it over `path`, so a
+/// reader (or a crash mid-write) never sees a partial report and a failed run leaves the
+/// previous one in place. Plain std: a same-directory rename is atomic on POSIX.
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let result = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
 /// Runs `mocker replay`.
 pub fn run(args: ReplayArgs) -> Result<(), UsageError> {
     let options = args.options()?;
@@ -272,7 +285,7 @@ pub fn run(args: ReplayArgs) -> Result<(), UsageError> {
     };
     let path = args.report_json.as_deref().map(report_path);
     if let Some(p) = &path {
-        std::fs::write(p, outcome.summary.to_json_pretty() + "\n")
+        write_atomically(p, (outcome.summary.to_json_pretty() + "\n").as_bytes())
             .map_err(|e| UsageError(format!("--report-json: cannot write {}: {e}", p.display())))?;
     }
     let shown = path.as_ref().map(|p| p.display().to_string());

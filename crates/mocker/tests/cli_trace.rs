@@ -151,3 +151,27 @@ fn malformed_traces_and_bad_flags_exit_2_with_line_and_field() {
     assert_exit_2(&["replay", g, "--sla-ttft-ms=-1"], &["--sla-ttft-ms"]);
     assert_exit_2(&["replay", "--max-sim-time-seconds", "3"], &["--max-sim-time-seconds", "trace"]);
 }
+
+#[test]
+fn reports_are_replaced_whole_and_a_failed_run_keeps_the_old_one() {
+    let dir = scratch("atomic");
+    let good = conversation_prefix(&dir, 20);
+    let g = good.to_str().unwrap();
+    let first = report(&dir, "r", &[g, "--num-workers", "2"]);
+    let path = dir.join("r.json");
+    let before = std::fs::read(&path).unwrap();
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, "{\"timestamp\": 0, \"hash_ids\": [1]}\n").unwrap();
+    assert_exit_2(
+        &["replay", bad.to_str().unwrap(), "--report-json", path.to_str().unwrap()],
+        &["output_length"],
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), before, "a failed run must not touch the report");
+    let again = report(&dir, "r", &[g, "--num-workers", "2"]);
+    assert_eq!(first["mean_ttft_ms"], again["mean_ttft_ms"]);
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.contains(".tmp-")), "no temporary file is left behind: {names:?}");
+}
