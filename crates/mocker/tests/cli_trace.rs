@@ -24,14 +24,21 @@ fn conversation_prefix(dir: &Path, n: usize) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../../shared/traces/mooncake_conversation_trace.jsonl");
     let text = std::fs::read_to_string(&src).unwrap_or_else(|_| {
-        // Outside this machine: a small trace with shared prefixes, same shape.
+        // Where the public traces are not beside the checkout (a CI clone): a trace of the
+        // same shape in which 97 prompt groups share 4 blocks each. 97 is prime to the worker
+        // count, so round robin scatters a group's requests while a KV router can follow them.
         (0..400)
             .map(|i| {
-                let ids: Vec<String> = (0..8)
-                    .map(
-                        |b| if b < 4 { (i % 5 * 10 + b).to_string() } else { (1000 + i * 8 + b).to_string() },
-                    )
-                    .collect();
+                let ids: Vec<String> =
+                    (0..8)
+                        .map(|b| {
+                            if b < 4 {
+                                (i % 97 * 10 + b).to_string()
+                            } else {
+                                (1000 + i * 8 + b).to_string()
+                            }
+                        })
+                        .collect();
                 format!(
                     "{{\"timestamp\": {}, \"output_length\": 20, \"hash_ids\": [{}]}}",
                     i * 200,
