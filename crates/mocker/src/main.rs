@@ -3,6 +3,7 @@
 #![warn(missing_docs)]
 
 mod bench;
+mod engine_args;
 mod online;
 mod replay;
 mod serve;

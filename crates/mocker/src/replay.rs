@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Args;
-use mocker_core::config::LaunchConfig;
 use mocker_replay::report::render_table;
 use mocker_replay::router::KvRouterConfig;
 use mocker_replay::{
@@ -83,6 +82,9 @@ pub struct ReplayArgs {
     /// Engine configuration as JSON (flat or {"engine": {...}}) or @file.
     #[arg(long, visible_alias = "extra-engine-args")]
     pub engine_args: Option<String>,
+    /// Engine family (engine-args key `backend`, alias `engine_type`).
+    #[arg(long, value_enum)]
+    pub engine_type: Option<crate::engine_args::EngineType>,
     /// Write the full JSON report here (a directory gets `mocker_replay_report.json`).
     #[arg(long)]
     pub report_json: Option<PathBuf>,
@@ -202,12 +204,7 @@ impl ReplayArgs {
 
     /// The replay these flags describe.
     pub fn options(&self) -> Result<ReplayOptions, UsageError> {
-        let launch = match &self.engine_args {
-            Some(arg) => {
-                LaunchConfig::from_arg(arg).map_err(|e| UsageError(format!("--engine-args: {e}")))?
-            }
-            None => LaunchConfig::default(),
-        };
+        let launch = crate::engine_args::launch_config(self.engine_args.as_deref(), self.engine_type)?;
         let r = self.arrival_speedup_ratio;
         if !(r.is_finite() && r > 0.0) {
             return Err(UsageError(format!(

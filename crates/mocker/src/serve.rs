@@ -28,6 +28,9 @@ pub struct ServeArgs {
     /// override it.
     #[arg(long, visible_alias = "extra-engine-args")]
     pub engine_args: Option<String>,
+    /// Engine family (engine-args key `backend`, alias `engine_type`).
+    #[arg(long, value_enum)]
+    pub engine_type: Option<crate::engine_args::EngineType>,
     /// Tokens per KV block.
     #[arg(long)]
     pub block_size: Option<usize>,
@@ -81,11 +84,7 @@ pub struct ServeArgs {
 
 impl ServeArgs {
     fn launch_config(&self) -> Result<LaunchConfig, UsageError> {
-        let mut launch = match &self.engine_args {
-            Some(arg) => LaunchConfig::from_arg(arg),
-            None => LaunchConfig::from_json_str(""),
-        }
-        .map_err(|e| UsageError(e.to_string()))?;
+        let mut launch = crate::engine_args::launch_config(self.engine_args.as_deref(), self.engine_type)?;
         let engine = &mut launch.engine;
         if let Some(v) = self.block_size {
             engine.block_size = v;

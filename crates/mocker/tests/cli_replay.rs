@@ -344,3 +344,25 @@ fn bad_engine_args_exit_2_naming_the_field() {
     );
     assert_eq!(int(&r, "completed_requests"), 3);
 }
+
+#[test]
+fn engine_type_flag_selects_the_backend_with_its_own_defaults() {
+    let dir = scratch("engine-type");
+    // Enough concurrency that the backends' admission rules give different first tokens.
+    let load =
+        ["--input-tokens", "1000", "--output-tokens", "20", "--request-count", "128", "--concurrency", "64"];
+    let with_flag = [&load[..], &["--engine-type", "sglang"]].concat();
+    let (_, _, flag) = replay(&dir, "flag", &with_flag);
+    let with_json = [&load[..], &["--engine-args", r#"{"engine": {"backend": "sglang"}}"#]].concat();
+    let (_, _, json) = replay(&dir, "json", &with_json);
+    let (_, _, vllm) = replay(&dir, "vllm", &load);
+    for key in ["duration_ms", "mean_ttft_ms", "mean_itl_ms"] {
+        assert_eq!(flag[key], json[key], "{key}: the flag and the engine-args key are one setting");
+    }
+    assert_ne!(flag["mean_ttft_ms"], vllm["mean_ttft_ms"], "sglang schedules differently from vllm");
+    assert_usage_error(
+        &["--engine-type", "vllm", "--engine-args", r#"{"backend": "sglang"}"#],
+        &["--engine-type", "backend"],
+    );
+    assert_usage_error(&["--engine-type", "tgi"], &["--engine-type", "sglang", "trtllm"]);
+}
