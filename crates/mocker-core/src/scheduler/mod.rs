@@ -5,8 +5,37 @@ pub mod sglang;
 pub mod vllm;
 
 use crate::events::KvEvent;
+use crate::hashing::deterministic_output_token;
 use crate::metrics::ForwardPassMetrics;
-use crate::request::{Admission, Output};
+use crate::request::{Admission, Output, SeqKey};
+
+/// Token at position `pos` of a sequence: its prompt, then its planned output or, without a
+/// plan, the reference's deterministic token for that output index. Shared by both
+/// schedulers so their block identities agree.
+#[inline]
+pub(crate) fn token_at(prompt: &[u32], planned: Option<&[u32]>, uuid: u128, pos: u32) -> u32 {
+    match prompt.get(pos as usize) {
+        Some(&t) => t,
+        None => {
+            let k = pos as usize - prompt.len();
+            planned.map_or_else(|| deterministic_output_token(uuid, k as u64), |p| p[k])
+        }
+    }
+}
+
+/// Puts `seq` in a free slot of `seqs` (reusing retired ones first) and returns its key.
+pub(crate) fn insert_slot<T>(seqs: &mut Vec<Option<T>>, free_slots: &mut Vec<u32>, seq: T) -> SeqKey {
+    match free_slots.pop() {
+        Some(slot) => {
+            seqs[slot as usize] = Some(seq);
+            SeqKey(slot)
+        }
+        None => {
+            seqs.push(Some(seq));
+            SeqKey((seqs.len() - 1) as u32)
+        }
+    }
+}
 
 /// Everything one forward pass did. Buffers are reused from pass to pass.
 #[derive(Debug, Default)]

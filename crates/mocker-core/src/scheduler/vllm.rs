@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 
 use crate::config::{Backend, EngineConfig, PreemptionMode, WorkerType};
 use crate::events::{KvEvent, KvEventData, StoredBlock};
-use crate::hashing::{chain_hash, deterministic_output_token, extend_sequence_hashes, local_block_hash};
+use crate::hashing::{chain_hash, extend_sequence_hashes, local_block_hash};
 use crate::kv::{BlockId, BlockPool};
 use crate::metrics::{EngineMetrics, ForwardPassMetrics};
 use crate::request::{Admission, Output, OutputToken, Request, SeqKey};
@@ -64,15 +64,7 @@ struct Seq {
 
 impl Seq {
     fn token_at(&self, pos: u32) -> u32 {
-        if pos < self.prompt_len {
-            self.prompt[pos as usize]
-        } else {
-            let k = pos - self.prompt_len;
-            match &self.planned {
-                Some(p) => p[k as usize],
-                None => deterministic_output_token(self.uuid, u64::from(k)),
-            }
-        }
+        super::token_at(&self.prompt, self.planned.as_deref(), self.uuid, pos)
     }
 
     /// `max_output` already includes the `max_model_len` cap (see `submit`).
@@ -252,16 +244,7 @@ impl VllmScheduler {
             pass_prefix: 0,
             pass_decode: false,
         };
-        let key = match self.free_slots.pop() {
-            Some(slot) => {
-                self.seqs[slot as usize] = Some(seq);
-                SeqKey(slot)
-            }
-            None => {
-                self.seqs.push(Some(seq));
-                SeqKey((self.seqs.len() - 1) as u32)
-            }
-        };
+        let key = super::insert_slot(&mut self.seqs, &mut self.free_slots, seq);
         self.waiting.push_back(key);
         Ok(key)
     }

@@ -162,7 +162,6 @@ impl SglangScheduler {
             prompt: request.tokens,
             planned: request.output_token_ids,
             max_output: max_output.min(u32::MAX as usize) as u32,
-            prompt_len: prompt_len as u32,
             len: prompt_len as u32,
             generated: 0,
             materialized: 0,
@@ -178,16 +177,7 @@ impl SglangScheduler {
             last_token_pass: u64::MAX,
         };
         self.pending_rejects += usize::from(reject);
-        let key = match self.free_slots.pop() {
-            Some(slot) => {
-                self.seqs[slot as usize] = Some(seq);
-                SeqKey(slot)
-            }
-            None => {
-                self.seqs.push(Some(seq));
-                SeqKey((self.seqs.len() - 1) as u32)
-            }
-        };
+        let key = super::insert_slot(&mut self.seqs, &mut self.free_slots, seq);
         self.waiting.push_back(key);
         Ok(key)
     }

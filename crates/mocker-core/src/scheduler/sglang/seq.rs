@@ -1,6 +1,6 @@
 //! One request's state in the SGLang scheduler.
 
-use crate::hashing::{chain_hash, deterministic_output_token, local_block_hash};
+use crate::hashing::{chain_hash, local_block_hash};
 use crate::kv::radix::NodeId;
 
 /// Where a request is in its lifecycle.
@@ -21,7 +21,6 @@ pub(super) struct Seq {
     pub planned: Option<Vec<u32>>,
     /// Output cap, already clipped to `max_model_len`.
     pub max_output: u32,
-    pub prompt_len: u32,
     /// Prompt plus generated tokens.
     pub len: u32,
     pub generated: u32,
@@ -45,15 +44,7 @@ pub(super) struct Seq {
 
 impl Seq {
     pub fn token_at(&self, pos: u32) -> u32 {
-        if pos < self.prompt_len {
-            self.prompt[pos as usize]
-        } else {
-            let k = pos - self.prompt_len;
-            match &self.planned {
-                Some(p) => p[k as usize],
-                None => deterministic_output_token(self.uuid, u64::from(k)),
-            }
-        }
+        crate::scheduler::token_at(&self.prompt, self.planned.as_deref(), self.uuid, pos)
     }
 
     #[inline]
