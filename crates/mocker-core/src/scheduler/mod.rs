@@ -7,7 +7,19 @@ pub mod vllm;
 use crate::events::KvEvent;
 use crate::hashing::deterministic_output_token;
 use crate::metrics::ForwardPassMetrics;
-use crate::request::{Admission, Output, SeqKey};
+use crate::request::{Admission, Output, Request, SeqKey};
+
+/// The checks every backend makes at submit: a prompt, and at least one output token
+/// (planned tokens fix the length). Returns the requested output length.
+pub(crate) fn requested_output(request: &Request) -> Result<usize, SubmitError> {
+    if request.tokens.is_empty() {
+        return Err(SubmitError::EmptyPrompt(request.uuid));
+    }
+    match request.output_token_ids.as_ref().map_or(request.max_output_tokens, Vec::len) {
+        0 => Err(SubmitError::NoOutput(request.uuid)),
+        n => Ok(n),
+    }
+}
 
 /// Token at position `pos` of a sequence: its prompt, then its planned output or, without a
 /// plan, the reference's deterministic token for that output index. Shared by both

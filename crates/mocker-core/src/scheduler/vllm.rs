@@ -185,13 +185,7 @@ impl VllmScheduler {
 
     /// Queues a request; it is considered for admission by the next pass.
     pub fn submit(&mut self, request: Request) -> Result<SeqKey, SubmitError> {
-        if request.tokens.is_empty() {
-            return Err(SubmitError::EmptyPrompt(request.uuid));
-        }
-        let mut max_output = request.output_token_ids.as_ref().map_or(request.max_output_tokens, Vec::len);
-        if max_output == 0 {
-            return Err(SubmitError::NoOutput(request.uuid));
-        }
+        let mut max_output = super::requested_output(&request)?;
         let prompt_len = request.tokens.len();
         if let Some(m) = self.max_model_len {
             // Generation stops when the sequence reaches the model length; a prompt that

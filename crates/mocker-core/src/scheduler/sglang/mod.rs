@@ -129,13 +129,7 @@ impl SglangScheduler {
     /// Queues a request; it is considered for admission by the next pass. A request that
     /// could never be admitted or never finish in this pool is rejected by that pass.
     pub fn submit(&mut self, request: Request) -> Result<SeqKey, SubmitError> {
-        if request.tokens.is_empty() {
-            return Err(SubmitError::EmptyPrompt(request.uuid));
-        }
-        let mut max_output = request.output_token_ids.as_ref().map_or(request.max_output_tokens, Vec::len);
-        if max_output == 0 {
-            return Err(SubmitError::NoOutput(request.uuid));
-        }
+        let mut max_output = super::requested_output(&request)?;
         let prompt_len = request.tokens.len();
         let mut reject = false;
         if let Some(m) = self.max_model_len {
