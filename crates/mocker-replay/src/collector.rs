@@ -3,6 +3,7 @@
 
 use crate::options::Sla;
 use crate::report::{ExactDistribution, GoodputInputs, SketchDistribution, SummaryInputs};
+use crate::request_log::{RequestLog, RequestRecord};
 
 /// Index of a live request's record.
 pub type RecordId = u32;
@@ -47,6 +48,8 @@ pub struct Collector {
     good_tokens: u64,
     /// Per worker: (input tokens, reused tokens) of completed requests.
     workers: Vec<(u64, u64)>,
+    /// Every token time of live requests, when per-request records are wanted.
+    log: Option<RequestLog>,
 }
 
 impl Collector {
@@ -58,6 +61,25 @@ impl Collector {
     /// An empty collector that also counts goodput under `sla` (when any threshold is set).
     pub fn with_sla(sla: Sla) -> Self {
         Self { sla, ..Self::new() }
+    }
+
+    /// Also keeps per-request records (every token time), handed out by
+    /// [`Collector::take_ended_requests`] as requests end.
+    pub fn with_request_log(mut self) -> Self {
+        self.log = Some(RequestLog::default());
+        self
+    }
+
+    /// Whether per-request records are kept (so steady tokens must be reported one by one
+    /// through [`Collector::on_steady_token`]).
+    #[inline]
+    pub fn logs_requests(&self) -> bool {
+        self.log.is_some()
+    }
+
+    /// Records of requests that ended since the last call (empty without a request log).
+    pub fn take_ended_requests(&mut self) -> impl Iterator<Item = RequestRecord> + '_ {
+        self.log.iter_mut().flat_map(RequestLog::take_ended)
     }
 
     /// The request was placed on `worker` (for per-worker cache statistics).
@@ -85,7 +107,7 @@ impl Collector {
             reused_first: 0,
             worker: 0,
         };
-        match self.free.pop() {
+        let id = match self.free.pop() {
             Some(id) => {
                 self.records[id as usize] = rec;
                 id
@@ -94,11 +116,18 @@ impl Collector {
                 self.records.push(rec);
                 (self.records.len() - 1) as RecordId
             }
+        };
+        if let Some(log) = &mut self.log {
+            log.arrival(id, arrival_ns);
         }
+        id
     }
 
-    /// The request was admitted by its engine, reusing `reused` cached tokens.
-    pub fn on_admission(&mut self, id: RecordId, reused: u32) {
+    /// The request was admitted by its engine at `t_ns`, reusing `reused` cached tokens.
+    pub fn on_admission(&mut self, id: RecordId, reused: u32, t_ns: u64) {
+        if let Some(log) = &mut self.log {
+            log.admission(id, t_ns);
+        }
         let r = &mut self.records[id as usize];
         if !r.admitted {
             r.admitted = true;
@@ -121,6 +150,18 @@ impl Collector {
         r.last_ns = t_ns;
         if index > 0 {
             self.on_gaps(itl_ns, 1);
+        }
+        if let Some(log) = &mut self.log {
+            log.token(id, t_ns);
+        }
+    }
+
+    /// With a request log, the time of one of the mid-stream tokens counted in bulk by
+    /// [`Collector::on_gaps`].
+    #[inline]
+    pub fn on_steady_token(&mut self, id: RecordId, t_ns: u64) {
+        if let Some(log) = &mut self.log {
+            log.token(id, t_ns);
         }
     }
 
@@ -151,6 +192,9 @@ impl Collector {
     pub fn on_complete(&mut self, id: RecordId, t_ns: u64) {
         let r = self.records[id as usize];
         self.free.push(id);
+        if let Some(log) = &mut self.log {
+            log.end(id, true, (r.worker, r.input_len, r.reused_max));
+        }
         if !r.admitted || r.tokens == 0 {
             return;
         }
@@ -184,6 +228,10 @@ impl Collector {
     /// The request ended without completing (rejected); it counts only in `num_requests`.
     pub fn on_rejected(&mut self, id: RecordId) {
         self.free.push(id);
+        if let Some(log) = &mut self.log {
+            let r = &self.records[id as usize];
+            log.end(id, false, (r.worker, r.input_len, r.reused_max));
+        }
     }
 
     /// Requests still live.
@@ -225,7 +273,7 @@ mod tests {
     fn latencies_come_from_token_times() {
         let mut c = Collector::new();
         let a = c.on_arrival(1_000_000, 10);
-        c.on_admission(a, 0);
+        c.on_admission(a, 0, 0);
         let mut last = 0;
         for (i, t) in [11_000_000, 14_000_000, 17_000_000, 21_000_000].into_iter().enumerate() {
             c.on_token(a, t, i as u32, if i == 0 { 0 } else { t - last });
@@ -252,8 +300,8 @@ mod tests {
     fn reuse_counts_the_best_admission_and_the_first() {
         let mut c = Collector::new();
         let a = c.on_arrival(0, 100);
-        c.on_admission(a, 0);
-        c.on_admission(a, 64);
+        c.on_admission(a, 0, 0);
+        c.on_admission(a, 64, 0);
         c.on_token(a, 5, 0, 0);
         c.on_complete(a, 5);
         let s = c.finish();

@@ -15,6 +15,7 @@ use crate::collector::{Collector, RecordId};
 use crate::feed::{PlannedSession, PlannedTurn, SessionFeed};
 use crate::options::{ms_to_ns, ReplayError, ReplayOptions};
 use crate::report::Summary;
+use crate::request_log::RequestRecord;
 use crate::router::{RouteId, RouteRequest, Router, RouterQueue};
 
 /// A finished replay.
@@ -31,6 +32,9 @@ pub struct ReplayOutcome {
 pub struct Hooks<'a> {
     /// Called now and then with (requests finished, total requests, simulated ms).
     pub progress: Option<&'a mut dyn FnMut(usize, usize, f64)>,
+    /// Called with each request's record as it ends (completed or rejected); setting it
+    /// makes the replay keep every token time of live requests.
+    pub request_ended: Option<&'a mut dyn FnMut(RequestRecord)>,
 }
 
 struct Worker {
@@ -156,11 +160,15 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
         .then(|| RouterQueue::new(options.router_config.router_queue_policy));
     let hash_prompts = engine.enable_prefix_caching || router.wants_kv_events();
     let started = Instant::now();
+    let mut collector = Collector::with_sla(options.sla);
+    if hooks.request_ended.is_some() {
+        collector = collector.with_request_log();
+    }
     let mut sim = Sim {
         workers,
         feed: SessionFeed::new(&options.workload, engine.block_size, hash_prompts),
         sessions: SessionTable::default(),
-        collector: Collector::with_sla(options.sla),
+        collector,
         router,
         queue,
         concurrency: options.workload.concurrency(),
@@ -200,6 +208,9 @@ impl Sim {
         let mut reported = 0;
         loop {
             self.drain(now)?;
+            if let Some(sink) = hooks.request_ended.as_mut() {
+                self.collector.take_ended_requests().for_each(&mut **sink);
+            }
             if let Some(p) = hooks.progress.as_mut() {
                 if self.finished >= reported + 256 || self.done() {
                     reported = self.finished;
@@ -297,10 +308,19 @@ impl Sim {
             r.apply_events(w, &pass.kv_events);
         }
         for a in &pass.admissions {
-            self.collector.on_admission(worker.owners[a.key.0 as usize].record, a.reused_tokens);
+            self.collector.on_admission(
+                worker.owners[a.key.0 as usize].record,
+                a.reused_tokens,
+                pass.start_ns,
+            );
         }
         if let Some(o) = pass.steady.first() {
             self.collector.on_gaps(o.itl_ns, pass.steady.len() as u64);
+            if self.collector.logs_requests() {
+                for o in &pass.steady {
+                    self.collector.on_steady_token(worker.owners[o.key.0 as usize].record, t);
+                }
+            }
         }
         let mut lifecycle = false;
         for o in &pass.outputs {

@@ -8,12 +8,14 @@ pub mod driver;
 pub mod feed;
 pub mod options;
 pub mod report;
+pub mod request_log;
 pub mod router;
 pub mod trace;
 pub mod trace_source;
 pub mod workload;
 
-pub use driver::{run_replay, run_synthetic, ReplayOutcome};
+pub use driver::{run_replay, run_synthetic, Hooks, ReplayOutcome};
 pub use options::{ReplayError, ReplayOptions, RouterMode, Sla, TraceWorkload, Workload};
+pub use request_log::RequestRecord;
 pub use trace::{load_trace, Trace, TraceError, TraceFormat};
 pub use workload::{Load, SyntheticWorkload};

@@ -5,6 +5,8 @@
 mod bench;
 mod engine_args;
 mod online;
+mod output;
+mod progress;
 mod replay;
 mod serve;
 

@@ -206,7 +206,8 @@ impl Driver<'_> {
                     // Admissions are sent at pass start, before any output of that pass.
                     while let Ok(a) = adm.try_recv() {
                         if let Some(&rec) = self.records.get(&a.uuid.as_u128()) {
-                            self.collector.on_admission(rec, a.reused_input_tokens as u32);
+                            let t = self.now_ns();
+                            self.collector.on_admission(rec, a.reused_input_tokens as u32, t);
                         }
                     }
                     self.on_signal(signal, f, offsets).await?;

@@ -1,6 +1,7 @@
 //! `mocker replay`: flags to a workload (synthetic or a trace file), run offline or online,
 //! print and save the report.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -11,6 +12,8 @@ use mocker_replay::{
     load_trace, Load, ReplayOptions, RouterMode, Sla, SyntheticWorkload, TraceFormat, TraceWorkload, Workload,
 };
 
+use crate::output::{write_atomically, AtomicFile};
+use crate::progress::Progress;
 use crate::UsageError;
 
 /// Workload, engine, router and report flags (names as in Dynamo's `python -m dynamo.replay`).
@@ -88,6 +91,10 @@ pub struct ReplayArgs {
     /// Write the full JSON report here (a directory gets `mocker_replay_report.json`).
     #[arg(long)]
     pub report_json: Option<PathBuf>,
+    /// Write one JSON record per request here (arrival, admission, every token time,
+    /// input/output/cached tokens, worker), in the order requests end. Offline mode only.
+    #[arg(long)]
+    pub report_jsonl: Option<PathBuf>,
     /// offline: simulated clock, as fast as the CPU allows; online: live engines on the
     /// wall clock (arrivals divided by --arrival-speedup-ratio).
     #[arg(long, value_enum, default_value_t = Mode::Offline, visible_alias = "replay-mode")]
@@ -260,24 +267,14 @@ fn report_path(path: &Path) -> PathBuf {
     }
 }
 
-/// Writes `bytes` to a temporary file beside `path`, then renames it over `path`, so a
-/// reader (or a crash mid-write) never sees a partial report and a failed run leaves the
-/// previous one in place. Plain std: a same-directory rename is atomic on POSIX.
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    let result = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
-
 /// Runs `mocker replay`.
 pub fn run(args: ReplayArgs) -> Result<(), UsageError> {
     let options = args.options()?;
     let outcome = match args.mode {
-        Mode::Offline => mocker_replay::run_synthetic(&options).map_err(|e| UsageError(e.to_string()))?,
+        Mode::Offline => run_offline(&options, args.report_jsonl.as_deref())?,
+        Mode::Online if args.report_jsonl.is_some() => {
+            return Err(UsageError("--report-jsonl: only offline replays (--mode offline) write it".into()))
+        }
         Mode::Online => crate::online::run_online(&options).map_err(|e| UsageError(e.to_string()))?,
     };
     let path = args.report_json.as_deref().map(report_path);
@@ -288,4 +285,47 @@ pub fn run(args: ReplayArgs) -> Result<(), UsageError> {
     let shown = path.as_ref().map(|p| p.display().to_string());
     print!("{}", render_table(&outcome.summary, shown.as_deref()));
     Ok(())
+}
+
+/// The offline replay with a progress bar, streaming per-request records to `jsonl`.
+fn run_offline(
+    options: &ReplayOptions,
+    jsonl: Option<&Path>,
+) -> Result<mocker_replay::ReplayOutcome, UsageError> {
+    let jsonl_error = |p: &Path, e: &dyn std::fmt::Display| {
+        UsageError(format!("--report-jsonl: cannot write {}: {e}", p.display()))
+    };
+    let mut file = match jsonl {
+        Some(p) => Some(AtomicFile::create(p).map_err(|e| jsonl_error(p, &e))?),
+        None => None,
+    };
+    // The first write error is kept and reported after the run; the run itself goes on.
+    let mut write_error: Option<std::io::Error> = None;
+    let mut write_record = |r: mocker_replay::RequestRecord| {
+        if let (Some(f), None) = (file.as_mut(), &write_error) {
+            let w = f.writer();
+            if let Err(e) = serde_json::to_writer(&mut *w, &r)
+                .map_err(std::io::Error::from)
+                .and_then(|()| w.write_all(b"\n"))
+            {
+                write_error = Some(e);
+            }
+        }
+    };
+    let mut progress = Progress::new();
+    let mut on_progress = |done: usize, total: usize, sim_ms: f64| progress.update(done, total, sim_ms);
+    let hooks = mocker_replay::Hooks {
+        progress: Some(&mut on_progress),
+        request_ended: if jsonl.is_some() { Some(&mut write_record) } else { None },
+    };
+    let outcome = mocker_replay::run_replay(options, hooks).map_err(|e| UsageError(e.to_string()));
+    progress.finish();
+    let outcome = outcome?;
+    if let (Some(f), Some(p)) = (file, jsonl) {
+        match write_error {
+            Some(e) => return Err(jsonl_error(p, &e)),
+            None => f.commit().map_err(|e| jsonl_error(p, &e))?,
+        }
+    }
+    Ok(outcome)
 }

@@ -182,3 +182,73 @@ fn reports_are_replaced_whole_and_a_failed_run_keeps_the_old_one() {
         .collect();
     assert!(names.iter().all(|n| !n.contains(".tmp-")), "no temporary file is left behind: {names:?}");
 }
+
+/// `--report-jsonl` records, one JSON object per line.
+fn request_records(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .expect("records written")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect()
+}
+
+#[test]
+fn per_request_records_add_up_to_the_report() {
+    let dir = scratch("jsonl");
+    let trace = conversation_prefix(&dir, 150);
+    let jsonl = dir.join("requests.jsonl");
+    let args = [trace.to_str().unwrap(), "--router", "kv", "--num-workers", "4", "--report-jsonl"];
+    let r = report(&dir, "r", &[&args[..], &[jsonl.to_str().unwrap()]].concat());
+    let recs = request_records(&jsonl);
+    assert_eq!(recs.len() as u64, r["num_requests"].as_u64().unwrap());
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k} missing in {v}"));
+    let mut indices: Vec<u64> = recs.iter().map(|v| v["request_index"].as_u64().unwrap()).collect();
+    indices.sort_unstable();
+    assert!(indices.iter().enumerate().all(|(i, &x)| i as u64 == x), "each request once");
+    let (mut ttft, mut gaps, mut gap_sum, mut out, mut input, mut cached) = (0.0, 0u64, 0.0, 0.0, 0.0, 0.0);
+    let mut workers = std::collections::BTreeSet::new();
+    for v in &recs {
+        assert_eq!(v["status"], "completed");
+        let times: Vec<f64> =
+            v["token_times_ms"].as_array().unwrap().iter().map(|t| t.as_f64().unwrap()).collect();
+        assert_eq!(times.len() as f64, f(v, "output_tokens"));
+        assert!(f(v, "arrival_ms") <= f(v, "admission_ms") && f(v, "admission_ms") <= f(v, "first_token_ms"));
+        assert_eq!(times[0], f(v, "first_token_ms"));
+        assert!(times.windows(2).all(|w| w[0] < w[1]), "token times increase: {times:?}");
+        ttft += times[0] - f(v, "arrival_ms");
+        gaps += times.len() as u64 - 1;
+        gap_sum += times[times.len() - 1] - times[0];
+        out += f(v, "output_tokens");
+        input += f(v, "input_tokens");
+        cached += f(v, "cached_tokens");
+        workers.insert(v["worker"].as_u64().unwrap());
+    }
+    let n = recs.len() as f64;
+    let rel = |a: f64, b: f64| (a - b).abs() <= 1e-6 * a.abs().max(b.abs());
+    assert!(
+        rel(ttft / n, r["mean_ttft_ms"].as_f64().unwrap()),
+        "mean TTFT {} vs {}",
+        ttft / n,
+        r["mean_ttft_ms"]
+    );
+    assert!(rel(gap_sum / gaps as f64, r["mean_itl_ms"].as_f64().unwrap()), "mean ITL");
+    assert_eq!(out, r["total_output_tokens"].as_f64().unwrap());
+    assert!(rel(cached / input, r["prefix_cache_reused_ratio"].as_f64().unwrap()), "reuse");
+    assert!(cached > 0.0, "the KV router reuses prefixes");
+    assert!(workers.len() > 1 && workers.iter().all(|&w| w < 4), "workers {workers:?}");
+
+    // A failed run writes no records and leaves no temporary file.
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, "{\"timestamp\": 0, \"hash_ids\": [1]}\n").unwrap();
+    let fresh = dir.join("fresh.jsonl");
+    assert_exit_2(
+        &["replay", bad.to_str().unwrap(), "--report-jsonl", fresh.to_str().unwrap()],
+        &["output_length"],
+    );
+    assert!(!fresh.exists());
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.contains(".tmp-")), "no temporary file is left behind: {names:?}");
+}
