@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Args;
+use mocker_replay::report::plot::PlotData;
 use mocker_replay::report::render_table;
 use mocker_replay::router::KvRouterConfig;
 use mocker_replay::{
@@ -95,6 +96,10 @@ pub struct ReplayArgs {
     /// input/output/cached tokens, worker), in the order requests end. Offline mode only.
     #[arg(long)]
     pub report_jsonl: Option<PathBuf>,
+    /// Write SVG charts into this directory (created if missing): TTFT and ITL CDFs,
+    /// throughput and queue depth over simulated time, per-worker cache hit rate. Offline only.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
     /// offline: simulated clock, as fast as the CPU allows; online: live engines on the
     /// wall clock (arrivals divided by --arrival-speedup-ratio).
     #[arg(long, value_enum, default_value_t = Mode::Offline, visible_alias = "replay-mode")]
@@ -271,9 +276,11 @@ fn report_path(path: &Path) -> PathBuf {
 pub fn run(args: ReplayArgs) -> Result<(), UsageError> {
     let options = args.options()?;
     let outcome = match args.mode {
-        Mode::Offline => run_offline(&options, args.report_jsonl.as_deref())?,
-        Mode::Online if args.report_jsonl.is_some() => {
-            return Err(UsageError("--report-jsonl: only offline replays (--mode offline) write it".into()))
+        Mode::Offline => run_offline(&options, args.report_jsonl.as_deref(), args.plot.as_deref())?,
+        Mode::Online if args.report_jsonl.is_some() || args.plot.is_some() => {
+            return Err(UsageError(
+                "--report-jsonl, --plot: only offline replays (--mode offline) write them".into(),
+            ))
         }
         Mode::Online => crate::online::run_online(&options).map_err(|e| UsageError(e.to_string()))?,
     };
@@ -287,11 +294,20 @@ pub fn run(args: ReplayArgs) -> Result<(), UsageError> {
     Ok(())
 }
 
-/// The offline replay with a progress bar, streaming per-request records to `jsonl`.
+/// The offline replay with a progress bar, streaming per-request records to `jsonl` and
+/// charting them into `plot`.
 fn run_offline(
     options: &ReplayOptions,
     jsonl: Option<&Path>,
+    plot: Option<&Path>,
 ) -> Result<mocker_replay::ReplayOutcome, UsageError> {
+    let plot_error = |p: &Path, e: &dyn std::fmt::Display| {
+        UsageError(format!("--plot: cannot write into {}: {e}", p.display()))
+    };
+    if let Some(dir) = plot {
+        std::fs::create_dir_all(dir).map_err(|e| plot_error(dir, &e))?;
+    }
+    let mut charts = plot.map(|_| PlotData::new());
     let jsonl_error = |p: &Path, e: &dyn std::fmt::Display| {
         UsageError(format!("--report-jsonl: cannot write {}: {e}", p.display()))
     };
@@ -302,6 +318,9 @@ fn run_offline(
     // The first write error is kept and reported after the run; the run itself goes on.
     let mut write_error: Option<std::io::Error> = None;
     let mut write_record = |r: mocker_replay::RequestRecord| {
+        if let Some(c) = charts.as_mut() {
+            c.add(&r);
+        }
         if let (Some(f), None) = (file.as_mut(), &write_error) {
             let w = f.writer();
             if let Err(e) = serde_json::to_writer(&mut *w, &r)
@@ -316,7 +335,7 @@ fn run_offline(
     let mut on_progress = |done: usize, total: usize, sim_ms: f64| progress.update(done, total, sim_ms);
     let hooks = mocker_replay::Hooks {
         progress: Some(&mut on_progress),
-        request_ended: if jsonl.is_some() { Some(&mut write_record) } else { None },
+        request_ended: if jsonl.is_some() || plot.is_some() { Some(&mut write_record) } else { None },
     };
     let outcome = mocker_replay::run_replay(options, hooks).map_err(|e| UsageError(e.to_string()));
     progress.finish();
@@ -325,6 +344,11 @@ fn run_offline(
         match write_error {
             Some(e) => return Err(jsonl_error(p, &e)),
             None => f.commit().map_err(|e| jsonl_error(p, &e))?,
+        }
+    }
+    if let (Some(c), Some(dir)) = (charts, plot) {
+        for (name, svg) in c.render(&outcome.worker_tokens).map_err(|e| plot_error(dir, &e))? {
+            write_atomically(&dir.join(name), svg.as_bytes()).map_err(|e| plot_error(dir, &e))?;
         }
     }
     Ok(outcome)

@@ -193,12 +193,26 @@ fn request_records(path: &Path) -> Vec<Value> {
 }
 
 #[test]
-fn per_request_records_add_up_to_the_report() {
+fn per_request_records_add_up_to_the_report_and_chart() {
     let dir = scratch("jsonl");
     let trace = conversation_prefix(&dir, 150);
     let jsonl = dir.join("requests.jsonl");
+    let plots = dir.join("plots");
     let args = [trace.to_str().unwrap(), "--router", "kv", "--num-workers", "4", "--report-jsonl"];
-    let r = report(&dir, "r", &[&args[..], &[jsonl.to_str().unwrap()]].concat());
+    let r = report(
+        &dir,
+        "r",
+        &[&args[..], &[jsonl.to_str().unwrap(), "--plot", plots.to_str().unwrap()]].concat(),
+    );
+    let charts = [("ttft_cdf", "<polyline"), ("itl_cdf", "<polyline"), ("throughput", "<polyline")];
+    let charts = charts.into_iter().chain([("queue_depth", "<polyline"), ("worker_cache_hit_rate", "<rect")]);
+    for (chart, mark) in charts {
+        let svg = std::fs::read_to_string(plots.join(format!("{chart}.svg"))).expect("chart written");
+        assert!(
+            svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>") && svg.contains(mark),
+            "{chart}"
+        );
+    }
     let recs = request_records(&jsonl);
     assert_eq!(recs.len() as u64, r["num_requests"].as_u64().unwrap());
     let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k} missing in {v}"));

@@ -4,6 +4,7 @@
 //! conventions, number formatting) live in one place and can be tested without running a
 //! simulation.
 
+pub mod plot;
 pub mod stats;
 pub mod summary;
 pub mod table;

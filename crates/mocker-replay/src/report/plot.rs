@@ -1,0 +1,288 @@
+//! SVG charts of a replay (`--plot DIR`): TTFT and ITL CDFs, output-token throughput and
+//! queue depth over simulated time, and per-worker prefix-cache hit rate.
+//!
+//! [`PlotData`] folds per-request records into bounded state as they end (samples are
+//! thinned and time series re-bucketed as they grow), so plotting a million requests
+//! costs memory of a fixed size. Rendering returns SVG text; the caller decides where and
+//! how (atomically) to write it.
+
+use plotters::prelude::*;
+
+use crate::request_log::RequestRecord;
+
+/// Most samples a CDF keeps; beyond it every other sample is dropped, deterministically.
+const MAX_SAMPLES: usize = 200_000;
+/// Most points a drawn CDF has.
+const CDF_POINTS: usize = 1_000;
+/// Most buckets a time series keeps; beyond it neighbours merge and the width doubles.
+const MAX_BUCKETS: usize = 1_000;
+
+/// Samples thinned to a bound: keeps every `stride`-th value offered.
+#[derive(Debug, Default)]
+struct Thinned {
+    values: Vec<f64>,
+    stride: u64,
+    seen: u64,
+}
+
+impl Thinned {
+    fn push(&mut self, v: f64) {
+        let stride = self.stride.max(1);
+        if self.seen.is_multiple_of(stride) {
+            self.values.push(v);
+            if self.values.len() >= MAX_SAMPLES {
+                let mut i = 0;
+                self.values.retain(|_| {
+                    i += 1;
+                    !i.is_multiple_of(2)
+                });
+                self.stride = stride * 2;
+            }
+        }
+        self.seen += 1;
+    }
+
+    /// (value, fraction of samples at or below it), for a CDF drawn with at most
+    /// [`CDF_POINTS`] points (more would only bloat the SVG).
+    fn cdf(&self) -> Vec<(f64, f64)> {
+        let mut v = self.values.clone();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let step = n.div_ceil(CDF_POINTS).max(1);
+        let mut points: Vec<(f64, f64)> =
+            (step - 1..n).step_by(step).map(|i| (v[i], (i + 1) as f64 / n as f64)).collect();
+        if n > 0 && points.last().map(|p| p.1) != Some(1.0) {
+            points.push((v[n - 1], 1.0));
+        }
+        points
+    }
+}
+
+/// Sums over fixed-width simulated-time buckets that widen as the run gets longer.
+#[derive(Debug)]
+struct Series {
+    width_ms: f64,
+    sums: Vec<f64>,
+}
+
+impl Default for Series {
+    fn default() -> Self {
+        Self { width_ms: 10.0, sums: Vec::new() }
+    }
+}
+
+impl Series {
+    fn add(&mut self, t_ms: f64, v: f64) {
+        let mut i = (t_ms / self.width_ms) as usize;
+        while i >= MAX_BUCKETS {
+            let merged: Vec<f64> = self.sums.chunks(2).map(|c| c.iter().sum()).collect();
+            self.sums = merged;
+            self.width_ms *= 2.0;
+            i = (t_ms / self.width_ms) as usize;
+        }
+        if self.sums.len() <= i {
+            self.sums.resize(i + 1, 0.0);
+        }
+        self.sums[i] += v;
+    }
+}
+
+/// What the charts need, folded from per-request records as they end.
+#[derive(Debug, Default)]
+pub struct PlotData {
+    ttft_ms: Thinned,
+    itl_ms: Thinned,
+    /// Output tokens per time bucket.
+    tokens: Series,
+    /// +1 at arrival, -1 at admission (or at the end of a request never admitted).
+    queue_delta: Series,
+}
+
+/// One chart: its file name and SVG text.
+pub type Chart = (&'static str, String);
+
+impl PlotData {
+    /// An empty accumulator.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Folds one finished request in.
+    pub fn add(&mut self, r: &RequestRecord) {
+        if let Some(first) = r.first_token_ms {
+            self.ttft_ms.push(first - r.arrival_ms);
+        }
+        for w in r.token_times_ms.windows(2) {
+            self.itl_ms.push(w[1] - w[0]);
+        }
+        for &t in &r.token_times_ms {
+            self.tokens.add(t, 1.0);
+        }
+        self.queue_delta.add(r.arrival_ms, 1.0);
+        let left_queue = r.admission_ms.or(r.token_times_ms.last().copied()).unwrap_or(r.arrival_ms);
+        self.queue_delta.add(left_queue, -1.0);
+    }
+
+    /// Renders every chart. `worker_tokens` is per worker (input tokens, cached tokens).
+    pub fn render(&self, worker_tokens: &[(u64, u64)]) -> Result<Vec<Chart>, String> {
+        let tokens = self.tokens_per_second();
+        let queue = self.queue_depth();
+        let hit: Vec<f64> =
+            worker_tokens.iter().map(|&(i, c)| if i == 0 { 0.0 } else { c as f64 / i as f64 }).collect();
+        Ok(vec![
+            (
+                "ttft_cdf.svg",
+                line_chart("TTFT CDF", "TTFT (ms)", "fraction of requests", &self.ttft_ms.cdf())?,
+            ),
+            (
+                "itl_cdf.svg",
+                line_chart("ITL CDF", "inter-token latency (ms)", "fraction of gaps", &self.itl_ms.cdf())?,
+            ),
+            ("throughput.svg", line_chart("Output throughput", "simulated time (s)", "tokens/s", &tokens)?),
+            ("queue_depth.svg", line_chart("Queue depth", "simulated time (s)", "requests waiting", &queue)?),
+            (
+                "worker_cache_hit_rate.svg",
+                bar_chart("Prefix-cache hit rate per worker", "worker", "hit rate", &hit)?,
+            ),
+        ])
+    }
+
+    fn tokens_per_second(&self) -> Vec<(f64, f64)> {
+        let w = self.tokens.width_ms;
+        self.tokens
+            .sums
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| ((i as f64 + 0.5) * w / 1e3, n / (w / 1e3)))
+            .collect()
+    }
+
+    /// Requests waiting at the end of each bucket.
+    fn queue_depth(&self) -> Vec<(f64, f64)> {
+        let w = self.queue_delta.width_ms;
+        let mut depth = 0.0;
+        self.queue_delta
+            .sums
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| {
+                depth += d;
+                ((i + 1) as f64 * w / 1e3, depth)
+            })
+            .collect()
+    }
+}
+
+const SIZE: (u32, u32) = (800, 500);
+
+/// Axis range covering `values` with a little headroom; never empty.
+fn range(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
+    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| (l.min(v), h.max(v)));
+    if !lo.is_finite() {
+        return 0.0..1.0;
+    }
+    let lo = lo.min(0.0);
+    let hi = if hi > lo { hi + (hi - lo) * 0.05 } else { lo + 1.0 };
+    lo..hi
+}
+
+fn line_chart(title: &str, x_desc: &str, y_desc: &str, points: &[(f64, f64)]) -> Result<String, String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 22))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(65)
+            .build_cartesian_2d(range(points.iter().map(|p| p.0)), range(points.iter().map(|p| p.1)))
+            .map_err(|e| e.to_string())?;
+        chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).draw().map_err(|e| e.to_string())?;
+        chart
+            .draw_series(LineSeries::new(points.iter().copied(), BLUE.stroke_width(2)))
+            .map_err(|e| e.to_string())?;
+        root.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
+
+fn bar_chart(title: &str, x_desc: &str, y_desc: &str, values: &[f64]) -> Result<String, String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let top = values.iter().copied().fold(0.0, f64::max).max(1e-3) * 1.1;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 22))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(65)
+            .build_cartesian_2d(-0.5..(values.len() as f64 - 0.5).max(0.5), 0.0..top)
+            .map_err(|e| e.to_string())?;
+        chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).draw().map_err(|e| e.to_string())?;
+        chart
+            .draw_series(values.iter().enumerate().map(|(i, &v)| {
+                let x = i as f64;
+                Rectangle::new([(x - 0.35, 0.0), (x + 0.35, v)], BLUE.filled())
+            }))
+            .map_err(|e| e.to_string())?;
+        root.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(arrival: f64, admission: f64, tokens: &[f64]) -> RequestRecord {
+        RequestRecord {
+            request_index: 0,
+            status: "completed",
+            worker: 0,
+            arrival_ms: arrival,
+            admission_ms: Some(admission),
+            first_token_ms: tokens.first().copied(),
+            token_times_ms: tokens.to_vec(),
+            input_tokens: 10,
+            output_tokens: tokens.len() as u32,
+            cached_tokens: 0,
+        }
+    }
+
+    #[test]
+    fn series_fold_records_and_stay_bounded() {
+        let mut p = PlotData::new();
+        p.add(&record(0.0, 5.0, &[20.0, 25.0, 31.0]));
+        p.add(&record(1.0, 30.0, &[40.0, 44.0]));
+        assert_eq!(p.ttft_ms.cdf(), vec![(20.0, 0.5), (39.0, 1.0)]);
+        assert_eq!(p.itl_ms.cdf().iter().map(|x| x.0).collect::<Vec<_>>(), vec![4.0, 5.0, 6.0]);
+        // Both wait in the first bucket; the second leaves at 30 ms.
+        let q = p.queue_depth();
+        assert_eq!((q[0].1, q[2].1, q[3].1), (1.0, 1.0, 0.0));
+        assert_eq!(p.tokens.sums.iter().sum::<f64>(), 5.0);
+        // A long run re-buckets instead of growing.
+        p.add(&record(1e7, 1e7, &[2e7]));
+        assert!(p.tokens.sums.len() <= MAX_BUCKETS && p.tokens.sums.iter().sum::<f64>() == 6.0);
+        let mut t = Thinned::default();
+        (0..3 * MAX_SAMPLES).for_each(|i| t.push(i as f64));
+        assert!(t.values.len() < MAX_SAMPLES && t.values.len() > MAX_SAMPLES / 4);
+        let cdf = t.cdf();
+        assert!(cdf.len() <= CDF_POINTS + 1 && cdf.last().unwrap().1 == 1.0);
+        assert!(cdf.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 < w[1].1));
+    }
+
+    #[test]
+    fn every_chart_renders_as_svg() {
+        let mut p = PlotData::new();
+        p.add(&record(0.0, 0.0, &[10.0, 12.0]));
+        let charts = p.render(&[(100, 40), (100, 0)]).unwrap();
+        assert_eq!(charts.len(), 5);
+        for (name, svg) in &charts {
+            assert!(name.ends_with(".svg") && svg.starts_with("<svg") && svg.contains("</svg>"), "{name}");
+        }
+        // The empty case (nothing finished) still renders.
+        assert!(PlotData::new().render(&[]).is_ok());
+    }
+}
