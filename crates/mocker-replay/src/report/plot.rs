@@ -31,7 +31,7 @@ impl Thinned {
         if self.seen.is_multiple_of(stride) {
             self.values.push(v);
             if self.values.len() >= MAX_SAMPLES {
-                let mut i = 0;
+                let mut i = 0u32;
                 self.values.retain(|_| {
                     i += 1;
                     !i.is_multiple_of(2)
