@@ -28,6 +28,10 @@ pub struct ReplayArgs {
     /// Tokens per trace hash id.
     #[arg(long, default_value_t = 512)]
     pub trace_block_size: usize,
+    /// Replay the trace this many times back to back, each copy shifted by the trace's
+    /// span (scale tests). Copies share hash ids, so later copies can reuse prefixes.
+    #[arg(long, default_value_t = 1)]
+    pub trace_repeat: usize,
     /// Prompt tokens per request (synthetic; default 1000).
     #[arg(long)]
     pub input_tokens: Option<usize>,
@@ -184,6 +188,9 @@ impl ReplayArgs {
         if self.trace_block_size == 0 {
             return Err(UsageError("--trace-block-size: must be at least 1 (got 0)".into()));
         }
+        if self.trace_repeat == 0 {
+            return Err(UsageError("--trace-repeat: must be at least 1 (got 0)".into()));
+        }
         if self.concurrency == Some(0) {
             return Err(UsageError("--concurrency: must be at least 1 (got 0)".into()));
         }
@@ -191,7 +198,7 @@ impl ReplayArgs {
         Ok(Workload::Trace(TraceWorkload {
             trace: Arc::new(trace),
             concurrency: self.concurrency,
-            repeat: 1,
+            repeat: self.trace_repeat,
         }))
     }
 

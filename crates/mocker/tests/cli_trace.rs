@@ -155,6 +155,7 @@ fn malformed_traces_and_bad_flags_exit_2_with_line_and_field() {
     assert_exit_2(&["replay", g, "--router-config", "{}"], &["--router-config", "kv"]);
     assert_exit_2(&["replay", g, "--request-rate", "4"], &["--request-rate", "synthetic"]);
     assert_exit_2(&["replay", g, "--trace-block-size", "0"], &["--trace-block-size"]);
+    assert_exit_2(&["replay", g, "--trace-repeat", "0"], &["--trace-repeat"]);
     assert_exit_2(&["replay", g, "--sla-ttft-ms=-1"], &["--sla-ttft-ms"]);
     assert_exit_2(&["replay", "--max-sim-time-seconds", "3"], &["--max-sim-time-seconds", "trace"]);
 }
@@ -265,4 +266,19 @@ fn per_request_records_add_up_to_the_report_and_chart() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert!(names.iter().all(|n| !n.contains(".tmp-")), "no temporary file is left behind: {names:?}");
+}
+
+#[test]
+fn a_repeated_trace_runs_its_copies_back_to_back() {
+    let dir = scratch("repeat");
+    let trace = conversation_prefix(&dir, 30);
+    let t = trace.to_str().unwrap();
+    let once = report(&dir, "once", &[t, "--num-workers", "2"]);
+    let thrice = report(&dir, "thrice", &[t, "--num-workers", "2", "--trace-repeat", "3"]);
+    let n = |r: &Value| r["num_requests"].as_u64().unwrap();
+    assert_eq!(n(&thrice), 3 * n(&once));
+    let d = |r: &Value| r["duration_ms"].as_f64().unwrap();
+    // Later copies start a span after the previous one (the tail of the last request is
+    // paid once): longer by well over a span, shorter than three runs end to end.
+    assert!(d(&thrice) > 1.5 * d(&once) && d(&thrice) < 3.0 * d(&once), "{} vs {}", d(&thrice), d(&once));
 }
