@@ -108,23 +108,21 @@ pub enum Mode {
 
 impl ReplayArgs {
     fn router(&self) -> Result<(RouterMode, KvRouterConfig), UsageError> {
-        let mode = match self.router.replace('_', "-").as_str() {
-            "round-robin" => RouterMode::RoundRobin,
-            "kv" | "kv-router" => RouterMode::Kv,
-            other => {
-                return Err(UsageError(format!("--router: must be round-robin or kv (got {other:?})")));
-            }
-        };
-        let cfg = match &self.router_config {
-            None => KvRouterConfig::default(),
+        let mode = parse_router("--router", &self.router)?;
+        Ok((mode, self.router_config_for(mode)?))
+    }
+
+    /// `--router-config` for a point placed by `mode`.
+    pub(crate) fn router_config_for(&self, mode: RouterMode) -> Result<KvRouterConfig, UsageError> {
+        match &self.router_config {
+            None => Ok(KvRouterConfig::default()),
             Some(_) if mode != RouterMode::Kv => {
-                return Err(UsageError("--router-config: applies to --router kv only".into()));
+                Err(UsageError("--router-config: applies to --router kv only".into()))
             }
             Some(text) => {
-                KvRouterConfig::from_json(text).map_err(|e| UsageError(format!("--router-config: {e}")))?
+                KvRouterConfig::from_json(text).map_err(|e| UsageError(format!("--router-config: {e}")))
             }
-        };
-        Ok((mode, cfg))
+        }
     }
 
     fn workload(&self) -> Result<Workload, UsageError> {
@@ -252,6 +250,15 @@ impl ReplayArgs {
     }
 }
 
+/// A `--router` value (`round-robin` or `kv`, `_` for `-` accepted); errors name `flag`.
+pub(crate) fn parse_router(flag: &str, name: &str) -> Result<RouterMode, UsageError> {
+    match name.trim().replace('_', "-").as_str() {
+        "round-robin" => Ok(RouterMode::RoundRobin),
+        "kv" | "kv-router" => Ok(RouterMode::Kv),
+        other => Err(UsageError(format!("{flag}: must be round-robin or kv (got {other:?})"))),
+    }
+}
+
 fn report_path(path: &Path) -> PathBuf {
     if path.is_dir() {
         path.join("mocker_replay_report.json")
@@ -263,7 +270,7 @@ fn report_path(path: &Path) -> PathBuf {
 /// Writes `bytes` to a temporary file beside `path`, then renames it over `path`, so a
 /// reader (or a crash mid-write) never sees a partial report and a failed run leaves the
 /// previous one in place. Plain std: a same-directory rename is atomic on POSIX.
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
     let result = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
