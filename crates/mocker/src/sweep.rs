@@ -119,12 +119,10 @@ impl SweepArgs {
             } else {
                 self.sweep_engine_args
                     .iter()
-                    .map(|arg| {
-                        let launch = crate::engine_args::launch_config_for(
-                            "--sweep-engine-args",
-                            Some(arg),
-                            b.engine_type,
-                        )?;
+                    .enumerate()
+                    .map(|(i, arg)| {
+                        let flag = format!("--sweep-engine-args (value {})", i + 1);
+                        let launch = crate::engine_args::launch_config_for(&flag, Some(arg), b.engine_type)?;
                         Ok((arg.clone(), launch))
                     })
                     .collect::<Result<_, UsageError>>()?

@@ -147,4 +147,20 @@ fn bad_worker_list_exits_2_and_writes_nothing() {
     let err = stderr(&out);
     assert!(err.contains("--sweep-router") && err.contains("round-robin or kv"), "{err}");
     assert!(!csv_path.exists(), "nothing written on bad input");
+
+    let mut args = vec!["sweep"];
+    args.extend_from_slice(&WORKLOAD);
+    args.extend_from_slice(&[
+        "--sweep-engine-args",
+        ENGINE_A,
+        "--sweep-engine-args",
+        r#"{"no_such_knob": 1}"#,
+        "--output-csv",
+        csv_path.to_str().unwrap(),
+    ]);
+    let out = mocker(&args);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("--sweep-engine-args (value 2)") && err.contains("no_such_knob"), "{err}");
+    assert!(!csv_path.exists(), "nothing written on bad input");
 }
