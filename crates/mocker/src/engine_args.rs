@@ -34,7 +34,16 @@ pub fn launch_config(
     engine_args: Option<&str>,
     engine_type: Option<EngineType>,
 ) -> Result<LaunchConfig, UsageError> {
-    let err = |e: mocker_core::config::ConfigError| UsageError(format!("--engine-args: {e}"));
+    launch_config_for("--engine-args", engine_args, engine_type)
+}
+
+/// [`launch_config`] for engine args given by `flag` (errors name it).
+pub fn launch_config_for(
+    flag: &str,
+    engine_args: Option<&str>,
+    engine_type: Option<EngineType>,
+) -> Result<LaunchConfig, UsageError> {
+    let err = |e: mocker_core::config::ConfigError| UsageError(format!("{flag}: {e}"));
     let Some(kind) = engine_type else {
         return match engine_args {
             Some(arg) => LaunchConfig::from_arg(arg).map_err(err),
@@ -44,7 +53,7 @@ pub fn launch_config(
     let text = match engine_args {
         Some(arg) => match arg.strip_prefix('@') {
             Some(path) => std::fs::read_to_string(path)
-                .map_err(|e| UsageError(format!("--engine-args: cannot read file {path:?}: {e}")))?,
+                .map_err(|e| UsageError(format!("{flag}: cannot read file {path:?}: {e}")))?,
             None => arg.to_string(),
         },
         None => String::new(),

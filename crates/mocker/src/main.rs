@@ -9,6 +9,7 @@ mod output;
 mod progress;
 mod replay;
 mod serve;
+mod sweep;
 
 use std::process::ExitCode;
 
@@ -31,6 +32,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Serve the OpenAI HTTP API from a simulated engine, streaming at modelled speed.
     Serve(serve::ServeArgs),
+    /// Replay one workload over a grid of engine args, worker counts and routers, in
+    /// parallel, and write one summary row per point (CSV and/or JSON).
+    Sweep(sweep::SweepArgs),
 }
 
 /// A user error: printed with the field it concerns, exit code 2.
@@ -43,6 +47,7 @@ fn main() -> ExitCode {
         Command::Replay(args) => replay::run(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => bench::run(args).map(|()| ExitCode::SUCCESS),
         Command::Serve(args) => serve::run(args),
+        Command::Sweep(args) => sweep::run(args).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -124,23 +124,21 @@ pub enum Mode {
 
 impl ReplayArgs {
     fn router(&self) -> Result<(RouterMode, KvRouterConfig), UsageError> {
-        let mode = match self.router.replace('_', "-").as_str() {
-            "round-robin" => RouterMode::RoundRobin,
-            "kv" | "kv-router" => RouterMode::Kv,
-            other => {
-                return Err(UsageError(format!("--router: must be round-robin or kv (got {other:?})")));
-            }
-        };
-        let cfg = match &self.router_config {
-            None => KvRouterConfig::default(),
+        let mode = parse_router("--router", &self.router)?;
+        Ok((mode, self.router_config_for(mode)?))
+    }
+
+    /// `--router-config` for a point placed by `mode`.
+    pub(crate) fn router_config_for(&self, mode: RouterMode) -> Result<KvRouterConfig, UsageError> {
+        match &self.router_config {
+            None => Ok(KvRouterConfig::default()),
             Some(_) if mode != RouterMode::Kv => {
-                return Err(UsageError("--router-config: applies to --router kv only".into()));
+                Err(UsageError("--router-config: applies to --router kv only".into()))
             }
             Some(text) => {
-                KvRouterConfig::from_json(text).map_err(|e| UsageError(format!("--router-config: {e}")))?
+                KvRouterConfig::from_json(text).map_err(|e| UsageError(format!("--router-config: {e}")))
             }
-        };
-        Ok((mode, cfg))
+        }
     }
 
     fn workload(&self) -> Result<Workload, UsageError> {
@@ -268,6 +266,15 @@ impl ReplayArgs {
             max_sim_time_ms: self.max_sim_time_seconds.map(|s| s * 1e3),
             sla: Sla { ttft_ms: self.sla_ttft_ms, itl_ms: self.sla_itl_ms, e2e_ms: self.sla_e2e_ms },
         })
+    }
+}
+
+/// A `--router` value (`round-robin` or `kv`, `_` for `-` accepted); errors name `flag`.
+pub(crate) fn parse_router(flag: &str, name: &str) -> Result<RouterMode, UsageError> {
+    match name.trim().replace('_', "-").as_str() {
+        "round-robin" => Ok(RouterMode::RoundRobin),
+        "kv" | "kv-router" => Ok(RouterMode::Kv),
+        other => Err(UsageError(format!("{flag}: must be round-robin or kv (got {other:?})"))),
     }
 }
 
