@@ -126,41 +126,23 @@ fn grid_rows_in_order_and_equal_to_replay() {
 fn bad_worker_list_exits_2_and_writes_nothing() {
     let dir = scratch("bad");
     let csv_path = dir.join("sweep.csv");
-    let mut args = vec!["sweep"];
-    args.extend_from_slice(&WORKLOAD);
-    args.extend_from_slice(&["--sweep-num-workers", "0,x", "--output-csv", csv_path.to_str().unwrap()]);
-    let out = mocker(&args);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("--sweep-num-workers"), "{}", stderr(&out));
-    assert!(!csv_path.exists(), "nothing written on bad input");
-
-    let mut args = vec!["sweep"];
-    args.extend_from_slice(&WORKLOAD);
-    args.extend_from_slice(&[
-        "--sweep-router",
-        "round-robin,random",
-        "--output-csv",
-        csv_path.to_str().unwrap(),
-    ]);
-    let out = mocker(&args);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    let err = stderr(&out);
-    assert!(err.contains("--sweep-router") && err.contains("round-robin or kv"), "{err}");
-    assert!(!csv_path.exists(), "nothing written on bad input");
-
-    let mut args = vec!["sweep"];
-    args.extend_from_slice(&WORKLOAD);
-    args.extend_from_slice(&[
-        "--sweep-engine-args",
-        ENGINE_A,
-        "--sweep-engine-args",
-        r#"{"no_such_knob": 1}"#,
-        "--output-csv",
-        csv_path.to_str().unwrap(),
-    ]);
-    let out = mocker(&args);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    let err = stderr(&out);
-    assert!(err.contains("--sweep-engine-args (value 2)") && err.contains("no_such_knob"), "{err}");
-    assert!(!csv_path.exists(), "nothing written on bad input");
+    let cases: [(&[&str], &[&str]); 3] = [
+        (&["--sweep-num-workers", "0,x"], &["--sweep-num-workers"]),
+        (&["--sweep-router", "round-robin,random"], &["--sweep-router", "round-robin or kv"]),
+        (
+            &["--sweep-engine-args", ENGINE_A, "--sweep-engine-args", r#"{"no_such_knob": 1}"#],
+            &["--sweep-engine-args (value 2)", "no_such_knob"],
+        ),
+    ];
+    for (flags, needles) in cases {
+        let mut args = vec!["sweep"];
+        args.extend_from_slice(&WORKLOAD);
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--output-csv", csv_path.to_str().unwrap()]);
+        let out = mocker(&args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {err}");
+        assert!(needles.iter().all(|n| err.contains(n)), "{flags:?}: {err}");
+        assert!(!csv_path.exists(), "nothing written on bad input");
+    }
 }
