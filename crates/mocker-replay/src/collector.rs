@@ -192,10 +192,11 @@ impl Collector {
     pub fn on_complete(&mut self, id: RecordId, t_ns: u64) {
         let r = self.records[id as usize];
         self.free.push(id);
+        let completed = r.admitted && r.tokens > 0;
         if let Some(log) = &mut self.log {
-            log.end(id, true, (r.worker, r.input_len, r.reused_max));
+            log.end(id, completed, (r.worker, r.input_len, r.reused_max));
         }
-        if !r.admitted || r.tokens == 0 {
+        if !completed {
             return;
         }
         self.completed += 1;

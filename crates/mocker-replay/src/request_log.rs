@@ -11,7 +11,8 @@ use crate::collector::RecordId;
 pub struct RequestRecord {
     /// Arrival order in the replay, from 0.
     pub request_index: u64,
-    /// `completed`, or `rejected` (could never fit the engine).
+    /// `completed`, or `rejected` (could never fit the engine, or ended without a token:
+    /// the report does not count it as completed either).
     pub status: &'static str,
     /// Worker the request was placed on.
     pub worker: u32,
