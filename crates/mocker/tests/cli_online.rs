@@ -1,23 +1,8 @@
 //! `mocker replay --mode online`: the live engines behind the CLI, and its usage errors.
 
-use std::process::{Command, Output};
+mod cli;
 
-const BIN: &str = env!("CARGO_BIN_EXE_mocker");
-
-fn mocker(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).output().expect("run the mocker binary")
-}
-
-fn report(args: &[&str], name: &str) -> serde_json::Value {
-    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("cli_online-{name}-{}.json", std::process::id()));
-    let mut full = vec!["replay"];
-    full.extend_from_slice(args);
-    full.extend_from_slice(&["--report-json", path.to_str().unwrap()]);
-    let out = mocker(&full);
-    assert!(out.status.success(), "{full:?}: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
-}
+use cli::{assert_exit_2, report, scratch};
 
 const SMALL: &[&str] = &[
     "--request-count",
@@ -36,7 +21,8 @@ const SMALL: &[&str] = &[
 fn online_mode_runs_the_live_engines_and_divides_arrivals_by_the_speedup() {
     let mut args = SMALL.to_vec();
     args.extend_from_slice(&["--mode", "online", "--arrival-speedup-ratio", "4"]);
-    let online = report(&args, "online");
+    let dir = scratch("speedup");
+    let online = report(&dir, "online", &args);
     assert_eq!(online["completed_requests"], 6);
     // Arrivals every 400 / 4 = 100 ms: the last arrives at 500 ms; each request takes a few
     // ms at speedup 20, so the run ends just after 500 ms (not after 2000 ms).
@@ -47,7 +33,7 @@ fn online_mode_runs_the_live_engines_and_divides_arrivals_by_the_speedup() {
 
     let mut args = SMALL.to_vec();
     args.extend_from_slice(&["--arrival-speedup-ratio", "4"]);
-    let offline = report(&args, "offline");
+    let offline = report(&dir, "offline", &args);
     let o = offline["duration_ms"].as_f64().unwrap();
     assert!((o - d).abs() / o < 0.05, "offline {o} vs online {d}");
 }
@@ -63,10 +49,6 @@ fn bad_mode_or_speedup_exits_2() {
     ] {
         let mut full = vec!["replay", "--request-count", "2"];
         full.extend_from_slice(args);
-        let out = mocker(&full);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{full:?}: {err}");
-        assert!(err.contains(needle), "{full:?}: {err}");
-        assert!(!err.contains("panicked"));
+        assert_exit_2(&full, &[needle]);
     }
 }

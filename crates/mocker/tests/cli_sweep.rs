@@ -1,34 +1,16 @@
 //! End-to-end tests of `mocker sweep`: the real binary, its CSV and JSON rows (grid order,
 //! equal to `mocker replay` for the same point) and its handling of bad input (exit 2).
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod cli;
 
+use cli::{mocker, scratch, stderr};
 use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_mocker");
 
 const WORKLOAD: [&str; 8] =
     ["--input-tokens", "64", "--output-tokens", "8", "--request-count", "20", "--concurrency", "4"];
 
 const ENGINE_A: &str = r#"{"block_size": 16}"#;
 const ENGINE_B: &str = r#"{"block_size": 32, "max_num_seqs": 2}"#;
-
-/// A fresh scratch directory for one test.
-fn scratch(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("cli_sweep-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn mocker(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).output().expect("run the mocker binary")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8(o.stderr.clone()).expect("utf-8 stderr")
-}
 
 #[test]
 fn grid_rows_in_order_and_equal_to_replay() {

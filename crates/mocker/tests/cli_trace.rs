@@ -1,23 +1,12 @@
 //! `mocker replay TRACE`: trace replay end to end (a prefix of the public conversation
 //! trace, sped up), routers, determinism, and malformed traces (exit 2, file:line: field).
 
+mod cli;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
+use cli::{assert_exit_2, report, scratch};
 use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_mocker");
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("cli_trace-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn mocker(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).output().expect("run the mocker binary")
-}
 
 /// The first `n` rows of the public conversation trace.
 fn conversation_prefix(dir: &Path, n: usize) -> PathBuf {
@@ -51,16 +40,6 @@ fn conversation_prefix(dir: &Path, n: usize) -> PathBuf {
     let path = dir.join("trace.jsonl");
     std::fs::write(&path, text.lines().take(n).collect::<Vec<_>>().join("\n")).unwrap();
     path
-}
-
-fn report(dir: &Path, name: &str, args: &[&str]) -> Value {
-    let path = dir.join(format!("{name}.json"));
-    let mut full = vec!["replay"];
-    full.extend_from_slice(args);
-    full.extend_from_slice(&["--report-json", path.to_str().unwrap()]);
-    let out = mocker(&full);
-    assert!(out.status.success(), "{full:?}: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
 #[test]
@@ -112,16 +91,6 @@ fn max_sim_time_and_slas_shape_the_report() {
     // Concurrency mode ignores timestamps: one session at a time.
     let c1 = report(&dir, "c1", &[t, "--concurrency", "1"]);
     assert_eq!(c1["completed_requests"], 60);
-}
-
-fn assert_exit_2(args: &[&str], needles: &[&str]) {
-    let out = mocker(args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-    assert!(!err.contains("panicked"), "{args:?}: {err}");
-    for n in needles {
-        assert!(err.contains(n), "{args:?}: stderr lacks {n:?}: {err}");
-    }
 }
 
 #[test]
