@@ -19,6 +19,12 @@ pub struct EngineOptions {
     pub dp_rank: u32,
     /// Produce KV events in each pass (live shells do; offline replay need not).
     pub record_kv_events: bool,
+    /// Report steady decode tokens (mid-stream, one per pass) as a count in
+    /// [`Pass::steady_count`] rather than one `Output` each, so a pass costs what changes
+    /// in it rather than the batch size. For shells that only aggregate tokens (offline
+    /// replay without a per-request log); streaming shells need every token. The vLLM and
+    /// TRT-LLM cores honour it; SGLang itemizes regardless.
+    pub aggregate_steady_tokens: bool,
 }
 
 /// Why an engine could not be built or a request not accepted.
@@ -74,9 +80,9 @@ pub struct Engine {
 impl Engine {
     /// Builds an engine.
     pub fn new(options: EngineOptions) -> Result<Self, EngineError> {
-        let EngineOptions { config, dp_rank, record_kv_events } = options;
+        let EngineOptions { config, dp_rank, record_kv_events, aggregate_steady_tokens } = options;
         let timing = build_timing_model(&config)?;
-        let opts = SchedulerOptions { dp_rank, record_kv_events };
+        let opts = SchedulerOptions { dp_rank, record_kv_events, aggregate_steady_tokens };
         let core = match config.backend {
             Backend::Sglang => {
                 if config.worker_type != WorkerType::Aggregated {

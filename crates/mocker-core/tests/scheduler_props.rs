@@ -323,8 +323,92 @@ fn run(config: EngineConfig, specs: &[Spec], record: bool) -> Result<(), TestCas
     Ok(())
 }
 
+/// Runs `specs` on two engines in lockstep, one itemizing every token and one counting
+/// steady tokens, cancelling request `cancel.1` before pass `cancel.0` on both; every pass
+/// must match: times, non-steady outputs, steady count and gap, admissions, KV events,
+/// pass and engine metrics, pool state.
+fn run_aggregated_beside_itemized(
+    config: EngineConfig,
+    specs: &[Spec],
+    cancel: (usize, usize),
+) -> Result<(), TestCaseError> {
+    let build = |aggregate| {
+        Engine::new(EngineOptions {
+            config: config.clone(),
+            record_kv_events: true,
+            aggregate_steady_tokens: aggregate,
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let (mut itemized, mut aggregated) = (build(false), build(true));
+    let mut order: Vec<usize> = (0..specs.len()).collect();
+    order.sort_by_key(|&i| specs[i].arrival);
+    let mut pending = order.into_iter().peekable();
+    let (mut now, mut passes) = (0u64, 0usize);
+    loop {
+        while let Some(&i) = pending.peek() {
+            if specs[i].arrival > passes && itemized.has_work() {
+                break;
+            }
+            let request = Request {
+                uuid: i as u128 + 1,
+                tokens: prompt_tokens(i, &specs[i]),
+                max_output_tokens: specs[i].output,
+                output_token_ids: None,
+                block_hashes: None,
+            };
+            itemized.submit(request.clone()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            aggregated.submit(request).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            pending.next();
+            passes = passes.max(specs[i].arrival);
+        }
+        if passes == cancel.0 {
+            let uuid = cancel.1 as u128 + 1;
+            prop_assert_eq!(itemized.cancel(uuid), aggregated.cancel(uuid));
+        }
+        prop_assert_eq!(itemized.has_work(), aggregated.has_work());
+        if !itemized.has_work() {
+            break;
+        }
+        prop_assert!(passes < MAX_PASSES, "engine did not drain within {} passes", MAX_PASSES);
+        let a = itemized.step(now);
+        let b = aggregated.step(now);
+        passes += 1;
+        prop_assert_eq!(a.end_ns, b.end_ns, "pass {} end", passes);
+        prop_assert_eq!(&a.outputs, &b.outputs, "pass {} outputs", passes);
+        prop_assert_eq!(a.steady_tokens(), b.steady_tokens(), "pass {} steady tokens", passes);
+        prop_assert_eq!(a.steady_count, 0);
+        prop_assert_eq!(&a.admissions, &b.admissions, "pass {} admissions", passes);
+        prop_assert_eq!(&a.kv_events, &b.kv_events, "pass {} KV events", passes);
+        prop_assert_eq!(a.metrics, b.metrics, "pass {} metrics", passes);
+        now = a.end_ns;
+        prop_assert_eq!(itemized.metrics(), aggregated.metrics(), "engine metrics after pass {}", passes);
+        aggregated.check_invariants().map_err(TestCaseError::fail)?;
+    }
+    prop_assert_eq!(aggregated.num_requests(), 0);
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 160, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Counting steady tokens is an optimisation only: the engine steps exactly as when it
+    /// itemizes them, including under preemption, chunking, budget starvation and cancels.
+    #[test]
+    fn aggregated_steady_tokens_step_like_itemized_ones(
+        config in config().prop_map(|c| EngineConfig {
+            // Half the cases under pressure (preemption, starvation), half roomy (long runs).
+            num_gpu_blocks: if c.num_gpu_blocks % 2 == 0 { 4 + c.num_gpu_blocks % 24 } else { c.num_gpu_blocks * 8 },
+            // A third with fewer tokens per pass than sequences, so decodes starve.
+            max_num_batched_tokens: if c.max_num_batched_tokens % 3 == 0 { 2 + c.max_num_seqs / 2 } else { c.max_num_batched_tokens },
+            ..c
+        }),
+        specs in prop::collection::vec(spec(), 1..40),
+        cancel in (0..400usize, 0..40usize),
+    ) {
+        run_aggregated_beside_itemized(config, &specs, cancel)?;
+    }
 
     #[test]
     fn random_workloads_drain_correctly(

@@ -73,7 +73,9 @@ fn engine(record: bool, output_len: usize) -> Engine {
         emit_kv_token_ids: record,
         ..EngineConfig::default()
     };
-    let mut e = Engine::new(EngineOptions { config, dp_rank: 0, record_kv_events: record }).expect("engine");
+    let mut e =
+        Engine::new(EngineOptions { config, dp_rank: 0, record_kv_events: record, ..Default::default() })
+            .expect("engine");
     for i in 0..SEQS {
         let tokens = (0..PROMPT as u32).map(|t| (i * PROMPT) as u32 + t).collect();
         e.submit(Request {

@@ -70,7 +70,8 @@ fn main() {
         ..Default::default()
     };
     let mut engine =
-        Engine::new(EngineOptions { config, dp_rank: 0, record_kv_events: true }).unwrap_or_else(|e| fail(e));
+        Engine::new(EngineOptions { config, dp_rank: 0, record_kv_events: true, ..Default::default() })
+            .unwrap_or_else(|e| fail(e));
     let (mut now, mut batches, mut sequences) = (0u64, 0u64, Vec::<Vec<u32>>::new());
     for (i, step) in steps.iter().enumerate() {
         line.clear();

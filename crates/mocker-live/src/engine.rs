@@ -179,6 +179,7 @@ impl LiveEngine {
                 config: config.clone(),
                 dp_rank: r as u32,
                 record_kv_events: o.kv_events.is_some(),
+                ..Default::default()
             })
             .map_err(|e| LiveError::InvalidArguments(e.to_string()))?;
             let (mtx, mrx) = watch::channel(engine.metrics());

@@ -152,6 +152,8 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
         let engine = Engine::new(EngineOptions {
             config: engine.clone(),
             record_kv_events: router.wants_kv_events(),
+            // Per-request logs need every token's time; aggregate reports only counts.
+            aggregate_steady_tokens: hooks.request_ended.is_none(),
             ..Default::default()
         })?;
         workers.push(Worker { engine, busy: false, dirty: false, owners: Vec::new() });
@@ -314,8 +316,9 @@ impl Sim {
                 pass.start_ns,
             );
         }
-        if let Some(o) = pass.steady.first() {
-            self.collector.on_gaps(o.itl_ns, pass.steady.len() as u64);
+        let (steady, steady_itl_ns) = pass.steady_tokens();
+        if steady > 0 {
+            self.collector.on_gaps(steady_itl_ns, steady as u64);
             if self.collector.logs_requests() {
                 for o in &pass.steady {
                     self.collector.on_steady_token(worker.owners[o.key.0 as usize].record, t);

@@ -62,6 +62,12 @@ pub struct Pass {
     /// a first, second or last token, and all share one `itl_ns`, so aggregating
     /// consumers can take them as a block. [`Pass::all_outputs`] iterates both lists.
     pub steady: Vec<Output>,
+    /// Further steady tokens counted but not itemized (engines built with
+    /// `aggregate_steady_tokens`): as many requests each got a mid-stream token, with gap
+    /// `steady_itl_ns`. Shells that only aggregate read both through [`Pass::steady_tokens`].
+    pub steady_count: usize,
+    /// The gap of the counted steady tokens (0 when `steady_count` is 0).
+    pub steady_itl_ns: u64,
     /// Requests admitted at pass start.
     pub admissions: Vec<Admission>,
     /// KV events, visible at pass end.
@@ -81,10 +87,17 @@ impl Pass {
         self.outputs.iter().chain(self.steady.iter())
     }
 
+    /// Steady tokens of the pass, itemized or counted, and their shared gap (ns).
+    pub fn steady_tokens(&self) -> (usize, u64) {
+        let itl = self.steady.first().map_or(self.steady_itl_ns, |o| o.itl_ns);
+        (self.steady.len() + self.steady_count, itl)
+    }
+
     /// Whether the pass changed anything (a pass that did not cannot be repeated usefully).
     pub fn had_effect(&self) -> bool {
         !self.outputs.is_empty()
             || !self.steady.is_empty()
+            || self.steady_count > 0
             || !self.admissions.is_empty()
             || !self.kv_events.is_empty()
             || self.metrics.scheduled_tokens > 0
@@ -96,6 +109,8 @@ impl Pass {
         self.end_ns = start_ns;
         self.outputs.clear();
         self.steady.clear();
+        self.steady_count = 0;
+        self.steady_itl_ns = 0;
         self.admissions.clear();
         self.kv_events.clear();
         self.metrics = ForwardPassMetrics::default();
@@ -128,4 +143,6 @@ pub struct SchedulerOptions {
     pub dp_rank: u32,
     /// Produce KV events (costs an allocation per event; off for offline replay).
     pub record_kv_events: bool,
+    /// Count steady tokens instead of itemizing them (see [`Pass::steady_count`]).
+    pub aggregate_steady_tokens: bool,
 }

@@ -74,6 +74,29 @@ impl Seq {
     }
 }
 
+/// A running request and, while it decodes steadily, until when.
+///
+/// With `aggregate_steady` on, a request that will decode one token per pass with no block
+/// to allocate or fill and no completion for a known number of passes is *steady*: passes
+/// count it without touching its `Seq`, whose counters stay those of the pass it became
+/// steady in until `catch_up` brings them forward. This makes a pass cost what changes in
+/// it, not the batch size.
+#[derive(Debug, Clone, Copy)]
+struct RunEntry {
+    key: SeqKey,
+    /// First pass that needs the request's `Seq` again; steady while it is above the
+    /// current pass id, 0 when not steady.
+    steady_until: u64,
+    /// `len - pass_id` while steady (wrapping), so its KV length in a pass is one add.
+    len_base: u64,
+}
+
+impl RunEntry {
+    fn new(key: SeqKey) -> Self {
+        Self { key, steady_until: 0, len_base: 0 }
+    }
+}
+
 enum Scheduled {
     Yes,
     Blocked,
@@ -106,6 +129,7 @@ pub struct VllmScheduler {
     dp_rank: u32,
     record_kv_events: bool,
     kv_token_ids: bool,
+    aggregate_steady: bool,
     timing: Box<dyn TimingModel>,
 
     seqs: Vec<Option<Seq>>,
@@ -114,10 +138,12 @@ pub struct VllmScheduler {
     /// are reused only once the next pass starts.
     retired_slots: Vec<u32>,
     waiting: VecDeque<SeqKey>,
-    running: Vec<SeqKey>,
+    running: Vec<RunEntry>,
     pool: BlockPool,
 
     pass_id: u64,
+    /// End of the previous pass: the last token time of every steady request.
+    last_end_ns: u64,
     next_event_id: u64,
     totals: EngineMetrics,
     /// Reusable scratch buffers (no allocation per pass).
@@ -162,6 +188,7 @@ impl VllmScheduler {
             dp_rank: options.dp_rank,
             record_kv_events: options.record_kv_events && prefix_caching,
             kv_token_ids: config.emit_kv_token_ids,
+            aggregate_steady: options.aggregate_steady_tokens,
             timing,
             seqs: Vec::new(),
             free_slots: Vec::new(),
@@ -170,6 +197,7 @@ impl VllmScheduler {
             running: Vec::new(),
             pool: BlockPool::with_policy(config.num_gpu_blocks, config.eviction_policy),
             pass_id: 0,
+            last_end_ns: 0,
             next_event_id: 0,
             totals: EngineMetrics {
                 dp_rank: options.dp_rank,
@@ -299,7 +327,7 @@ impl VllmScheduler {
         let suppressed = self.suppress_outputs(key, uuid);
         let live = self.seqs.get(key.0 as usize).and_then(Option::as_ref).is_some_and(|s| s.uuid == uuid);
         if live {
-            if let Some(i) = self.running.iter().position(|&k| k == key) {
+            if let Some(i) = self.running.iter().position(|e| e.key == key) {
                 self.running.remove(i);
             } else if let Some(i) = self.waiting.iter().position(|&k| k == key) {
                 self.waiting.remove(i);
@@ -365,6 +393,7 @@ impl VllmScheduler {
         m.num_preempted = b.preempted;
         m.wall_time_secs = (prefill_ns + decode_ns) as f64 / 1e9;
         self.totals.prompt_tokens_computed_total += b.prompt_tokens as u64;
+        self.last_end_ns = pass.end_ns;
         self.pass = pass;
         &self.pass
     }
@@ -381,13 +410,67 @@ impl VllmScheduler {
             if i >= self.running.len() || b.tokens == 0 {
                 break;
             }
-            let key = self.running[i];
+            self.catch_up(i, false);
+            let key = self.running[i].key;
             match self.schedule(key, None, b, pass, &mut i) {
                 Scheduled::Yes => i += 1,
                 Scheduled::Blocked => break,
                 Scheduled::CurrentPreempted => {}
             }
         }
+        // Requests the budget did not reach get no token, so their steady runs end here.
+        for j in i..self.running.len() {
+            self.catch_up(j, false);
+        }
+    }
+
+    /// Brings the `Seq` of a steady `running[i]` up to the start of the current pass (or,
+    /// with `scheduled`, to having been scheduled for one decode token in it, as
+    /// `plain_decode_run` would have left it) and ends its steady run.
+    fn catch_up(&mut self, i: usize, scheduled: bool) {
+        let entry = &mut self.running[i];
+        if entry.steady_until == 0 {
+            return;
+        }
+        entry.steady_until = 0;
+        let pass_id = self.pass_id;
+        let seq = self.seqs[entry.key.0 as usize].as_mut().expect("live seq");
+        // Steady passes emitted since the Seq was last written.
+        let k = (pass_id - 1 - seq.last_token_pass) as u32;
+        if k > 0 {
+            seq.len += k;
+            seq.generated += k;
+            seq.num_computed = seq.len - 1;
+            seq.last_token_pass = pass_id - 1;
+            seq.last_token_ns = self.last_end_ns;
+        }
+        if scheduled {
+            seq.num_computed = seq.len;
+            seq.pass_id = pass_id;
+            seq.pass_tokens = 1;
+            seq.pass_prompt_tokens = 0;
+            seq.pass_decode = true;
+        }
+    }
+
+    /// After `seq` emitted its token in the current pass: how many following passes it
+    /// decodes steadily (one token that fits its last block, completes no block and does
+    /// not finish it, and is neither its first nor second token).
+    fn steady_passes(&self, seq: &Seq) -> u32 {
+        if !self.aggregate_steady || seq.generated < 2 || seq.num_computed + 1 != seq.len {
+            return 0;
+        }
+        let bs = self.block_size;
+        let len = seq.len;
+        // The pass j (1-based) ahead runs at length len + j - 1.
+        let fits = (seq.blocks.len() as u32 * bs + 1).saturating_sub(len);
+        let finishes = seq.max_output.saturating_sub(seq.generated + 1);
+        let mut passes = fits.min(finishes);
+        if self.prefix_caching {
+            let rem = len % bs;
+            passes = passes.min(if rem == 0 { 0 } else { bs - rem });
+        }
+        passes
     }
 
     /// Fast path for the common case, from `running[*i]` on: requests decoding one token
@@ -402,8 +485,17 @@ impl VllmScheduler {
         let check_boundary = self.prefix_caching;
         let (mut n, mut kv) = (0usize, 0usize);
         while *i < self.running.len() && (n as u32) < budget {
-            let key = self.running[*i];
-            let Some(seq) = self.seqs[key.0 as usize].as_mut() else { break };
+            let entry = self.running[*i];
+            if entry.steady_until > pass_id {
+                n += 1;
+                kv += entry.len_base.wrapping_add(pass_id) as usize;
+                *i += 1;
+                continue;
+            }
+            if entry.steady_until != 0 {
+                break; // its steady run ends: the general path catches it up
+            }
+            let Some(seq) = self.seqs[entry.key.0 as usize].as_mut() else { break };
             let len = seq.len;
             // Block size is almost always a power of two: no division per token then.
             let rem = if bs.is_power_of_two() { len & (bs - 1) } else { len % bs };
@@ -443,7 +535,7 @@ impl VllmScheduler {
             let (needed, available) = if self.trtllm {
                 // Reserve every running request's footprint to completion: never evict.
                 let reserved: usize =
-                    self.running.iter().map(|&k| self.remaining_reservation(self.seq(k))).sum();
+                    self.running.iter().map(|e| self.remaining_reservation(self.seq(e.key))).sum();
                 (self.to_completion_blocks(seq) - reused_blocks, free_capacity.saturating_sub(reserved))
             } else {
                 // The whole known sequence must fit, even when it will be chunked.
@@ -560,7 +652,9 @@ impl VllmScheduler {
                 want = 0;
                 break;
             };
-            let victim = self.running[victim_idx];
+            let victim = self.running[victim_idx].key;
+            // A steady victim before the cursor already got its decode token this pass.
+            self.catch_up(victim_idx, victim_idx < *cursor);
             self.preempt(victim_idx, b);
             if *cursor != usize::MAX && victim_idx < *cursor {
                 *cursor -= 1;
@@ -613,7 +707,7 @@ impl VllmScheduler {
             }
             let uuid = seq.uuid;
             let queried = seq.len;
-            self.running.push(key);
+            self.running.push(RunEntry::new(key));
             self.totals.prefix_cache_queries_total += u64::from(queried);
             self.totals.prefix_cache_hits_total += u64::from(cached);
             pass.admissions.push(Admission { key, uuid, reused_tokens: cached, readmission });
@@ -634,7 +728,7 @@ impl VllmScheduler {
 
     /// Recompute preemption: the victim loses its KV and goes back to the waiting front.
     fn preempt(&mut self, idx: usize, b: &mut Budget) {
-        let key = self.running.remove(idx);
+        let key = self.running.remove(idx).key;
         let pass_id = self.pass_id;
         let worker_type = self.worker_type;
         let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
@@ -760,9 +854,15 @@ impl VllmScheduler {
     fn emit(&mut self, pass: &mut Pass) {
         let mut finished = false;
         let mut tokens = 0;
+        let mut steady = 0;
         let (end_ns, pass_id) = (pass.end_ns, self.pass_id);
         for i in 0..self.running.len() {
-            let key = self.running[i];
+            let entry = self.running[i];
+            if entry.steady_until > pass_id {
+                steady += 1;
+                continue;
+            }
+            let key = entry.key;
             let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
             if seq.num_computed != seq.len {
                 continue;
@@ -802,15 +902,26 @@ impl VllmScheduler {
             seq.done = completed;
             finished |= completed;
             tokens += 1;
+            let passes = if completed { 0 } else { self.steady_passes(self.seq(key)) };
+            if passes > 0 {
+                let len = u64::from(self.seq(key).len);
+                // Steady in passes pass_id+1 ..= pass_id+passes, at lengths len, len+1, ...
+                self.running[i].steady_until = pass_id + u64::from(passes) + 1;
+                self.running[i].len_base = len.wrapping_sub(pass_id + 1);
+            }
         }
-        self.totals.generation_tokens_total += tokens;
+        if steady > 0 {
+            pass.steady_count = steady;
+            pass.steady_itl_ns = end_ns - self.last_end_ns;
+        }
+        self.totals.generation_tokens_total += tokens + steady as u64;
         if finished {
             let seqs = &self.seqs;
             let mut retired = std::mem::take(&mut self.rejected);
-            self.running.retain(|k| {
-                let done = seqs[k.0 as usize].as_ref().is_some_and(|s| s.done);
+            self.running.retain(|e| {
+                let done = seqs[e.key.0 as usize].as_ref().is_some_and(|s| s.done);
                 if done {
-                    retired.push(*k);
+                    retired.push(e.key);
                 }
                 !done
             });

@@ -50,7 +50,9 @@ pub fn run_scenario(dp_rank: u32) -> Scenario {
         emit_kv_token_ids: true,
         ..EngineConfig::default()
     };
-    let mut engine = Engine::new(EngineOptions { config, dp_rank, record_kv_events: true }).expect("engine");
+    let mut engine =
+        Engine::new(EngineOptions { config, dp_rank, record_kv_events: true, ..Default::default() })
+            .expect("engine");
     let shared: Vec<u32> = (100..112).collect();
     let prompts = [
         [shared.clone(), (200..206).collect()].concat(),

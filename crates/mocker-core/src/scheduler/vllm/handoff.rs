@@ -2,7 +2,7 @@
 //! its (prefill) output until released, and a destination whose prompt blocks are reserved
 //! before the transfer and which starts decoding when activated.
 
-use super::{Status, VllmScheduler};
+use super::{RunEntry, Status, VllmScheduler};
 use crate::events::KvEvent;
 use crate::request::{Request, SeqKey};
 use crate::scheduler::{Pass, SubmitError};
@@ -132,7 +132,7 @@ impl VllmScheduler {
         if self.prefix_caching {
             self.finalize_blocks(key, cached, prompt, &mut pass);
         }
-        self.running.push(key);
+        self.running.push(RunEntry::new(key));
         Some(pass.kv_events)
     }
 
