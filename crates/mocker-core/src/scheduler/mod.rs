@@ -5,7 +5,7 @@ pub mod sglang;
 pub mod vllm;
 
 use crate::events::KvEvent;
-use crate::hashing::deterministic_output_token;
+use crate::hashing::{deterministic_output_token, OutputTokens};
 use crate::metrics::ForwardPassMetrics;
 use crate::request::{Admission, Output, Request, SeqKey};
 
@@ -31,6 +31,32 @@ pub(crate) fn token_at(prompt: &[u32], planned: Option<&[u32]>, uuid: u128, pos:
         None => {
             let k = pos as usize - prompt.len();
             planned.map_or_else(|| deterministic_output_token(uuid, k as u64), |p| p[k])
+        }
+    }
+}
+
+/// Appends the tokens at positions `range` of a sequence (see [`token_at`]) to `out`.
+pub(crate) fn extend_tokens(
+    prompt: &[u32],
+    planned: Option<&[u32]>,
+    uuid: u128,
+    range: std::ops::Range<u32>,
+    out: &mut Vec<u32>,
+) {
+    let (start, end) = (range.start as usize, range.end as usize);
+    let split = end.min(prompt.len()).max(start);
+    if start < split {
+        out.extend_from_slice(&prompt[start..split]);
+    }
+    if split == end {
+        return;
+    }
+    let (from, to) = (split - prompt.len(), end - prompt.len());
+    match planned {
+        Some(p) => out.extend_from_slice(&p[from..to]),
+        None => {
+            let tokens = OutputTokens::new(uuid);
+            out.extend((from as u64..to as u64).map(|k| tokens.at(k)));
         }
     }
 }
@@ -145,4 +171,25 @@ pub struct SchedulerOptions {
     pub record_kv_events: bool,
     /// Count steady tokens instead of itemizing them (see [`Pass::steady_count`]).
     pub aggregate_steady_tokens: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extend_tokens_equals_token_at_for_every_range() {
+        let prompt: Vec<u32> = (100..110).collect();
+        let planned: Vec<u32> = (900..906).collect();
+        for plan in [None, Some(&planned[..])] {
+            for start in 0..16u32 {
+                for end in start..=16u32 {
+                    let mut got = Vec::new();
+                    extend_tokens(&prompt, plan, 7, start..end, &mut got);
+                    let want: Vec<u32> = (start..end).map(|p| token_at(&prompt, plan, 7, p)).collect();
+                    assert_eq!(got, want, "range {start}..{end}, planned {}", plan.is_some());
+                }
+            }
+        }
+    }
 }

@@ -63,8 +63,9 @@ struct Seq {
 }
 
 impl Seq {
-    fn token_at(&self, pos: u32) -> u32 {
-        super::token_at(&self.prompt, self.planned.as_deref(), self.uuid, pos)
+    /// Appends the tokens of block `blk` to `out`.
+    fn extend_block_tokens(&self, blk: u32, bs: u32, out: &mut Vec<u32>) {
+        super::extend_tokens(&self.prompt, self.planned.as_deref(), self.uuid, blk * bs..(blk + 1) * bs, out);
     }
 
     /// `max_output` already includes the `max_model_len` cap (see `submit`).
@@ -775,7 +776,7 @@ impl VllmScheduler {
             // blocks and for event payloads.
             if idx >= seq.hashes.len() || record {
                 self.scratch_tokens.clear();
-                self.scratch_tokens.extend((blk * bs..(blk + 1) * bs).map(|p| seq.token_at(p)));
+                seq.extend_block_tokens(blk, bs, &mut self.scratch_tokens);
             }
             let (hash, local) = if idx < seq.hashes.len() {
                 let local = if record { local_block_hash(&self.scratch_tokens) } else { 0 };
