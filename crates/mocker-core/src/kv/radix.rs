@@ -14,6 +14,8 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
 
+use std::collections::hash_map::Entry;
+
 use rustc_hash::FxHashMap;
 
 /// Index of a node in the cache's arena.
@@ -263,8 +265,16 @@ impl RadixCache {
         let mut cur = last.unwrap_or(ROOT);
         let mut out = Inserted { last, depth, freed_duplicates: 0 };
         for (i, &hash) in hashes.iter().enumerate().skip(depth) {
-            let id = match self.by_hash.get(&hash) {
-                Some(&id) if self.nodes[id as usize].parent == cur => {
+            // One probe per page: a vacant slot is filled with the id the node will get.
+            let resident = match self.by_hash.entry(hash) {
+                Entry::Occupied(e) => Some(*e.get()),
+                Entry::Vacant(e) => {
+                    e.insert(self.free_nodes.last().copied().unwrap_or(self.nodes.len() as u32));
+                    None
+                }
+            };
+            let id = match resident {
+                Some(id) if self.nodes[id as usize].parent == cur => {
                     // Resident already: lock it (it may have been evictable) and drop the copy.
                     self.lock_one(id, now);
                     self.free_pages += 1;
@@ -418,7 +428,8 @@ impl RadixCache {
         node.stamp = now;
     }
 
-    /// A new locked leaf under `parent` holding one of the caller's private pages.
+    /// A new locked leaf under `parent` holding one of the caller's private pages; `insert`
+    /// has indexed `hash` under the id it returns (the next free slot).
     fn new_node(&mut self, hash: u64, parent: u32, now: u64) -> u32 {
         let mut node = Node { hash, parent, children: 0, lock_ref: 1, stamp: now, gen: 0, live: true };
         let id = match self.free_nodes.pop() {
@@ -436,7 +447,7 @@ impl RadixCache {
             // The caller holds the parent's lock, so it is not an eviction candidate.
             self.nodes[parent as usize].children += 1;
         }
-        self.by_hash.insert(hash, id);
+        debug_assert_eq!(self.by_hash.get(&hash), Some(&id), "insert indexes the node first");
         self.tree_pages += 1;
         id
     }
