@@ -5,7 +5,7 @@ pub mod sglang;
 pub mod vllm;
 
 use crate::events::KvEvent;
-use crate::hashing::{deterministic_output_token, OutputTokens};
+use crate::hashing::OutputTokens;
 use crate::metrics::ForwardPassMetrics;
 use crate::request::{Admission, Output, Request, SeqKey};
 
@@ -21,21 +21,9 @@ pub(crate) fn requested_output(request: &Request) -> Result<usize, SubmitError> 
     }
 }
 
-/// Token at position `pos` of a sequence: its prompt, then its planned output or, without a
-/// plan, the reference's deterministic token for that output index. Shared by both
-/// schedulers so their block identities agree.
-#[inline]
-pub(crate) fn token_at(prompt: &[u32], planned: Option<&[u32]>, uuid: u128, pos: u32) -> u32 {
-    match prompt.get(pos as usize) {
-        Some(&t) => t,
-        None => {
-            let k = pos as usize - prompt.len();
-            planned.map_or_else(|| deterministic_output_token(uuid, k as u64), |p| p[k])
-        }
-    }
-}
-
-/// Appends the tokens at positions `range` of a sequence (see [`token_at`]) to `out`.
+/// Appends the tokens at positions `range` of a sequence to `out`: its prompt, then its
+/// planned output or, without a plan, the reference's deterministic token for each output
+/// index. Shared by both schedulers so their block identities agree.
 pub(crate) fn extend_tokens(
     prompt: &[u32],
     planned: Option<&[u32]>,
@@ -176,6 +164,18 @@ pub struct SchedulerOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hashing::deterministic_output_token;
+
+    /// The token at one position, by the definition `extend_tokens` implements.
+    fn token_at(prompt: &[u32], planned: Option<&[u32]>, uuid: u128, pos: u32) -> u32 {
+        match prompt.get(pos as usize) {
+            Some(&t) => t,
+            None => {
+                let k = pos as usize - prompt.len();
+                planned.map_or_else(|| deterministic_output_token(uuid, k as u64), |p| p[k])
+            }
+        }
+    }
 
     #[test]
     fn extend_tokens_equals_token_at_for_every_range() {

@@ -100,7 +100,8 @@ impl SglangScheduler {
             let blocks = created[i..j]
                 .iter()
                 .map(|&b| {
-                    let tokens: Vec<u32> = (b * page..(b + 1) * page).map(|p| seq.token_at(p)).collect();
+                    let mut tokens = Vec::with_capacity(page as usize);
+                    seq.extend_tokens(b * page..(b + 1) * page, &mut tokens);
                     let tokens_hash = local_block_hash(&tokens);
                     let token_ids = self.kv_token_ids.then_some(tokens);
                     StoredBlock { block_hash: seq.hashes[b as usize], tokens_hash, token_ids }

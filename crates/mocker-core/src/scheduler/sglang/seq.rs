@@ -43,8 +43,9 @@ pub(super) struct Seq {
 }
 
 impl Seq {
-    pub fn token_at(&self, pos: u32) -> u32 {
-        crate::scheduler::token_at(&self.prompt, self.planned.as_deref(), self.uuid, pos)
+    /// Appends the tokens at positions `range` to `out`.
+    pub fn extend_tokens(&self, range: std::ops::Range<u32>, out: &mut Vec<u32>) {
+        crate::scheduler::extend_tokens(&self.prompt, self.planned.as_deref(), self.uuid, range, out);
     }
 
     #[inline]
@@ -66,7 +67,7 @@ impl Seq {
         while self.hashes.len() < target {
             let blk = self.hashes.len() as u32;
             scratch.clear();
-            scratch.extend((blk * page..(blk + 1) * page).map(|p| self.token_at(p)));
+            self.extend_tokens(blk * page..(blk + 1) * page, scratch);
             let local = local_block_hash(scratch);
             let h = self.hashes.last().map_or(local, |&p| chain_hash(p, local));
             self.hashes.push(h);
