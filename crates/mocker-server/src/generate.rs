@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::openai::request::{Generation, PromptInput};
-use crate::openai::response::{Endpoint, ResponseHeader, Usage, UsageMode};
+use crate::openai::response::{ContentFrames, Endpoint, ResponseHeader, Usage, UsageMode};
 use crate::tokenizer::StreamDecoder;
 
 /// A validated, tokenized request ready for the engine.
@@ -206,6 +206,9 @@ const MAX_FRAMES_PER_WRITE: usize = 64;
 struct SseState {
     stream: TokenStream,
     header: ResponseHeader,
+    frames: ContentFrames,
+    /// The newest token's text, reused from token to token.
+    text: String,
     mode: UsageMode,
     pending: Option<OutputSignal>,
     opened: bool,
@@ -216,11 +219,14 @@ impl SseState {
     /// Appends the frames of one signal (and the closing frames after the last).
     fn emit(&mut self, s: &OutputSignal, out: &mut Vec<u8>) {
         self.stream.account(s);
-        let text = match s.token_id {
-            Some(id) => self.stream.decoder.push(&self.stream.state.tokenizer, id).unwrap_or_default(),
-            None => String::new(),
-        };
-        self.header.content_frame(out, &text, s.completed, self.mode, self.stream.usage());
+        self.text.clear();
+        if let Some(id) = s.token_id {
+            let stream = &mut self.stream;
+            if stream.decoder.push_to(&stream.state.tokenizer, id, &mut self.text).is_err() {
+                self.text.clear();
+            }
+        }
+        self.frames.write(out, &self.text, s.completed, self.stream.usage());
         if s.completed {
             if self.mode.include_usage {
                 self.header.usage_frame(out, self.stream.usage());
@@ -249,7 +255,17 @@ fn sse_response(
     first: OutputSignal,
     mode: UsageMode,
 ) -> Response {
-    let init = SseState { stream, header, mode, pending: Some(first), opened: false, finished: false };
+    let frames = header.content_frames(mode);
+    let init = SseState {
+        stream,
+        header,
+        frames,
+        text: String::new(),
+        mode,
+        pending: Some(first),
+        opened: false,
+        finished: false,
+    };
     let body = futures_util::stream::unfold(init, |mut st| async move {
         if st.finished {
             return None;
