@@ -279,7 +279,7 @@ fn sse_response(
             Some(s) => Some(s),
             None => st.stream.live.recv().await,
         };
-        let Some(mut signal) = signal else {
+        let Some(signal) = signal else {
             let err = ApiError::unavailable("the engine stopped before the request finished");
             out.extend_from_slice(&frame(&err.body()));
             out.extend_from_slice(b"data: [DONE]\n\n");
@@ -289,16 +289,17 @@ fn sse_response(
         // A reader that fell behind the engine takes every token already delivered in
         // one write: under load that is the difference between a syscall per token and
         // one per batch. Bounded so one chunk stays small.
+        let mut next = Some(signal);
         for _ in 0..MAX_FRAMES_PER_WRITE {
+            let Some(signal) = next.take() else { break };
             st.emit(&signal, &mut out);
             if st.finished {
                 break;
             }
-            match st.stream.live.try_recv() {
-                Some(next) => signal = next,
-                None => break,
-            }
+            next = st.stream.live.try_recv();
         }
+        // A signal taken when the chunk is full opens the next chunk.
+        st.pending = next;
         Some((Ok::<_, Infallible>(Bytes::from(out)), st))
     });
     let mut response = Response::new(Body::from_stream(body));
