@@ -82,7 +82,9 @@ async fn load(addr: SocketAddr, streams: usize, tokens: usize) -> (usize, usize,
                     tail.extend_from_slice(&chunk);
                     frames += count(&tail, b"data: {");
                     done |= count(&tail, b"[DONE]") > 0;
-                    let keep = tail.len().saturating_sub(8);
+                    // Keep less than a whole needle, so no frame is counted twice, but
+                    // enough for one split across two chunks.
+                    let keep = tail.len().saturating_sub(b"data: {".len() - 1);
                     tail.drain(..keep);
                 }
                 (frames, usize::from(!done || frames != tokens))

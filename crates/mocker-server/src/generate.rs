@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::openai::request::{Generation, PromptInput};
-use crate::openai::response::{Endpoint, ResponseHeader, Usage, UsageMode};
+use crate::openai::response::{ContentFrames, Endpoint, ResponseHeader, Usage, UsageMode};
 use crate::tokenizer::StreamDecoder;
 
 /// A validated, tokenized request ready for the engine.
@@ -206,6 +206,9 @@ const MAX_FRAMES_PER_WRITE: usize = 64;
 struct SseState {
     stream: TokenStream,
     header: ResponseHeader,
+    frames: ContentFrames,
+    /// The newest token's text, reused from token to token.
+    text: String,
     mode: UsageMode,
     pending: Option<OutputSignal>,
     opened: bool,
@@ -216,11 +219,14 @@ impl SseState {
     /// Appends the frames of one signal (and the closing frames after the last).
     fn emit(&mut self, s: &OutputSignal, out: &mut Vec<u8>) {
         self.stream.account(s);
-        let text = match s.token_id {
-            Some(id) => self.stream.decoder.push(&self.stream.state.tokenizer, id).unwrap_or_default(),
-            None => String::new(),
-        };
-        self.header.content_frame(out, &text, s.completed, self.mode, self.stream.usage());
+        self.text.clear();
+        if let Some(id) = s.token_id {
+            let stream = &mut self.stream;
+            if stream.decoder.push_to(&stream.state.tokenizer, id, &mut self.text).is_err() {
+                self.text.clear();
+            }
+        }
+        self.frames.write(out, &self.text, s.completed, self.stream.usage());
         if s.completed {
             if self.mode.include_usage {
                 self.header.usage_frame(out, self.stream.usage());
@@ -249,7 +255,17 @@ fn sse_response(
     first: OutputSignal,
     mode: UsageMode,
 ) -> Response {
-    let init = SseState { stream, header, mode, pending: Some(first), opened: false, finished: false };
+    let frames = header.content_frames(mode);
+    let init = SseState {
+        stream,
+        header,
+        frames,
+        text: String::new(),
+        mode,
+        pending: Some(first),
+        opened: false,
+        finished: false,
+    };
     let body = futures_util::stream::unfold(init, |mut st| async move {
         if st.finished {
             return None;
@@ -263,7 +279,7 @@ fn sse_response(
             Some(s) => Some(s),
             None => st.stream.live.recv().await,
         };
-        let Some(mut signal) = signal else {
+        let Some(signal) = signal else {
             let err = ApiError::unavailable("the engine stopped before the request finished");
             out.extend_from_slice(&frame(&err.body()));
             out.extend_from_slice(b"data: [DONE]\n\n");
@@ -273,16 +289,17 @@ fn sse_response(
         // A reader that fell behind the engine takes every token already delivered in
         // one write: under load that is the difference between a syscall per token and
         // one per batch. Bounded so one chunk stays small.
+        let mut next = Some(signal);
         for _ in 0..MAX_FRAMES_PER_WRITE {
+            let Some(signal) = next.take() else { break };
             st.emit(&signal, &mut out);
             if st.finished {
                 break;
             }
-            match st.stream.live.try_recv() {
-                Some(next) => signal = next,
-                None => break,
-            }
+            next = st.stream.live.try_recv();
         }
+        // A signal taken when the chunk is full opens the next chunk.
+        st.pending = next;
         Some((Ok::<_, Infallible>(Bytes::from(out)), st))
     });
     let mut response = Response::new(Body::from_stream(body));

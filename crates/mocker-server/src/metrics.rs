@@ -3,6 +3,7 @@
 //! from each rank's metrics watch at scrape time, so nothing is mirrored; request latencies
 //! and token counters are observed by the request handlers.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use mocker_core::metrics::EngineMetrics;
@@ -71,6 +72,32 @@ pub struct ServerMetrics {
     prompt_tokens: Family<ModelLabel, Counter>,
     generation_tokens: Family<ModelLabel, Counter>,
     success: Family<FinishedLabels, Counter>,
+    /// The series every request observes into, resolved once: a family lookup hashes the
+    /// label and takes the family's lock, which per token is most of the cost.
+    hot: HotSeries,
+    finished_label: FinishedLabels,
+}
+
+/// Each series is created on its first observation, as the family would create it, so the
+/// exposition does not change.
+#[derive(Debug, Default)]
+struct HotSeries {
+    ttft: OnceLock<Histogram>,
+    itl: OnceLock<Histogram>,
+    e2e: OnceLock<Histogram>,
+    tpot: OnceLock<Histogram>,
+    prompt_tokens: OnceLock<Counter>,
+    generation_tokens: OnceLock<Counter>,
+    success: OnceLock<Counter>,
+}
+
+fn series<'a, L, M, C>(cell: &'a OnceLock<M>, family: &Family<L, M, C>, label: &L) -> &'a M
+where
+    L: Clone + std::hash::Hash + Eq,
+    M: Clone,
+    C: prometheus_client::metrics::family::MetricConstructor<M>,
+{
+    cell.get_or_init(|| family.get_or_create(label).clone())
 }
 
 type Histograms = Family<ModelLabel, Histogram, fn() -> Histogram>;
@@ -89,15 +116,26 @@ impl ServerMetrics {
     ) -> Self {
         let mut registry = Registry::default();
         let label = ModelLabel { model_name: model_name.to_string() };
+        let ttft = histograms(|| Histogram::new(TTFT_BUCKETS));
+        let itl = histograms(|| Histogram::new(ITL_BUCKETS));
+        let e2e = histograms(|| Histogram::new(E2E_BUCKETS));
+        let tpot = histograms(|| Histogram::new(ITL_BUCKETS));
+        let prompt_tokens: Family<ModelLabel, Counter> = Family::default();
+        let generation_tokens: Family<ModelLabel, Counter> = Family::default();
+        let success: Family<FinishedLabels, Counter> = Family::default();
+        let finished_label =
+            FinishedLabels { model_name: model_name.to_string(), finished_reason: "length".to_string() };
         let this = Self {
-            ttft: histograms(|| Histogram::new(TTFT_BUCKETS)),
-            itl: histograms(|| Histogram::new(ITL_BUCKETS)),
-            e2e: histograms(|| Histogram::new(E2E_BUCKETS)),
-            tpot: histograms(|| Histogram::new(ITL_BUCKETS)),
-            prompt_tokens: Family::default(),
-            generation_tokens: Family::default(),
-            success: Family::default(),
+            ttft,
+            itl,
+            e2e,
+            tpot,
+            prompt_tokens,
+            generation_tokens,
+            success,
+            hot: HotSeries::default(),
             label,
+            finished_label,
             registry: Registry::default(),
         };
         let names = Names::of(flavor);
@@ -127,28 +165,24 @@ impl ServerMetrics {
 
     /// Records a request's first token `ttft` after its arrival.
     pub fn observe_first_token(&self, ttft: Duration, prompt_tokens: usize) {
-        self.ttft.get_or_create(&self.label).observe(ttft.as_secs_f64());
-        self.prompt_tokens.get_or_create(&self.label).inc_by(prompt_tokens as u64);
+        series(&self.hot.ttft, &self.ttft, &self.label).observe(ttft.as_secs_f64());
+        series(&self.hot.prompt_tokens, &self.prompt_tokens, &self.label).inc_by(prompt_tokens as u64);
     }
 
     /// Records the gap between two tokens of a stream.
     pub fn observe_inter_token(&self, gap: Duration) {
-        self.itl.get_or_create(&self.label).observe(gap.as_secs_f64());
+        series(&self.hot.itl, &self.itl, &self.label).observe(gap.as_secs_f64());
     }
 
     /// Records a finished request.
     pub fn observe_finished(&self, e2e: Duration, ttft: Duration, generated: usize) {
-        self.e2e.get_or_create(&self.label).observe(e2e.as_secs_f64());
+        series(&self.hot.e2e, &self.e2e, &self.label).observe(e2e.as_secs_f64());
         if generated > 1 {
             let tpot = (e2e.saturating_sub(ttft)).as_secs_f64() / (generated - 1) as f64;
-            self.tpot.get_or_create(&self.label).observe(tpot);
+            series(&self.hot.tpot, &self.tpot, &self.label).observe(tpot);
         }
-        self.generation_tokens.get_or_create(&self.label).inc_by(generated as u64);
-        let labels = FinishedLabels {
-            model_name: self.label.model_name.clone(),
-            finished_reason: "length".to_string(),
-        };
-        self.success.get_or_create(&labels).inc();
+        series(&self.hot.generation_tokens, &self.generation_tokens, &self.label).inc_by(generated as u64);
+        series(&self.hot.success, &self.success, &self.finished_label).inc();
     }
 
     /// The Prometheus text exposition.

@@ -86,7 +86,7 @@ impl Tokenizer {
                     if i > 0 {
                         out.push(' ');
                     }
-                    out.push_str(&builtin_word(id));
+                    push_builtin_word(&mut out, id);
                 }
                 Ok(out)
             }
@@ -98,8 +98,21 @@ fn builtin_word_id(word: &str) -> u32 {
     (xxh3_64(word.as_bytes()) % u64::from(BUILTIN_VOCAB)) as u32
 }
 
-fn builtin_word(id: u32) -> String {
-    format!("t{}", id % BUILTIN_VOCAB)
+/// Appends the word of `id`, `t{id % BUILTIN_VOCAB}`, without going through `fmt`.
+fn push_builtin_word(out: &mut String, id: u32) {
+    let mut n = id % BUILTIN_VOCAB;
+    let mut digits = [0u8; 5];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.push('t');
+    out.push_str(std::str::from_utf8(&digits[at..]).expect("ASCII digits"));
 }
 
 /// Turns a stream of generated ids into text deltas, vLLM-style: it decodes a short window
@@ -108,6 +121,8 @@ fn builtin_word(id: u32) -> String {
 #[derive(Debug, Default)]
 pub struct StreamDecoder {
     ids: Vec<u32>,
+    /// The built-in tokenizer needs no window, only whether a word came before.
+    builtin_started: bool,
     prefix_offset: usize,
     read_offset: usize,
 }
@@ -115,23 +130,37 @@ pub struct StreamDecoder {
 impl StreamDecoder {
     /// Adds one token and returns the text it completes (possibly empty).
     pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<String, TokenizerError> {
+        let mut text = String::new();
+        self.push_to(tokenizer, id, &mut text)?;
+        Ok(text)
+    }
+
+    /// Adds one token and appends the text it completes to `out`: a stream reuses one
+    /// buffer instead of allocating a string per token.
+    pub fn push_to(
+        &mut self,
+        tokenizer: &Tokenizer,
+        id: u32,
+        out: &mut String,
+    ) -> Result<(), TokenizerError> {
         if let Tokenizer::Builtin = tokenizer {
-            let sep = if self.ids.is_empty() { "" } else { " " };
-            self.ids.push(id);
-            return Ok(format!("{sep}{}", builtin_word(id)));
+            if self.builtin_started {
+                out.push(' ');
+            }
+            self.builtin_started = true;
+            push_builtin_word(out, id);
+            return Ok(());
         }
         self.ids.push(id);
         let prefix = tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset])?;
         let full = tokenizer.decode(&self.ids[self.prefix_offset..])?;
         // An incomplete UTF-8 sequence decodes to U+FFFD: wait for the next token.
         if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.starts_with(&prefix) {
-            let delta = full[prefix.len()..].to_string();
+            out.push_str(&full[prefix.len()..]);
             self.prefix_offset = self.read_offset;
             self.read_offset = self.ids.len();
-            Ok(delta)
-        } else {
-            Ok(String::new())
         }
+        Ok(())
     }
 }
 
@@ -148,6 +177,8 @@ mod tests {
         let mut d = StreamDecoder::default();
         let streamed: String = ids.iter().map(|&i| d.push(&t, i).unwrap()).collect();
         assert_eq!(streamed, text);
+        assert_eq!(text, "t5 t31999 t789 t7");
+        assert_eq!(t.decode(&[0, 10, 32_000]).unwrap(), "t0 t10 t0");
     }
 
     #[test]

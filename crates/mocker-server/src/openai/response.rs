@@ -183,27 +183,27 @@ impl ResponseHeader {
         self.chunk(out, [choice], Self::usage_field(mode, usage))
     }
 
-    /// Appends a content frame; `last` carries the finish reason.
-    pub fn content_frame(&self, out: &mut Vec<u8>, text: &str, last: bool, mode: UsageMode, usage: Usage) {
-        let finish_reason = last.then_some(FINISH_REASON);
-        let usage = Self::usage_field(mode, usage);
-        match self.endpoint {
-            Endpoint::Completions => self.chunk(
-                out,
-                [TextChoice { index: 0, text, logprobs: None, finish_reason, stop_reason: None }],
-                usage,
-            ),
-            Endpoint::Chat => self.chunk(
-                out,
-                [ChatChunkChoice {
-                    index: 0,
-                    delta: ChatDelta { role: None, content: text },
-                    logprobs: None,
-                    finish_reason,
-                }],
-                usage,
-            ),
-        }
+    /// The content frames of a stream answered in `mode`, with everything that does not
+    /// change between them rendered once.
+    pub fn content_frames(&self, mode: UsageMode) -> ContentFrames {
+        let object = match self.endpoint {
+            Endpoint::Completions => "text_completion",
+            Endpoint::Chat => "chat.completion.chunk",
+        };
+        let mut prefix = Vec::with_capacity(128 + self.id.len() + self.model.len());
+        prefix.extend_from_slice(b"data: {\"id\":");
+        write_json_str(&mut prefix, &self.id);
+        prefix.extend_from_slice(b",\"object\":\"");
+        prefix.extend_from_slice(object.as_bytes());
+        prefix.extend_from_slice(b"\",\"created\":");
+        serde_json::to_writer(&mut prefix, &self.created).expect("integers serialize");
+        prefix.extend_from_slice(b",\"model\":");
+        write_json_str(&mut prefix, &self.model);
+        prefix.extend_from_slice(match self.endpoint {
+            Endpoint::Completions => b",\"choices\":[{\"index\":0,\"text\":".as_slice(),
+            Endpoint::Chat => b",\"choices\":[{\"index\":0,\"delta\":{\"content\":".as_slice(),
+        });
+        ContentFrames { endpoint: self.endpoint, mode, prefix }
     }
 
     /// Appends the trailing usage frame (`choices: []`).
@@ -257,6 +257,56 @@ impl ResponseHeader {
     }
 }
 
+/// Writes the content frames of one stream: the frame's fixed head (id, object, created,
+/// model) is rendered once per stream, so a token costs only its text and the tail. The
+/// bytes are exactly what serializing the whole chunk gives.
+#[derive(Debug, Clone)]
+pub struct ContentFrames {
+    endpoint: Endpoint,
+    mode: UsageMode,
+    prefix: Vec<u8>,
+}
+
+impl ContentFrames {
+    /// Appends a content frame; `last` carries the finish reason.
+    pub fn write(&self, out: &mut Vec<u8>, text: &str, last: bool, usage: Usage) {
+        out.extend_from_slice(&self.prefix);
+        write_json_str(out, text);
+        let tail: &[u8] = match (self.endpoint, last) {
+            (Endpoint::Completions, false) => {
+                b",\"logprobs\":null,\"finish_reason\":null,\"stop_reason\":null}]"
+            }
+            (Endpoint::Completions, true) => {
+                b",\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null}]"
+            }
+            (Endpoint::Chat, false) => b"},\"logprobs\":null,\"finish_reason\":null}]",
+            (Endpoint::Chat, true) => b"},\"logprobs\":null,\"finish_reason\":\"length\"}]",
+        };
+        out.extend_from_slice(tail);
+        match ResponseHeader::usage_field(self.mode, usage) {
+            UsageField::Omitted => {}
+            UsageField::Null => out.extend_from_slice(b",\"usage\":null"),
+            UsageField::Value(u) => {
+                out.extend_from_slice(b",\"usage\":");
+                serde_json::to_writer(&mut *out, &u).expect("usage serializes");
+            }
+        }
+        out.extend_from_slice(b"}\n\n");
+    }
+}
+
+/// Appends `s` as a JSON string, as serde_json writes it: text that needs no escaping (the
+/// common case) is copied as is.
+fn write_json_str(out: &mut Vec<u8>, s: &str) {
+    if s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+        serde_json::to_writer(&mut *out, s).expect("strings serialize");
+    } else {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -278,13 +328,13 @@ mod tests {
     fn chunks_have_the_objects_clients_dispatch_on() {
         let usage = Usage::new(3, 1, 0);
         let mode = UsageMode { include_usage: true, continuous: false };
-        let c = parse_frame(|o| header(Endpoint::Chat).content_frame(o, "a", true, mode, usage));
+        let c = parse_frame(|o| header(Endpoint::Chat).content_frames(mode).write(o, "a", true, usage));
         assert_eq!(c["object"], "chat.completion.chunk");
         assert_eq!(c["choices"][0]["delta"]["content"], "a");
         assert_eq!(c["choices"][0]["finish_reason"], "length");
         assert!(c["usage"].is_null() && c.as_object().unwrap().contains_key("usage"));
         let t = parse_frame(|o| {
-            header(Endpoint::Completions).content_frame(o, "b", false, UsageMode::default(), usage)
+            header(Endpoint::Completions).content_frames(UsageMode::default()).write(o, "b", false, usage)
         });
         assert_eq!(t["object"], "text_completion");
         assert!(t["choices"][0]["finish_reason"].is_null());
@@ -293,6 +343,62 @@ mod tests {
         assert_eq!(u["choices"].as_array().unwrap().len(), 0);
         assert_eq!(u["usage"]["total_tokens"], 4);
         assert_eq!(u["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    }
+
+    #[test]
+    fn prerendered_content_frames_are_the_serialized_chunks_byte_for_byte() {
+        let usage = Usage::new(5, 2, 1);
+        let modes = [(false, false), (true, false), (false, true), (true, true)]
+            .map(|(include_usage, continuous)| UsageMode { include_usage, continuous });
+        let odd = ResponseHeader {
+            endpoint: Endpoint::Chat,
+            id: "id \"q\" \\".into(),
+            created: 1_764_700_000,
+            model: "m\u{1}\u{e9}".into(),
+        };
+        for endpoint in [Endpoint::Completions, Endpoint::Chat] {
+            for h in [header(endpoint), ResponseHeader { endpoint, ..odd.clone() }] {
+                for mode in modes {
+                    for text in ["", " t123", "a\"b\\c\nd\u{7}", "\u{fffd}\u{1f600}"] {
+                        for last in [false, true] {
+                            let mut fast = Vec::new();
+                            h.content_frames(mode).write(&mut fast, text, last, usage);
+                            let mut reference = Vec::new();
+                            let finish_reason = last.then_some(FINISH_REASON);
+                            let field = ResponseHeader::usage_field(mode, usage);
+                            match endpoint {
+                                Endpoint::Completions => h.chunk(
+                                    &mut reference,
+                                    [TextChoice {
+                                        index: 0,
+                                        text,
+                                        logprobs: None,
+                                        finish_reason,
+                                        stop_reason: None,
+                                    }],
+                                    field,
+                                ),
+                                Endpoint::Chat => h.chunk(
+                                    &mut reference,
+                                    [ChatChunkChoice {
+                                        index: 0,
+                                        delta: ChatDelta { role: None, content: text },
+                                        logprobs: None,
+                                        finish_reason,
+                                    }],
+                                    field,
+                                ),
+                            }
+                            assert_eq!(
+                                String::from_utf8(fast).unwrap(),
+                                String::from_utf8(reference).unwrap(),
+                                "{endpoint:?} {mode:?} {text:?} last={last}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,47 @@
+//! A streamed completion over real HTTP: a reader that falls far behind the engine still
+//! gets every token, in order, then `[DONE]`.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use mocker_core::config::LaunchConfig;
+use mocker_server::{BoundServer, ServerOptions};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_far_behind_gets_every_token_once_in_order() {
+    let tokens = 4000;
+    let launch = LaunchConfig::from_json_str(r#"{"speedup_ratio": 1000000}"#).unwrap();
+    let server = BoundServer::bind(ServerOptions::new("127.0.0.1:0".parse().unwrap(), launch), Vec::new())
+        .await
+        .unwrap();
+    let addr = server.local_addr();
+    tokio::spawn(server.serve(std::future::pending()));
+    let body = serde_json::json!({"prompt": [1, 2, 3], "max_tokens": tokens, "stream": true});
+    let resp = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success());
+    // Let the whole response pile up before reading: chunks then hold many frames each.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut text = Vec::new();
+    let mut stream = resp.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        text.extend_from_slice(&chunk.unwrap());
+    }
+    let text = String::from_utf8(text).unwrap();
+    let frames: Vec<&str> = text.split("\n\n").filter(|f| !f.is_empty()).collect();
+    assert_eq!(frames.last(), Some(&"data: [DONE]"));
+    let chunks: Vec<serde_json::Value> = frames[..frames.len() - 1]
+        .iter()
+        .map(|f| serde_json::from_str(f.strip_prefix("data: ").unwrap()).unwrap())
+        .collect();
+    assert_eq!(chunks.len(), tokens);
+    let words: Vec<&str> = chunks.iter().map(|c| c["choices"][0]["text"].as_str().unwrap()).collect();
+    assert!(words[0].starts_with('t') && words[1..].iter().all(|w| w.starts_with(" t")), "{words:?}");
+    let reasons: Vec<&serde_json::Value> = chunks.iter().map(|c| &c["choices"][0]["finish_reason"]).collect();
+    assert!(reasons[..tokens - 1].iter().all(|r| r.is_null()));
+    assert_eq!(reasons[tokens - 1], "length");
+}
