@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Replay the public Mooncake traces on the reference (ai-dynamo-runtime 1.6.1) and on mocker,
+side by side, and print wall times and headline metrics with reference/mocker ratios.
+
+Usage: python3 scripts/trace_vs_reference.py [--mocker target/release/mocker]
+           [--traces ../shared/traces] [--workers 8] [--ref-runs 3] [--router kv,round-robin]
+Needs `pip install ai-dynamo-runtime==1.6.1` in the Python that runs it. Not part of CI.
+The reference's kv_router is not deterministic, so it runs `--ref-runs` times and its spread
+(min..max) is printed beside mocker's single figure. Each simulator runs in its own process
+(the reference's runtime threads slow a child process down if it is started from the same one).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ENGINE = {"block_size": 64, "num_gpu_blocks": 16384, "max_num_seqs": 256, "max_num_batched_tokens": 8192}
+HEADLINE = ["duration_ms", "mean_ttft_ms", "mean_itl_ms", "prefix_cache_reused_ratio"]
+REF_ROUTER = {"kv": "kv_router", "round-robin": "round_robin"}
+
+REF_SNIPPET = """
+import json, sys
+import dynamo._core as c
+path, workers, router = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+r = c.run_mocker_trace_replay([path], extra_engine_args={"engine": json.loads(sys.argv[4])},
+        trace_block_size=512, num_workers=workers, router_mode=router)
+print(json.dumps(r.summary))
+"""
+
+
+def run_reference(trace, workers, router):
+    # Its per-request INFO log goes to stderr; discarding it keeps the terminal out of its time.
+    out = subprocess.check_output(
+        [sys.executable, "-c", REF_SNIPPET, trace, str(workers), REF_ROUTER[router], json.dumps(ENGINE)],
+        stderr=subprocess.DEVNULL)
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
+def run_mocker(binary, trace, workers, router):
+    with tempfile.TemporaryDirectory() as d:
+        report = os.path.join(d, "r.json")
+        subprocess.check_call(
+            [binary, "replay", trace, "--trace-format", "mooncake", "--trace-block-size", "512",
+             "--num-workers", str(workers), "--router", router, "--engine-args", json.dumps(ENGINE),
+             "--report-json", report], stdout=subprocess.DEVNULL)
+        with open(report) as f:
+            return json.load(f)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mocker", default="target/release/mocker")
+    ap.add_argument("--traces", default="../shared/traces")
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--ref-runs", type=int, default=3)
+    ap.add_argument("--router", default="kv,round-robin")
+    args = ap.parse_args()
+    traces = sorted(f for f in os.listdir(args.traces) if f.endswith(".jsonl"))
+    print(f"{'trace':<34} {'router':<12} {'ref s (min..max)':>18} {'mocker s':>9} {'speedup':>8}  "
+          + "  ".join(f"{k}: ref min..max / mocker" for k in HEADLINE))
+    for name in traces:
+        path = os.path.join(args.traces, name)
+        for router in args.router.split(","):
+            runs = [run_reference(path, args.workers, router) for _ in range(args.ref_runs)]
+            m = run_mocker(args.mocker, path, args.workers, router)
+            walls = [r["wall_time_ms"] / 1e3 for r in runs]
+            cells = []
+            for k in HEADLINE:
+                vals = [r[k] for r in runs]
+                cells.append(f"{k}: {min(vals):.4f}..{max(vals):.4f} / {m[k]:.4f}")
+            speed = min(walls) / (m["wall_time_ms"] / 1e3)
+            print(f"{name:<34} {router:<12} {min(walls):>8.2f}..{max(walls):<8.2f} "
+                  f"{m['wall_time_ms'] / 1e3:>9.3f} {speed:>7.1f}x  " + "  ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
