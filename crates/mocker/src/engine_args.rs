@@ -37,6 +37,53 @@ pub fn launch_config(
     launch_config_for("--engine-args", engine_args, engine_type)
 }
 
+/// The JSON text of an engine-args value: inline, or the contents of `@file`.
+fn read_arg(flag: &str, arg: &str) -> Result<String, UsageError> {
+    match arg.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| UsageError(format!("{flag}: cannot read file {path:?}: {e}"))),
+        None => Ok(arg.to_string()),
+    }
+}
+
+/// Engine args `over` (given by `over_flag`) laid on top of `base` (by `base_flag`): JSON
+/// objects merged key by key, nested objects (`engine`, `sglang`, ...) recursively, `over`
+/// winning. Both must be objects in the same form (flat, or nested under `engine`), since
+/// a flat key and its nested twin cannot be ordered. Returns the merged JSON text.
+pub fn merge_engine_args(
+    base_flag: &str,
+    base: &str,
+    over_flag: &str,
+    over: &str,
+) -> Result<String, UsageError> {
+    let object = |flag: &str, arg: &str| -> Result<Map<String, Value>, UsageError> {
+        let text = read_arg(flag, arg)?;
+        match serde_json::from_str(&text) {
+            Ok(Value::Object(m)) => Ok(m),
+            Ok(other) => Err(UsageError(format!("{flag}: must be a JSON object (got {other})"))),
+            Err(e) => Err(UsageError(format!("{flag}: invalid JSON: {e}"))),
+        }
+    };
+    let (mut merged, over_doc) = (object(base_flag, base)?, object(over_flag, over)?);
+    if merged.contains_key("engine") != over_doc.contains_key("engine") {
+        return Err(UsageError(format!(
+            "{over_flag}: give it in the same form as {base_flag} (both flat, or both nested under \"engine\")"
+        )));
+    }
+    fn lay(into: &mut Map<String, Value>, from: Map<String, Value>) {
+        for (k, v) in from {
+            match (into.get_mut(&k), v) {
+                (Some(Value::Object(a)), Value::Object(b)) => lay(a, b),
+                (_, v) => {
+                    into.insert(k, v);
+                }
+            }
+        }
+    }
+    lay(&mut merged, over_doc);
+    Ok(Value::Object(merged).to_string())
+}
+
 /// [`launch_config`] for engine args given by `flag` (errors name it).
 pub fn launch_config_for(
     flag: &str,
@@ -51,11 +98,7 @@ pub fn launch_config_for(
         };
     };
     let text = match engine_args {
-        Some(arg) => match arg.strip_prefix('@') {
-            Some(path) => std::fs::read_to_string(path)
-                .map_err(|e| UsageError(format!("{flag}: cannot read file {path:?}: {e}")))?,
-            None => arg.to_string(),
-        },
+        Some(arg) => read_arg(flag, arg)?,
         None => String::new(),
     };
     let mut doc = if text.trim().is_empty() {
@@ -85,4 +128,27 @@ pub fn launch_config_for(
     engine.remove("engine_type");
     engine.insert("backend".into(), Value::from(kind.name()));
     LaunchConfig::from_value(Value::Object(doc)).map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merged_engine_args_win_key_by_key_at_every_depth() {
+        let base = r#"{"engine": {"block_size": 64, "sglang": {"schedule_policy": "lpm", "page_size": 64}}, "dp_size": 2}"#;
+        let over = r#"{"engine": {"sglang": {"schedule_policy": "fcfs"}, "max_num_seqs": 8}}"#;
+        let merged: Value =
+            serde_json::from_str(&merge_engine_args("--a", base, "--b", over).unwrap()).unwrap();
+        let want: Value = serde_json::from_str(
+            r#"{"engine": {"block_size": 64, "max_num_seqs": 8,
+                "sglang": {"schedule_policy": "fcfs", "page_size": 64}}, "dp_size": 2}"#,
+        )
+        .unwrap();
+        assert_eq!(merged, want);
+        let e = merge_engine_args("--a", "[1]", "--b", "{}").unwrap_err();
+        assert!(e.0.contains("--a") && e.0.contains("JSON object"), "{}", e.0);
+        let e = merge_engine_args("--a", "{}", "--b", "{oops").unwrap_err();
+        assert!(e.0.contains("--b") && e.0.contains("invalid JSON"), "{}", e.0);
+    }
 }

@@ -20,7 +20,8 @@ pub struct SweepArgs {
     #[command(flatten)]
     pub base: ReplayArgs,
     /// Engine args of one grid value (JSON or @file, as --engine-args); repeat for more.
-    /// Default: the base --engine-args.
+    /// Each is laid over --engine-args when both are given (its keys win). Default: the
+    /// base --engine-args.
     #[arg(long = "sweep-engine-args", value_name = "JSON|@FILE")]
     pub sweep_engine_args: Vec<String>,
     /// Comma list of worker counts, e.g. 1,2,4 (default: the base --num-workers).
@@ -104,13 +105,6 @@ impl SweepArgs {
                     .into(),
             ));
         }
-        if !self.sweep_engine_args.is_empty() && b.engine_args.is_some() {
-            return Err(UsageError(
-                "--engine-args: give either --engine-args or --sweep-engine-args, not both (put the shared keys \
-                 in every --sweep-engine-args value)"
-                    .into(),
-            ));
-        }
         if self.jobs == Some(0) {
             return Err(UsageError("--jobs: must be at least 1 (got 0)".into()));
         }
@@ -124,7 +118,14 @@ impl SweepArgs {
                     .enumerate()
                     .map(|(i, arg)| {
                         let flag = format!("--sweep-engine-args (value {})", i + 1);
-                        let launch = crate::engine_args::launch_config_for(&flag, Some(arg), b.engine_type)?;
+                        let merged = match &b.engine_args {
+                            Some(base) => {
+                                crate::engine_args::merge_engine_args("--engine-args", base, &flag, arg)?
+                            }
+                            None => arg.clone(),
+                        };
+                        let launch =
+                            crate::engine_args::launch_config_for(&flag, Some(&merged), b.engine_type)?;
                         Ok((arg.clone(), launch))
                     })
                     .collect::<Result<_, UsageError>>()?

@@ -105,15 +105,59 @@ fn grid_rows_in_order_and_equal_to_replay() {
 }
 
 #[test]
+fn sweep_engine_args_are_laid_over_the_base_engine_args() {
+    let dir = scratch("merge");
+    let json_path = dir.join("sweep.json");
+    let mut args = vec!["sweep"];
+    args.extend_from_slice(&WORKLOAD);
+    // ENGINE_B split in two: the base gives block_size, the grid point max_num_seqs, and a
+    // second point overrides the base's block_size.
+    args.extend_from_slice(&[
+        "--engine-args",
+        r#"{"block_size": 32, "max_num_seqs": 8}"#,
+        "--sweep-engine-args",
+        r#"{"max_num_seqs": 2}"#,
+        "--sweep-engine-args",
+        r#"{"block_size": 16, "max_num_seqs": 256}"#,
+        "--output-json",
+        json_path.to_str().unwrap(),
+    ]);
+    let out = mocker(&args);
+    assert!(out.status.success(), "mocker {args:?} failed: {}\n{}", out.status, stderr(&out));
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    let points = json["points"].as_array().expect("points array");
+    assert_eq!(points.len(), 2);
+    assert_eq!(points[0]["engine_args"], r#"{"max_num_seqs": 2}"#, "rows name the grid value");
+    for (point, full) in [(0, ENGINE_B), (1, ENGINE_A)] {
+        let report_path = dir.join(format!("replay{point}.json"));
+        let mut replay = vec!["replay"];
+        replay.extend_from_slice(&WORKLOAD);
+        replay.extend_from_slice(&["--engine-args", full, "--report-json", report_path.to_str().unwrap()]);
+        let out = mocker(&replay);
+        assert!(out.status.success(), "mocker {replay:?} failed: {}", stderr(&out));
+        let report: Value = serde_json::from_str(&std::fs::read_to_string(&report_path).unwrap()).unwrap();
+        for key in ["duration_ms", "mean_ttft_ms", "p99_ttft_ms", "mean_itl_ms"] {
+            assert_eq!(points[point][key], report[key], "{key}: point {point} vs replay of {full}");
+        }
+    }
+    // The two merged configurations differ, so the merge is what the rows show.
+    assert_ne!(points[0]["duration_ms"], points[1]["duration_ms"]);
+}
+
+#[test]
 fn bad_worker_list_exits_2_and_writes_nothing() {
     let dir = scratch("bad");
     let csv_path = dir.join("sweep.csv");
-    let cases: [(&[&str], &[&str]); 3] = [
+    let cases: [(&[&str], &[&str]); 4] = [
         (&["--sweep-num-workers", "0,x"], &["--sweep-num-workers"]),
         (&["--sweep-router", "round-robin,random"], &["--sweep-router", "round-robin or kv"]),
         (
             &["--sweep-engine-args", ENGINE_A, "--sweep-engine-args", r#"{"no_such_knob": 1}"#],
             &["--sweep-engine-args (value 2)", "no_such_knob"],
+        ),
+        (
+            &["--engine-args", r#"{"engine": {"block_size": 16}}"#, "--sweep-engine-args", ENGINE_A],
+            &["--sweep-engine-args (value 1)", "same form"],
         ),
     ];
     for (flags, needles) in cases {
