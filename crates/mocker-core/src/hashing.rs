@@ -45,7 +45,39 @@ pub fn compute_block_hash_for_seq(tokens: &[u32], block_size: usize) -> Vec<u64>
 /// Appends the sequence hashes of every complete block of `tokens` to `out`, reusing the
 /// previous hash for consecutive identical blocks (common in synthetic traces).
 pub fn extend_sequence_hashes(tokens: &[u32], block_size: usize, out: &mut Vec<u64>) {
+    extend_hashes(tokens, block_size, out, None);
+}
+
+/// Block identities of a prompt's complete blocks, computed once by whoever holds the
+/// tokens first (a prompt-synthesis thread, a router, the engine at submit).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PromptHashes {
+    /// Sequence hashes: the prefix-cache keys.
+    pub sequence: Vec<u64>,
+    /// Local (tokens) hashes, which KV events carry beside the sequence hashes.
+    pub local: Vec<u64>,
+}
+
+impl PromptHashes {
+    /// The hashes of every complete `block_size`-token block of `tokens`.
+    pub fn of(tokens: &[u32], block_size: usize) -> Self {
+        let mut h = Self::default();
+        extend_hashes(tokens, block_size, &mut h.sequence, Some(&mut h.local));
+        h
+    }
+}
+
+/// [`extend_sequence_hashes`], also appending each block's local hash to `locals`.
+pub fn extend_hashes(
+    tokens: &[u32],
+    block_size: usize,
+    out: &mut Vec<u64>,
+    mut locals: Option<&mut Vec<u64>>,
+) {
     out.reserve(tokens.len() / block_size);
+    if let Some(l) = locals.as_deref_mut() {
+        l.reserve(tokens.len() / block_size);
+    }
     let mut parent: Option<u64> = None;
     let mut prev_block: Option<&[u32]> = None;
     let mut prev_local = 0;
@@ -59,6 +91,9 @@ pub fn extend_sequence_hashes(tokens: &[u32], block_size: usize, out: &mut Vec<u
             Some(p) => chain_hash(p, local),
         };
         out.push(seq);
+        if let Some(l) = locals.as_deref_mut() {
+            l.push(local);
+        }
         parent = Some(seq);
         prev_block = Some(block);
         prev_local = local;
@@ -140,6 +175,14 @@ mod tests {
         let tokens: Vec<u32> = (1..=10).collect();
         assert_eq!(compute_block_hash_for_seq(&tokens, 4), vec![14643705804678351452, 16777012769546811212]);
         assert_eq!(sequence_hashes(&tokens, 4), vec![14643705804678351452, 4945711292740353085]);
+    }
+
+    #[test]
+    fn prompt_hashes_pair_each_sequence_hash_with_its_local_hash() {
+        let tokens: Vec<u32> = (0..64 * 3 + 5).map(|t| t % 70).collect();
+        let h = PromptHashes::of(&tokens, 64);
+        assert_eq!(h.sequence, sequence_hashes(&tokens, 64));
+        assert_eq!(h.local, compute_block_hash_for_seq(&tokens, 64));
     }
 
     #[test]

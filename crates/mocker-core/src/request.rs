@@ -11,10 +11,10 @@ pub struct Request {
     pub max_output_tokens: usize,
     /// Planned output tokens; when given, their count overrides `max_output_tokens`.
     pub output_token_ids: Option<Vec<u32>>,
-    /// Sequence hashes of the prompt's full blocks at the engine's block size, when the
-    /// caller already has them (a router or a prompt-synthesis thread); the engine
-    /// computes them otherwise. They must equal `hashing::sequence_hashes(tokens, bs)`.
-    pub block_hashes: Option<Vec<u64>>,
+    /// Hashes of the prompt's full blocks at the engine's block size, when the caller
+    /// already has them (a router or a prompt-synthesis thread); the engine computes them
+    /// otherwise. They must equal `hashing::PromptHashes::of(tokens, bs)`.
+    pub block_hashes: Option<crate::hashing::PromptHashes>,
 }
 
 /// The engine's handle for a submitted request, valid until the pass after its terminal

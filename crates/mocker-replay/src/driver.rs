@@ -8,7 +8,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::Instant;
 
-use mocker_core::hashing::sequence_hashes;
+use mocker_core::hashing::PromptHashes;
 use mocker_core::{Engine, EngineOptions, Request};
 
 use crate::collector::{Collector, RecordId};
@@ -434,8 +434,8 @@ impl Sim {
         if let (Router::Kv(r), Some(q)) = (&mut self.router, self.queue.as_mut()) {
             if !q.is_empty() || r.all_busy() {
                 let bs = self.block_size;
-                let hashes = turn.block_hashes.get_or_insert_with(|| sequence_hashes(&turn.tokens, bs));
-                let best = r.best_cached_tokens(hashes);
+                let hashes = turn.block_hashes.get_or_insert_with(|| PromptHashes::of(&turn.tokens, bs));
+                let best = r.best_cached_tokens(&hashes.sequence);
                 let isl = turn.tokens.len();
                 q.push(Queued { sid, record: rec, turn }, arrival_ns as f64 / 1e9, isl, best);
                 return Ok(());
@@ -449,7 +449,7 @@ impl Sim {
     fn place(&mut self, sid: SessionId, rec: RecordId, turn: PlannedTurn) {
         let p = self.router.route(RouteRequest {
             isl: turn.tokens.len(),
-            hashes: turn.block_hashes.as_deref().unwrap_or_default(),
+            hashes: turn.block_hashes.as_ref().map_or(&[], |h| &h.sequence[..]),
         });
         self.collector.set_worker(rec, p.worker);
         let worker = &mut self.workers[p.worker];

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::thread::JoinHandle;
 
-use mocker_core::hashing::sequence_hashes;
+use mocker_core::hashing::PromptHashes;
 
 use crate::options::Workload;
 use crate::trace_source::TraceSource;
@@ -21,9 +21,9 @@ pub struct PlannedTurn {
     pub tokens: Vec<u32>,
     /// Output tokens.
     pub max_output_tokens: usize,
-    /// Sequence hashes of the prompt's full blocks (when prefix caching or the KV
-    /// router needs them).
-    pub block_hashes: Option<Vec<u64>>,
+    /// Hashes of the prompt's full blocks (when prefix caching or the KV router needs
+    /// them), computed here so the synthesis thread does that work.
+    pub block_hashes: Option<PromptHashes>,
     /// Delay after the previous turn of the session completes (ms, before the speedup).
     pub delay_ms: f64,
 }
@@ -68,7 +68,7 @@ struct Planner {
 
 impl Planner {
     fn next(&mut self) -> Option<PlannedSession> {
-        let hash = |tokens: &[u32]| self.hash_block_size.map(|bs| sequence_hashes(tokens, bs));
+        let hash = |tokens: &[u32]| self.hash_block_size.map(|bs| PromptHashes::of(tokens, bs));
         match &mut self.source {
             Generator::Synthetic(source, delay) => {
                 let arrival_ms = source.next_arrival_ms();
@@ -233,7 +233,7 @@ mod tests {
         assert_eq!(b.len(), 2_500);
         assert_eq!(a[..], b[..50]);
         let t = &a[3].turns[1];
-        assert_eq!(t.block_hashes.as_deref(), Some(&sequence_hashes(&t.tokens, 64)[..]));
+        assert_eq!(t.block_hashes, Some(PromptHashes::of(&t.tokens, 64)));
     }
 
     #[test]

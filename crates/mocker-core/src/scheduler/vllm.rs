@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 
 use crate::config::{Backend, EngineConfig, PreemptionMode, WorkerType};
 use crate::events::{KvEvent, KvEventData, StoredBlock};
-use crate::hashing::{chain_hash, extend_sequence_hashes, local_block_hash};
+use crate::hashing::{chain_hash, extend_hashes, local_block_hash, PromptHashes};
 use crate::kv::{BlockId, BlockPool};
 use crate::metrics::{EngineMetrics, ForwardPassMetrics};
 use crate::request::{Admission, Output, OutputToken, Request, SeqKey};
@@ -44,6 +44,9 @@ struct Seq {
     /// Sequence hashes of full blocks known so far (all prompt blocks, then generated ones
     /// as they are computed). Empty when prefix caching is off.
     hashes: Vec<u64>,
+    /// The local hash of each of `hashes`, for Stored events; kept only when KV events are
+    /// recorded (empty otherwise).
+    local_hashes: Vec<u64>,
     first_cached: Option<u32>,
     sent_first: bool,
     /// Finished in the current pass; retired once emission is done.
@@ -230,17 +233,25 @@ impl VllmScheduler {
         // Sized once for the whole generation (never beyond the pool), so neither list
         // reallocates as decode crosses block boundaries.
         let final_blocks = (prompt_len + max_output).div_ceil(bs).min(self.num_gpu_blocks + 1);
-        let hashes = match request.block_hashes {
-            _ if !self.prefix_caching => Vec::new(),
-            Some(mut h) if h.len() == prompt_len / bs => {
-                debug_assert_eq!(h, crate::hashing::sequence_hashes(&request.tokens, bs));
+        let record = self.record_kv_events;
+        let (hashes, local_hashes) = match request.block_hashes {
+            _ if !self.prefix_caching => (Vec::new(), Vec::new()),
+            Some(h) if h.sequence.len() == prompt_len / bs && h.local.len() == h.sequence.len() => {
+                debug_assert_eq!(h, PromptHashes::of(&request.tokens, bs));
+                let PromptHashes { sequence: mut h, local: mut l } = h;
                 h.reserve(final_blocks.saturating_sub(h.len()));
-                h
+                if record {
+                    l.reserve(final_blocks.saturating_sub(l.len()));
+                } else {
+                    l = Vec::new();
+                }
+                (h, l)
             }
             _ => {
                 let mut h = Vec::with_capacity(final_blocks);
-                extend_sequence_hashes(&request.tokens, bs, &mut h);
-                h
+                let mut l = Vec::with_capacity(if record { final_blocks } else { 0 });
+                extend_hashes(&request.tokens, bs, &mut h, record.then_some(&mut l));
+                (h, l)
             }
         };
         let seq = Seq {
@@ -255,6 +266,7 @@ impl VllmScheduler {
             status: Status::Fresh,
             blocks: Vec::with_capacity(final_blocks),
             hashes,
+            local_hashes,
             first_cached: None,
             sent_first: false,
             done: false,
@@ -772,19 +784,22 @@ impl VllmScheduler {
             let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
             let idx = blk as usize;
             let parent = if idx == 0 { None } else { Some(seq.hashes[idx - 1]) };
-            // Prompt blocks were hashed at submit; tokens are needed only for generated
-            // blocks and for event payloads.
-            if idx >= seq.hashes.len() || record {
+            // Known blocks (the prompt's, hashed before submit) carry both hashes; tokens
+            // are needed only for new generated blocks and for event token ids.
+            let known = idx < seq.hashes.len();
+            if !known || (record && self.kv_token_ids) {
                 self.scratch_tokens.clear();
                 seq.extend_block_tokens(blk, bs, &mut self.scratch_tokens);
             }
-            let (hash, local) = if idx < seq.hashes.len() {
-                let local = if record { local_block_hash(&self.scratch_tokens) } else { 0 };
-                (seq.hashes[idx], local)
+            let (hash, local) = if known {
+                (seq.hashes[idx], if record { seq.local_hashes[idx] } else { 0 })
             } else {
                 let local = local_block_hash(&self.scratch_tokens);
                 let h = parent.map_or(local, |p| chain_hash(p, local));
                 seq.hashes.push(h);
+                if record {
+                    seq.local_hashes.push(local);
+                }
                 (h, local)
             };
             let prev_block = idx.checked_sub(1).map(|i| seq.blocks[i]);

@@ -144,7 +144,7 @@ impl SglangScheduler {
         reject |= (prompt_len + max_output).div_ceil(page) * page > self.total_tokens;
         let hashes = match request.block_hashes {
             _ if !self.prefix_caching => Vec::new(),
-            Some(h) if h.len() == prompt_len / page => h,
+            Some(h) if h.sequence.len() == prompt_len / page => h.sequence,
             _ => {
                 let mut h = Vec::new();
                 extend_sequence_hashes(&request.tokens, page, &mut h);
