@@ -44,7 +44,9 @@ impl SglangScheduler {
                 plan.kv += entry.len_base.wrapping_add(pass_id) as usize;
                 continue;
             }
-            self.catch_up(i);
+            if entry.steady_until != 0 {
+                self.catch_up(i); // its steady run ended
+            }
             let (g, len) = self.growth_of(entry.key);
             plan.pages += g;
             plan.kv += len;
@@ -203,7 +205,8 @@ impl SglangScheduler {
                 // an arbitrary token, so this is not just `materialized % page == 0`).
                 self.cache_materialized(key, pass);
             }
-            if self.aggregate_steady && !last {
+            // With one-token pages every token fills a page, so nothing is ever steady.
+            if self.aggregate_steady && !last && page > 1 {
                 self.start_steady(i);
             }
         }
