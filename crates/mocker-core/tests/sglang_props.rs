@@ -272,3 +272,108 @@ proptest! {
         prop_assert_eq!(r.tree_pages(), live_hashes.len(), "events describe the tree");
     }
 }
+
+/// Runs `specs` on two SGLang engines in lockstep, one itemizing every token and one
+/// counting steady tokens, cancelling request `cancel.1` before pass `cancel.0` on both;
+/// every pass must match: times, non-steady outputs, steady count and gap, admissions,
+/// KV events, pass and engine metrics, invariants. Returns the steady tokens counted.
+fn run_aggregated_beside_itemized(
+    config: EngineConfig,
+    specs: &[Spec],
+    cancel: (usize, usize),
+) -> Result<usize, TestCaseError> {
+    let build = |aggregate| {
+        Engine::new(EngineOptions {
+            config: config.clone(),
+            record_kv_events: true,
+            aggregate_steady_tokens: aggregate,
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let (mut itemized, mut aggregated) = (build(false), build(true));
+    let (mut now, mut pass_no, mut submitted) = (0u64, 0usize, 0usize);
+    let mut counted = 0usize;
+    loop {
+        for (i, s) in specs.iter().enumerate().filter(|(_, s)| s.arrival == pass_no) {
+            let request = Request {
+                uuid: i as u128 + 1,
+                tokens: tokens(i, s),
+                max_output_tokens: s.output,
+                ..Default::default()
+            };
+            itemized.submit(request.clone()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            aggregated.submit(request).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            submitted += 1;
+        }
+        if pass_no == cancel.0 {
+            let uuid = cancel.1 as u128 + 1;
+            prop_assert_eq!(itemized.cancel(uuid), aggregated.cancel(uuid));
+        }
+        prop_assert_eq!(itemized.has_work(), aggregated.has_work());
+        if !itemized.has_work() {
+            if submitted == specs.len() {
+                break;
+            }
+            pass_no += 1;
+            continue;
+        }
+        let a = itemized.step(now);
+        let b = aggregated.step(now);
+        prop_assert_eq!(a.end_ns, b.end_ns, "pass {} end", pass_no);
+        prop_assert_eq!(&a.outputs, &b.outputs, "pass {} outputs", pass_no);
+        prop_assert_eq!(a.steady_tokens(), b.steady_tokens(), "pass {} steady tokens", pass_no);
+        prop_assert_eq!(a.steady_count, 0);
+        prop_assert_eq!(&a.admissions, &b.admissions, "pass {} admissions", pass_no);
+        prop_assert_eq!(&a.kv_events, &b.kv_events, "pass {} KV events", pass_no);
+        prop_assert_eq!(a.metrics, b.metrics, "pass {} metrics", pass_no);
+        counted += b.steady_count;
+        now = a.end_ns;
+        prop_assert_eq!(itemized.metrics(), aggregated.metrics(), "engine metrics after pass {}", pass_no);
+        aggregated.check_invariants().map_err(TestCaseError::fail)?;
+        pass_no += 1;
+        prop_assert!(pass_no < 50_000, "does not drain");
+    }
+    prop_assert_eq!(aggregated.num_requests(), 0);
+    Ok(counted)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Counting steady tokens is an optimisation only: the engine steps exactly as when it
+    /// itemizes them, including under retraction, chunked prefill, lpm and cancels.
+    #[test]
+    fn aggregated_steady_tokens_step_like_itemized_ones(
+        config in config(),
+        // Any page size 1..=64 (not only powers of two), and half the pools small.
+        page in prop_oneof![Just(None), (1..=64usize).prop_map(Some)],
+        small in any::<bool>(),
+        specs in prop::collection::vec(spec(), 1..32),
+        cancel in (0..300usize, 0..32usize),
+    ) {
+        let mut config = config;
+        if let Some(p) = page {
+            let pages = config.sglang.chunked_prefill_size / config.block_size;
+            config.sglang.chunked_prefill_size = pages * p;
+            config.sglang.max_prefill_tokens = config.sglang.max_prefill_tokens / config.block_size * p;
+            config.block_size = p;
+        }
+        if !small {
+            config.num_gpu_blocks *= 8;
+        }
+        run_aggregated_beside_itemized(config, &specs, cancel)?;
+    }
+}
+
+/// The lockstep property above is only meaningful if steady runs occur in it.
+#[test]
+fn lockstep_cases_count_steady_tokens() {
+    let mut config =
+        EngineConfig { backend: Backend::Sglang, block_size: 16, num_gpu_blocks: 400, ..Default::default() };
+    config.max_num_seqs = 8;
+    let specs: Vec<Spec> =
+        (0..8).map(|i| Spec { prompt: 40 + i * 7, output: 60, arrival: i, group: None }).collect();
+    let counted = run_aggregated_beside_itemized(config, &specs, (usize::MAX, 0)).unwrap();
+    assert!(counted > 0, "no steady run counted");
+}

@@ -2,6 +2,7 @@
 //! and the first tokens a prefill forward samples.
 
 use super::seq::Status;
+use super::steady::RunEntry;
 use super::SglangScheduler;
 use crate::request::{Output, OutputToken, SeqKey};
 use crate::scheduler::Pass;
@@ -36,16 +37,31 @@ impl SglangScheduler {
     /// survivors' page growth and Σ sequence length (the decode batch's KV).
     pub(super) fn retract_for_decode(&mut self) -> DecodePlan {
         let mut plan = DecodePlan::default();
-        for &k in &self.running {
-            let (g, len) = self.growth_of(k);
+        let pass_id = self.pass_id;
+        for i in 0..self.running.len() {
+            let entry = self.running[i];
+            if entry.is_steady(pass_id) {
+                plan.kv += entry.len_base.wrapping_add(pass_id) as usize;
+                continue;
+            }
+            if entry.steady_until != 0 {
+                self.catch_up(i); // its steady run ended
+            }
+            let (g, len) = self.growth_of(entry.key);
             plan.pages += g;
             plan.kv += len;
         }
+        if self.cache.free_pages() + self.cache.evictable_pages() < plan.pages && self.running.len() > 1 {
+            // Victims are chosen by generated tokens: every Seq must be current.
+            self.catch_up_all();
+        }
         while self.cache.free_pages() + self.cache.evictable_pages() < plan.pages && self.running.len() > 1 {
             let idx = (0..self.running.len())
-                .min_by_key(|&i| self.seqs[self.running[i].0 as usize].as_ref().expect("live seq").generated)
+                .min_by_key(|&i| {
+                    self.seqs[self.running[i].key.0 as usize].as_ref().expect("live seq").generated
+                })
                 .expect("non-empty");
-            let key = self.running.remove(idx);
+            let key = self.running.remove(idx).key;
             let (g, len) = self.growth_of(key);
             plan.pages -= g;
             plan.kv -= len;
@@ -57,8 +73,8 @@ impl SglangScheduler {
         }
         if plan.retracted > 0 {
             let (mut gen, mut max_new) = (0u64, 0u64);
-            for k in &self.running {
-                let s = self.seqs[k.0 as usize].as_ref().expect("live seq");
+            for e in &self.running {
+                let s = self.seqs[e.key.0 as usize].as_ref().expect("live seq");
                 gen += u64::from(s.generated);
                 max_new += u64::from(s.max_output);
             }
@@ -101,6 +117,33 @@ impl SglangScheduler {
         false
     }
 
+    /// Reserves the decode pass's `pages` (releasing partially prefilled requests' KV if
+    /// it must) and appends the pass's tokens; without the pages nobody decodes.
+    pub(super) fn grow_and_append(&mut self, pages: usize, pass: &mut Pass) {
+        if self.reserve_growth(pages, pass) {
+            self.append_tokens(0, false, pass);
+            return;
+        }
+        // No token this pass: steady runs end before it.
+        self.catch_up_all();
+        if self.release_chunked_for(pages, pass) {
+            self.append_tokens(0, false, pass);
+        }
+    }
+
+    /// Prefill-only variant of `append_tokens` for a pass with no pages for first tokens:
+    /// emits just the tokens that complete a request (they need no slot).
+    pub(super) fn append_final_only(&mut self, from: usize, pass: &mut Pass) {
+        let keep: Vec<RunEntry> = self.running.drain(from..).collect();
+        let (finishing, rest): (Vec<RunEntry>, Vec<RunEntry>) = keep
+            .into_iter()
+            .partition(|e| self.seqs[e.key.0 as usize].as_ref().expect("live seq").remaining() <= 1);
+        let start = self.running.len();
+        self.running.extend(finishing);
+        self.append_tokens(start, true, pass);
+        self.running.extend(rest);
+    }
+
     /// Appends one token to every request in `running[from..]` (their pages were reserved
     /// by `reserve_growth`, except `final_without_slot` ones finishing on a prefill's first
     /// token, which SGLang never gives a slot), emitting outputs stamped at `pass.end_ns`.
@@ -108,8 +151,14 @@ impl SglangScheduler {
         let (end_ns, pass_id, page) = (pass.end_ns, self.pass_id, self.page);
         let mut finished = false;
         let mut tokens = 0;
+        let mut steady = 0;
         for i in from..self.running.len() {
-            let key = self.running[i];
+            let entry = self.running[i];
+            if entry.is_steady(pass_id) {
+                steady += 1;
+                continue;
+            }
+            let key = entry.key;
             let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
             let index = seq.generated;
             let last = seq.remaining() == 1;
@@ -156,18 +205,26 @@ impl SglangScheduler {
                 // an arbitrary token, so this is not just `materialized % page == 0`).
                 self.cache_materialized(key, pass);
             }
+            // With one-token pages every token fills a page, so nothing is ever steady.
+            if self.aggregate_steady && !last && page > 1 {
+                self.start_steady(i);
+            }
+        }
+        if steady > 0 {
+            pass.steady_count = steady;
+            pass.steady_itl_ns = end_ns - self.last_end_ns;
         }
         debug_assert_eq!(self.reserved_growth, 0);
         // Reserved pages not used (none expected) go back to the pool.
         self.cache.free(std::mem::take(&mut self.reserved_growth));
-        self.totals.generation_tokens_total += tokens;
+        self.totals.generation_tokens_total += tokens + steady as u64;
         if finished {
             let seqs = &self.seqs;
             let retired = &mut self.retired;
-            self.running.retain(|k| {
-                let done = seqs[k.0 as usize].as_ref().is_some_and(|s| s.remaining() == 0);
+            self.running.retain(|e| {
+                let done = seqs[e.key.0 as usize].as_ref().is_some_and(|s| s.remaining() == 0);
                 if done {
-                    retired.push(*k);
+                    retired.push(e.key);
                 }
                 !done
             });

@@ -8,6 +8,7 @@ mod decode;
 mod kv;
 mod prefill;
 mod seq;
+mod steady;
 
 use std::collections::VecDeque;
 
@@ -22,6 +23,7 @@ use crate::timing::{scaled_nanos, DecodeShape, PrefillShape, TimingModel};
 use super::{Pass, PrefixCacheBusy, SchedulerOptions, SubmitError};
 use prefill::PrefillBatch;
 use seq::{Seq, Status};
+use steady::RunEntry;
 
 /// One rank's SGLang-style scheduler, radix cache and timing model.
 #[derive(Debug)]
@@ -46,13 +48,17 @@ pub struct SglangScheduler {
     dp_rank: u32,
     record_kv_events: bool,
     kv_token_ids: bool,
+    /// Count steady tokens instead of itemizing them (see `steady`).
+    aggregate_steady: bool,
+    /// End of the previous pass: the last token time of requests in a steady run.
+    last_end_ns: u64,
     timing: Box<dyn TimingModel>,
 
     seqs: Vec<Option<Seq>>,
     free_slots: Vec<u32>,
     retired_slots: Vec<u32>,
     waiting: VecDeque<SeqKey>,
-    running: Vec<SeqKey>,
+    running: Vec<RunEntry>,
     cache: RadixCache,
     /// Requests marked for rejection at the next pass.
     pending_rejects: usize,
@@ -100,6 +106,8 @@ impl SglangScheduler {
             dp_rank: options.dp_rank,
             record_kv_events: options.record_kv_events && config.enable_prefix_caching,
             kv_token_ids: config.emit_kv_token_ids,
+            aggregate_steady: options.aggregate_steady_tokens,
+            last_end_ns: 0,
             timing,
             seqs: Vec::new(),
             free_slots: Vec::new(),
@@ -210,6 +218,8 @@ impl SglangScheduler {
         batch.clear();
         let defer = self.prefill_rounds_remaining > 0;
         if !defer && !self.waiting.is_empty() && self.running.len() < self.max_running {
+            // Admission reads every running request's remaining output.
+            self.catch_up_all();
             self.order_waiting();
             self.admit(&mut batch, &mut pass, false);
             if batch.keys.is_empty() && self.running.is_empty() {
@@ -253,9 +263,7 @@ impl SglangScheduler {
             m.sum_decode_kv_tokens = kv;
             m.scheduled_tokens = n;
             m.num_preempted = retracted;
-            if self.reserve_growth(plan.pages, &mut pass) || self.release_chunked_for(plan.pages, &mut pass) {
-                self.append_tokens(0, false, &mut pass);
-            }
+            self.grow_and_append(plan.pages, &mut pass);
         }
         if retracted == 0 && batch.keys.is_empty() {
             // The estimate relaxes on every pass that is not a prefill (SGLang decays it in
@@ -269,6 +277,7 @@ impl SglangScheduler {
         };
         pass.metrics.num_queued_requests = self.waiting.len();
         pass.metrics.wall_time_secs = (pass.end_ns - now_ns) as f64 / 1e9;
+        self.last_end_ns = pass.end_ns;
         self.batch = batch;
         self.pass = pass;
         &self.pass
@@ -304,7 +313,7 @@ impl SglangScheduler {
                 self.cache_materialized(key, pass);
                 self.waiting.push_front(key);
             } else {
-                self.running.push(key);
+                self.running.push(RunEntry::new(key));
             }
         }
         if from == self.running.len() {
@@ -315,8 +324,8 @@ impl SglangScheduler {
         let page = self.page;
         let needed: usize = self.running[from..]
             .iter()
-            .map(|k| {
-                let s = self.seqs[k.0 as usize].as_ref().expect("live seq");
+            .map(|e| {
+                let s = self.seqs[e.key.0 as usize].as_ref().expect("live seq");
                 if s.remaining() <= 1 {
                     0
                 } else {
@@ -333,19 +342,6 @@ impl SglangScheduler {
             // Only the ones finishing now can proceed; the rest wait for a decode pass.
             self.append_final_only(from, pass);
         }
-    }
-
-    /// Prefill-only variant of `append_tokens` for a pass with no pages for first tokens:
-    /// emits just the tokens that complete a request (they need no slot).
-    fn append_final_only(&mut self, from: usize, pass: &mut Pass) {
-        let keep: Vec<SeqKey> = self.running.drain(from..).collect();
-        let (finishing, rest): (Vec<SeqKey>, Vec<SeqKey>) = keep
-            .into_iter()
-            .partition(|k| self.seqs[k.0 as usize].as_ref().expect("live seq").remaining() <= 1);
-        let start = self.running.len();
-        self.running.extend(finishing);
-        self.append_tokens(start, true, pass);
-        self.running.extend(rest);
     }
 
     fn reject_marked(&mut self, pass: &mut Pass) {
@@ -431,7 +427,7 @@ impl SglangScheduler {
         let suppressed = before != self.pass.outputs.len() + self.pass.steady.len();
         let live = self.seqs.get(key.0 as usize).and_then(Option::as_ref).is_some_and(|s| s.uuid == uuid);
         if live {
-            if let Some(i) = self.running.iter().position(|&k| k == key) {
+            if let Some(i) = self.running.iter().position(|e| e.key == key) {
                 self.running.remove(i);
             } else if let Some(i) = self.waiting.iter().position(|&k| k == key) {
                 self.waiting.remove(i);
@@ -467,10 +463,13 @@ impl SglangScheduler {
             }
             private += s.private_pages() as usize;
         }
-        for &k in &self.running {
-            let s = self.seq(k);
+        for e in &self.running {
+            let s = self.seq(e.key);
             if s.materialized != s.len {
-                return Err(format!("running request {}: materialized {} of {}", k.0, s.materialized, s.len));
+                return Err(format!(
+                    "running request {}: materialized {} of {}",
+                    e.key.0, s.materialized, s.len
+                ));
             }
         }
         self.cache.check_invariants(private)

@@ -80,7 +80,7 @@ impl SglangScheduler {
         let reserved: f64 = self
             .running
             .iter()
-            .map(|k| f64::from(self.seqs[k.0 as usize].as_ref().expect("live seq").remaining().min(clip)))
+            .map(|e| f64::from(self.seqs[e.key.0 as usize].as_ref().expect("live seq").remaining().min(clip)))
             .sum::<f64>()
             * self.new_token_ratio;
         let mut rem_total = (self.cache.available_tokens() + self.cache.evictable_tokens()) as f64 - reserved;
