@@ -13,7 +13,6 @@ pub use queue::RouterQueue;
 use mocker_core::events::{KvEvent, KvEventData};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rustc_hash::FxHashMap;
 
 use crate::options::RouterMode;
 
@@ -44,7 +43,8 @@ pub struct Placement {
 struct Live {
     worker: u32,
     prefill_tokens: u64,
-    hashes: Vec<u64>,
+    /// Slots of the prompt's blocks in `held`, acquired on `worker`.
+    slots: Vec<u32>,
 }
 
 /// The KV-aware router.
@@ -55,17 +55,15 @@ pub struct KvRouter {
     max_batched_tokens: f64,
     /// Blocks cached on each worker (from KV events).
     cached: BlockIndex,
-    /// Blocks of live requests on each worker (from routing).
+    /// Blocks of live requests on each worker (from routing), with per-worker counts.
     held: BlockIndex,
-    /// (block, worker) -> live requests on the worker holding it.
-    refs: FxHashMap<(u64, u32), u32>,
     active_blocks: Vec<u64>,
     active_prefill_tokens: Vec<u64>,
     active_requests: Vec<u64>,
     live: Vec<Live>,
     free_ids: Vec<RouteId>,
-    /// Spare hash vectors, so routing allocates nothing in steady state.
-    spare: Vec<Vec<u64>>,
+    /// Spare slot vectors, so routing allocates nothing in steady state.
+    spare: Vec<Vec<u32>>,
     rng: StdRng,
     overlap: Vec<u32>,
     held_overlap: Vec<u32>,
@@ -86,7 +84,6 @@ impl KvRouter {
             max_batched_tokens: max_batched_tokens as f64,
             cached: BlockIndex::new(num_workers),
             held: BlockIndex::new(num_workers),
-            refs: FxHashMap::default(),
             active_blocks: vec![0; num_workers],
             active_prefill_tokens: vec![0; num_workers],
             active_requests: vec![0; num_workers],
@@ -191,16 +188,13 @@ impl KvRouter {
     }
 
     fn admit(&mut self, w: usize, req: RouteRequest<'_>, overlap_blocks: u32) -> RouteId {
-        let mut hashes = self.spare.pop().unwrap_or_default();
-        hashes.clear();
-        hashes.extend_from_slice(req.hashes);
-        for &h in &hashes {
-            let r = self.refs.entry((h, w as u32)).or_insert(0);
-            *r += 1;
-            if *r == 1 {
-                self.held.insert(h, w);
-                self.active_blocks[w] += 1;
-            } else if !self.cfg.router_assume_kv_reuse {
+        let mut slots = self.spare.pop().unwrap_or_default();
+        slots.clear();
+        slots.reserve(req.hashes.len());
+        for &h in req.hashes {
+            let (slot, first) = self.held.acquire(h, w);
+            slots.push(slot);
+            if first || !self.cfg.router_assume_kv_reuse {
                 self.active_blocks[w] += 1;
             }
         }
@@ -208,7 +202,7 @@ impl KvRouter {
         let prefill_tokens = req.isl.saturating_sub(cached) as u64;
         self.active_prefill_tokens[w] += prefill_tokens;
         self.active_requests[w] += 1;
-        let live = Live { worker: w as u32, prefill_tokens, hashes };
+        let live = Live { worker: w as u32, prefill_tokens, slots };
         match self.free_ids.pop() {
             Some(id) => {
                 self.live[id as usize] = live;
@@ -233,20 +227,13 @@ impl KvRouter {
         self.prefill_done(id);
         let l = std::mem::take(&mut self.live[id as usize]);
         let w = l.worker as usize;
-        for &h in &l.hashes {
-            let key = (h, l.worker);
-            let r = self.refs.get_mut(&key).expect("a live block has a count");
-            *r -= 1;
-            if *r == 0 {
-                self.refs.remove(&key);
-                self.held.remove(h, w);
-                self.active_blocks[w] -= 1;
-            } else if !self.cfg.router_assume_kv_reuse {
+        for &slot in &l.slots {
+            if self.held.release(slot, w) || !self.cfg.router_assume_kv_reuse {
                 self.active_blocks[w] -= 1;
             }
         }
         self.active_requests[w] -= 1;
-        self.spare.push(l.hashes);
+        self.spare.push(l.slots);
         self.free_ids.push(id);
     }
 
@@ -368,7 +355,7 @@ mod tests {
         assert_eq!(r.last_costs(), &[20.0, 15.0]);
         r.free(p.id);
         assert_eq!((r.active_blocks[1], r.active_prefill_tokens[1], r.active_requests[1]), (0, 0, 0));
-        assert!(r.refs.is_empty() && r.held.is_empty());
+        assert!(r.held.is_empty());
     }
 
     #[test]
