@@ -38,7 +38,7 @@ pub struct PlannedSession {
 }
 
 /// Prompt tokens below which a helper thread costs more than it saves.
-const THREAD_MIN_PROMPT_TOKENS: usize = 500_000;
+const THREAD_MIN_PROMPT_TOKENS: usize = 4_000_000;
 /// Sessions per message: handing over one at a time woke the other thread per request.
 const BATCH: usize = 32;
 /// Batches the helper thread may run ahead.
