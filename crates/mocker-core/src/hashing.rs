@@ -65,6 +65,14 @@ impl PromptHashes {
         extend_hashes(tokens, block_size, &mut h.sequence, Some(&mut h.local));
         h
     }
+
+    /// Only the sequence hashes (`local` left empty), for engines that record no KV
+    /// events and so never need the local ones.
+    pub fn sequence_only(tokens: &[u32], block_size: usize) -> Self {
+        let mut h = Self::default();
+        extend_hashes(tokens, block_size, &mut h.sequence, None);
+        h
+    }
 }
 
 /// [`extend_sequence_hashes`], also appending each block's local hash to `locals`.

@@ -13,7 +13,8 @@ pub struct Request {
     pub output_token_ids: Option<Vec<u32>>,
     /// Hashes of the prompt's full blocks at the engine's block size, when the caller
     /// already has them (a router or a prompt-synthesis thread); the engine computes them
-    /// otherwise. They must equal `hashing::PromptHashes::of(tokens, bs)`.
+    /// otherwise. They must equal `hashing::PromptHashes::of(tokens, bs)`, except that
+    /// `local` may be empty (the engine then computes it if it records KV events).
     pub block_hashes: Option<crate::hashing::PromptHashes>,
 }
 

@@ -12,7 +12,7 @@ use mocker_core::hashing::PromptHashes;
 use mocker_core::{Engine, EngineOptions, Request};
 
 use crate::collector::{Collector, RecordId};
-use crate::feed::{PlannedSession, PlannedTurn, SessionFeed};
+use crate::feed::{PlannedSession, PlannedTurn, PromptHashing, SessionFeed};
 use crate::options::{ms_to_ns, ReplayError, ReplayOptions};
 use crate::report::Summary;
 use crate::request_log::RequestRecord;
@@ -160,7 +160,12 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     }
     let queue = (router.wants_kv_events() && options.router_config.router_queue_threshold.is_some())
         .then(|| RouterQueue::new(options.router_config.router_queue_policy));
-    let hash_prompts = engine.enable_prefix_caching || router.wants_kv_events();
+    // The KV router makes the engines record events, whose Stored blocks carry locals.
+    let hashing = match (router.wants_kv_events(), engine.enable_prefix_caching) {
+        (true, _) => PromptHashing::WithLocal,
+        (false, true) => PromptHashing::Sequence,
+        (false, false) => PromptHashing::Off,
+    };
     let started = Instant::now();
     let mut collector = Collector::with_sla(options.sla);
     if hooks.request_ended.is_some() {
@@ -168,7 +173,7 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     }
     let mut sim = Sim {
         workers,
-        feed: SessionFeed::new(&options.workload, engine.block_size, hash_prompts),
+        feed: SessionFeed::new(&options.workload, engine.block_size, hashing),
         sessions: SessionTable::default(),
         collector,
         router,

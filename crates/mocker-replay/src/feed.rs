@@ -63,12 +63,30 @@ enum Generator {
 /// Turns a workload into planned sessions.
 struct Planner {
     source: Generator,
-    hash_block_size: Option<usize>,
+    block_size: usize,
+    hashing: PromptHashing,
+}
+
+/// Which block identities the feed computes for each prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptHashing {
+    /// None: prefix caching is off and no KV router reads them.
+    Off,
+    /// Sequence hashes, the prefix-cache and routing keys.
+    Sequence,
+    /// Sequence and local hashes, for engines that record KV events (Stored events carry
+    /// the local ones).
+    WithLocal,
 }
 
 impl Planner {
     fn next(&mut self) -> Option<PlannedSession> {
-        let hash = |tokens: &[u32]| self.hash_block_size.map(|bs| PromptHashes::of(tokens, bs));
+        let bs = self.block_size;
+        let hash = |tokens: &[u32]| match self.hashing {
+            PromptHashing::Off => None,
+            PromptHashing::Sequence => Some(PromptHashes::sequence_only(tokens, bs)),
+            PromptHashing::WithLocal => Some(PromptHashes::of(tokens, bs)),
+        };
         match &mut self.source {
             Generator::Synthetic(source, delay) => {
                 let arrival_ms = source.next_arrival_ms();
@@ -112,9 +130,9 @@ pub struct SessionFeed {
 }
 
 impl SessionFeed {
-    /// A feed of `workload` for engines with `block_size`-token blocks; prompts are hashed
-    /// only when `hash_prompts` (prefix caching on, or a KV router).
-    pub fn new(workload: &Workload, block_size: usize, hash_prompts: bool) -> Self {
+    /// A feed of `workload` for engines with `block_size`-token blocks, hashing prompts
+    /// as `hashing` says.
+    pub fn new(workload: &Workload, block_size: usize, hashing: PromptHashing) -> Self {
         let (source, remaining, total_prompt_tokens) = match workload {
             Workload::Synthetic(w) => (
                 Generator::Synthetic(SyntheticSource::new(w.clone(), block_size), w.inter_turn_delay_ms),
@@ -129,7 +147,7 @@ impl SessionFeed {
                 (Generator::Trace(source), remaining, per_copy.saturating_mul(t.repeat))
             }
         };
-        let mut planner = Planner { source, hash_block_size: hash_prompts.then_some(block_size) };
+        let mut planner = Planner { source, block_size, hashing };
         let source = if total_prompt_tokens < THREAD_MIN_PROMPT_TOKENS {
             Source::Inline(Box::new(planner))
         } else {
@@ -207,7 +225,7 @@ mod tests {
     use crate::workload::SyntheticWorkload;
 
     fn collect(w: &SyntheticWorkload) -> Vec<PlannedSession> {
-        let mut feed = SessionFeed::new(&w.clone().into(), 64, true);
+        let mut feed = SessionFeed::new(&w.clone().into(), 64, PromptHashing::WithLocal);
         let mut out = Vec::new();
         while let Some(s) = feed.start_session() {
             out.push(s);
@@ -239,7 +257,7 @@ mod tests {
     #[test]
     fn dropping_a_threaded_feed_early_stops_its_thread() {
         let w = SyntheticWorkload { input_tokens: 1000, request_count: 100_000, ..Default::default() };
-        let mut feed = SessionFeed::new(&w.into(), 64, false);
+        let mut feed = SessionFeed::new(&w.into(), 64, PromptHashing::Off);
         assert!(feed.start_session().is_some());
         drop(feed); // must not hang
     }

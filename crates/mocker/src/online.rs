@@ -17,7 +17,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use mocker_core::Request;
 use mocker_live::{LiveEngine, LiveError, LiveOptions, LiveRequest, ObservedAdmission, OutputSignal};
 use mocker_replay::collector::{Collector, RecordId};
-use mocker_replay::feed::{PlannedSession, PlannedTurn, SessionFeed};
+use mocker_replay::feed::{PlannedSession, PlannedTurn, PromptHashing, SessionFeed};
 use mocker_replay::report::Summary;
 use mocker_replay::{ReplayError, ReplayOptions, ReplayOutcome};
 use rustc_hash::FxHashMap;
@@ -104,7 +104,7 @@ pub async fn replay_online(options: &ReplayOptions) -> Result<ReplayOutcome, Onl
         feed: SessionFeed::new(
             &options.workload,
             engine_config.block_size,
-            engine_config.enable_prefix_caching,
+            if engine_config.enable_prefix_caching { PromptHashing::Sequence } else { PromptHashing::Off },
         ),
         sessions: Vec::new(),
         free_sessions: Vec::new(),

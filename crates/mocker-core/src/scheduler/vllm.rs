@@ -236,8 +236,10 @@ impl VllmScheduler {
         let record = self.record_kv_events;
         let (hashes, local_hashes) = match request.block_hashes {
             _ if !self.prefix_caching => (Vec::new(), Vec::new()),
-            Some(h) if h.sequence.len() == prompt_len / bs && h.local.len() == h.sequence.len() => {
-                debug_assert_eq!(h, PromptHashes::of(&request.tokens, bs));
+            Some(h)
+                if h.sequence.len() == prompt_len / bs && (!record || h.local.len() == h.sequence.len()) =>
+            {
+                debug_assert_eq!(h.sequence, PromptHashes::of(&request.tokens, bs).sequence);
                 let PromptHashes { sequence: mut h, local: mut l } = h;
                 h.reserve(final_blocks.saturating_sub(h.len()));
                 if record {
