@@ -11,6 +11,10 @@ use mocker_core::events::KvEventData;
 use mocker_core::{Engine, EngineOptions, Request};
 use proptest::prelude::*;
 
+mod common;
+
+use common::lockstep::Lockstep;
+
 /// Upper bound on passes; every workload here drains far below it.
 const MAX_PASSES: usize = 20_000;
 
@@ -332,61 +336,37 @@ fn run_aggregated_beside_itemized(
     specs: &[Spec],
     cancel: (usize, usize),
 ) -> Result<(), TestCaseError> {
-    let build = |aggregate| {
-        Engine::new(EngineOptions {
-            config: config.clone(),
-            record_kv_events: true,
-            aggregate_steady_tokens: aggregate,
-            ..Default::default()
-        })
-        .unwrap()
-    };
-    let (mut itemized, mut aggregated) = (build(false), build(true));
+    let mut pair = Lockstep::new(&config);
     let mut order: Vec<usize> = (0..specs.len()).collect();
     order.sort_by_key(|&i| specs[i].arrival);
     let mut pending = order.into_iter().peekable();
     let (mut now, mut passes) = (0u64, 0usize);
     loop {
         while let Some(&i) = pending.peek() {
-            if specs[i].arrival > passes && itemized.has_work() {
+            if specs[i].arrival > passes && pair.itemized.has_work() {
                 break;
             }
-            let request = Request {
+            pair.submit(Request {
                 uuid: i as u128 + 1,
                 tokens: prompt_tokens(i, &specs[i]),
                 max_output_tokens: specs[i].output,
                 output_token_ids: None,
                 block_hashes: None,
-            };
-            itemized.submit(request.clone()).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            aggregated.submit(request).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            })?;
             pending.next();
             passes = passes.max(specs[i].arrival);
         }
         if passes == cancel.0 {
-            let uuid = cancel.1 as u128 + 1;
-            prop_assert_eq!(itemized.cancel(uuid), aggregated.cancel(uuid));
+            pair.cancel(cancel.1 as u128 + 1)?;
         }
-        prop_assert_eq!(itemized.has_work(), aggregated.has_work());
-        if !itemized.has_work() {
+        if !pair.has_work()? {
             break;
         }
         prop_assert!(passes < MAX_PASSES, "engine did not drain within {} passes", MAX_PASSES);
-        let a = itemized.step(now);
-        let b = aggregated.step(now);
         passes += 1;
-        prop_assert_eq!(a.end_ns, b.end_ns, "pass {} end", passes);
-        prop_assert_eq!(&a.outputs, &b.outputs, "pass {} outputs", passes);
-        prop_assert_eq!(a.steady_tokens(), b.steady_tokens(), "pass {} steady tokens", passes);
-        prop_assert_eq!(a.steady_count, 0);
-        prop_assert_eq!(&a.admissions, &b.admissions, "pass {} admissions", passes);
-        prop_assert_eq!(&a.kv_events, &b.kv_events, "pass {} KV events", passes);
-        prop_assert_eq!(a.metrics, b.metrics, "pass {} metrics", passes);
-        now = a.end_ns;
-        prop_assert_eq!(itemized.metrics(), aggregated.metrics(), "engine metrics after pass {}", passes);
-        aggregated.check_invariants().map_err(TestCaseError::fail)?;
+        now = pair.step(now, passes)?.0;
     }
-    prop_assert_eq!(aggregated.num_requests(), 0);
+    prop_assert_eq!(pair.aggregated.num_requests(), 0);
     Ok(())
 }
 

@@ -12,6 +12,10 @@ use mocker_core::kv::RadixCache;
 use mocker_core::{Engine, EngineOptions, Request};
 use proptest::prelude::*;
 
+mod common;
+
+use common::lockstep::Lockstep;
+
 /// Page identity of page `i` of branch `b` in group `g`: the first `shared` pages of a
 /// group are common to all its branches (so a hash always has the same parent).
 fn page_hash(g: u64, b: u64, i: u64, shared: u64) -> u64 {
@@ -282,16 +286,7 @@ fn run_aggregated_beside_itemized(
     specs: &[Spec],
     cancel: (usize, usize),
 ) -> Result<usize, TestCaseError> {
-    let build = |aggregate| {
-        Engine::new(EngineOptions {
-            config: config.clone(),
-            record_kv_events: true,
-            aggregate_steady_tokens: aggregate,
-            ..Default::default()
-        })
-        .unwrap()
-    };
-    let (mut itemized, mut aggregated) = (build(false), build(true));
+    let mut pair = Lockstep::new(&config);
     let (mut now, mut pass_no, mut submitted) = (0u64, 0usize, 0usize);
     let mut counted = 0usize;
     loop {
@@ -302,39 +297,26 @@ fn run_aggregated_beside_itemized(
                 max_output_tokens: s.output,
                 ..Default::default()
             };
-            itemized.submit(request.clone()).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            aggregated.submit(request).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            pair.submit(request)?;
             submitted += 1;
         }
         if pass_no == cancel.0 {
-            let uuid = cancel.1 as u128 + 1;
-            prop_assert_eq!(itemized.cancel(uuid), aggregated.cancel(uuid));
+            pair.cancel(cancel.1 as u128 + 1)?;
         }
-        prop_assert_eq!(itemized.has_work(), aggregated.has_work());
-        if !itemized.has_work() {
+        if !pair.has_work()? {
             if submitted == specs.len() {
                 break;
             }
             pass_no += 1;
             continue;
         }
-        let a = itemized.step(now);
-        let b = aggregated.step(now);
-        prop_assert_eq!(a.end_ns, b.end_ns, "pass {} end", pass_no);
-        prop_assert_eq!(&a.outputs, &b.outputs, "pass {} outputs", pass_no);
-        prop_assert_eq!(a.steady_tokens(), b.steady_tokens(), "pass {} steady tokens", pass_no);
-        prop_assert_eq!(a.steady_count, 0);
-        prop_assert_eq!(&a.admissions, &b.admissions, "pass {} admissions", pass_no);
-        prop_assert_eq!(&a.kv_events, &b.kv_events, "pass {} KV events", pass_no);
-        prop_assert_eq!(a.metrics, b.metrics, "pass {} metrics", pass_no);
-        counted += b.steady_count;
-        now = a.end_ns;
-        prop_assert_eq!(itemized.metrics(), aggregated.metrics(), "engine metrics after pass {}", pass_no);
-        aggregated.check_invariants().map_err(TestCaseError::fail)?;
+        let (end, steady) = pair.step(now, pass_no)?;
+        counted += steady;
+        now = end;
         pass_no += 1;
         prop_assert!(pass_no < 50_000, "does not drain");
     }
-    prop_assert_eq!(aggregated.num_requests(), 0);
+    prop_assert_eq!(pair.aggregated.num_requests(), 0);
     Ok(counted)
 }
 

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod lockstep;
+
 use mocker_core::config::{EngineConfig, LaunchConfig};
 use mocker_core::{Engine, EngineOptions, Request};
 
