@@ -110,7 +110,8 @@ impl ExactDistribution {
         self.values.is_empty()
     }
 
-    /// Computes the nine statistics; sorts the samples in place (hence `&mut`) to avoid a copy.
+    /// Computes the nine statistics; reorders the samples in place (hence `&mut`) to avoid
+    /// a copy.
     pub fn summarize(&mut self) -> DistSummary {
         let n = self.values.len();
         if n == 0 {
@@ -120,11 +121,32 @@ impl ExactDistribution {
         let mean = self.values.iter().sum::<f64>() / count;
         // Two-pass variance: no cancellation problem, and we hold all the samples anyway.
         let var = self.values.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / count;
-        self.values.sort_unstable_by(f64::total_cmp);
-        let sorted = &self.values;
-        DistSummary { mean, min: sorted[0], max: sorted[n - 1], std: var.sqrt(), ..DistSummary::default() }
-            .with_percentiles(PERCENTILES.map(|p| sorted[rounded_rank(n, p)]))
+        let p = PERCENTILES.map(|p| rounded_rank(n, p));
+        let [min, p50, p75, p90, p95, p99, max] =
+            order_statistics(&mut self.values, [0, p[0], p[1], p[2], p[3], p[4], n - 1]);
+        DistSummary { mean, min, max, std: var.sqrt(), ..DistSummary::default() }
+            .with_percentiles([p50, p75, p90, p95, p99])
     }
+}
+
+/// The values at nondecreasing `ranks` of `values` in `f64::total_cmp` order, as sorting
+/// would give them. Each selection partitions only what lies above the previous rank, so
+/// this is linear rather than a full sort (the summary is a visible share of short runs).
+fn order_statistics<const K: usize>(values: &mut [f64], ranks: [usize; K]) -> [f64; K] {
+    let mut out = [0.0; K];
+    // values[..lo] holds the lo smallest samples once a rank below lo has been selected.
+    let mut lo = 0;
+    for (i, &r) in ranks.iter().enumerate() {
+        debug_assert!(i == 0 || r >= ranks[i - 1], "ranks must not decrease");
+        if r < lo {
+            out[i] = out[i - 1];
+            continue;
+        }
+        let (_, v, _) = values[lo..].select_nth_unstable_by(r - lo, f64::total_cmp);
+        out[i] = *v;
+        lo = r + 1;
+    }
+    out
 }
 
 impl Extend<f64> for ExactDistribution {
@@ -425,6 +447,22 @@ mod tests {
         let hundred: Vec<f64> = (0..100).rev().map(f64::from).collect();
         let s = exact(&hundred);
         assert_eq!((s.p99, s.p95, s.median), (98.0, 94.0, 50.0)); // 98.01, 94.05, 49.5
+    }
+
+    #[test]
+    fn order_statistics_equal_a_full_sort() {
+        for n in [1usize, 2, 3, 7, 64, 1000] {
+            let mut values: Vec<f64> =
+                pseudo_random(n as u64, n).into_iter().map(|u| (u * 20.0).floor()).collect();
+            values.extend([0.0, -0.0].iter().take(n.min(2)));
+            let mut sorted = values.clone();
+            sorted.sort_unstable_by(f64::total_cmp);
+            let m = values.len();
+            let ranks = [0, rounded_rank(m, 50.0), rounded_rank(m, 90.0), rounded_rank(m, 90.0), m - 1];
+            let got = order_statistics(&mut values, ranks);
+            let want = ranks.map(|r| sorted[r]);
+            assert_eq!(got.map(f64::to_bits), want.map(f64::to_bits), "n = {n}");
+        }
     }
 
     #[test]
