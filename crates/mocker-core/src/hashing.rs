@@ -76,7 +76,15 @@ impl PromptHashes {
 }
 
 /// [`extend_sequence_hashes`], also appending each block's local hash to `locals`.
-pub fn extend_hashes(
+pub fn extend_hashes(tokens: &[u32], block_size: usize, out: &mut Vec<u64>, locals: Option<&mut Vec<u64>>) {
+    extend_hashes_after(None, tokens, block_size, out, locals);
+}
+
+/// [`extend_hashes`] for blocks that follow a block with sequence hash `parent` (`None` at
+/// the start of a sequence): a prompt whose leading blocks were hashed already continues
+/// from there.
+pub fn extend_hashes_after(
+    parent: Option<u64>,
     tokens: &[u32],
     block_size: usize,
     out: &mut Vec<u64>,
@@ -86,7 +94,7 @@ pub fn extend_hashes(
     if let Some(l) = locals.as_deref_mut() {
         l.reserve(tokens.len() / block_size);
     }
-    let mut parent: Option<u64> = None;
+    let mut parent = parent;
     let mut prev_block: Option<&[u32]> = None;
     let mut prev_local = 0;
     for block in tokens.chunks_exact(block_size) {

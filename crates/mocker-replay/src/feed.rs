@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::thread::JoinHandle;
 
-use mocker_core::hashing::PromptHashes;
+use mocker_core::hashing::{extend_hashes_after, PromptHashes};
 
 use crate::options::Workload;
 use crate::trace_source::TraceSource;
@@ -65,6 +65,36 @@ struct Planner {
     source: Generator,
     block_size: usize,
     hashing: PromptHashing,
+    /// Hashes of each synthetic prefix group's shared blocks, computed once per group.
+    group_prefixes: Vec<Option<PromptHashes>>,
+}
+
+/// The hashes of `tokens`, whose first `shared` blocks are group `group`'s prefix: those
+/// come from `cache` (filled on the group's first turn) and only the rest is hashed.
+fn hashes_after_prefix(
+    cache: &mut Vec<Option<PromptHashes>>,
+    (group, shared): (usize, usize),
+    tokens: &[u32],
+    bs: usize,
+    with_local: bool,
+) -> PromptHashes {
+    if cache.len() <= group {
+        cache.resize(group + 1, None);
+    }
+    let prefix = match &cache[group] {
+        Some(p) if p.sequence.len() == shared => p,
+        _ => {
+            let head = &tokens[..shared * bs];
+            let p =
+                if with_local { PromptHashes::of(head, bs) } else { PromptHashes::sequence_only(head, bs) };
+            cache[group].insert(p)
+        }
+    };
+    let mut h = prefix.clone();
+    let parent = h.sequence.last().copied();
+    let locals = with_local.then_some(&mut h.local);
+    extend_hashes_after(parent, &tokens[shared * bs..], bs, &mut h.sequence, locals);
+    h
 }
 
 /// Which block identities the feed computes for each prompt.
@@ -93,9 +123,20 @@ impl Planner {
                 let mut state = source.start_session()?;
                 let mut turns = VecDeque::with_capacity(source.turns_per_session());
                 while let Some(t) = source.next_turn(&mut state) {
+                    let block_hashes = match (self.hashing, t.shared_prefix) {
+                        (PromptHashing::Off, _) => None,
+                        (h, Some(shared)) => Some(hashes_after_prefix(
+                            &mut self.group_prefixes,
+                            shared,
+                            &t.tokens,
+                            bs,
+                            h == PromptHashing::WithLocal,
+                        )),
+                        (_, None) => hash(&t.tokens),
+                    };
                     turns.push_back(PlannedTurn {
                         uuid: t.uuid,
-                        block_hashes: hash(&t.tokens),
+                        block_hashes,
                         tokens: t.tokens,
                         max_output_tokens: t.max_output_tokens,
                         delay_ms: if turns.is_empty() { 0.0 } else { *delay },
@@ -147,7 +188,7 @@ impl SessionFeed {
                 (Generator::Trace(source), remaining, per_copy.saturating_mul(t.repeat))
             }
         };
-        let mut planner = Planner { source, block_size, hashing };
+        let mut planner = Planner { source, block_size, hashing, group_prefixes: Vec::new() };
         let source = if total_prompt_tokens < THREAD_MIN_PROMPT_TOKENS {
             Source::Inline(Box::new(planner))
         } else {
@@ -252,6 +293,40 @@ mod tests {
         assert_eq!(a[..], b[..50]);
         let t = &a[3].turns[1];
         assert_eq!(t.block_hashes, Some(PromptHashes::of(&t.tokens, 64)));
+    }
+
+    #[test]
+    fn prefix_group_hashes_equal_hashing_the_whole_prompt() {
+        // 1000 tokens at block 64: 16 blocks, the last partial; ratios put the shared prefix
+        // inside, at and past the last whole block.
+        for ratio in [0.3, 0.94, 1.0] {
+            let w = SyntheticWorkload {
+                input_tokens: 1000,
+                request_count: 24,
+                shared_prefix_ratio: ratio,
+                num_prefix_groups: 3,
+                load: Load::Concurrency(4),
+                ..Default::default()
+            };
+            for hashing in [PromptHashing::Sequence, PromptHashing::WithLocal] {
+                let mut feed = SessionFeed::new(&w.clone().into(), 64, hashing);
+                let mut firsts = std::collections::BTreeSet::new();
+                let mut turns = 0;
+                while let Some(s) = feed.start_session() {
+                    for t in &s.turns {
+                        let mut want = PromptHashes::of(&t.tokens, 64);
+                        if hashing == PromptHashing::Sequence {
+                            want.local.clear();
+                        }
+                        assert_eq!(t.block_hashes.as_ref(), Some(&want), "ratio {ratio}, {hashing:?}");
+                        firsts.insert(t.block_hashes.as_ref().unwrap().sequence[0]);
+                        turns += 1;
+                    }
+                }
+                // Turns of one group share their leading block: the cached path was taken.
+                assert!(firsts.len() <= 3 && turns == 24, "{} distinct first blocks", firsts.len());
+            }
+        }
     }
 
     #[test]

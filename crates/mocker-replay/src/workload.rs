@@ -130,6 +130,9 @@ pub struct TurnRequest {
     pub tokens: Vec<u32>,
     /// Output tokens.
     pub max_output_tokens: usize,
+    /// The prefix group and how many leading blocks come from it unchanged: every turn of
+    /// the group starts with the same blocks, so their hashes can be computed once.
+    pub shared_prefix: Option<(usize, usize)>,
 }
 
 /// Generates sessions and turns in order, lazily.
@@ -243,6 +246,7 @@ impl SyntheticSource {
                 uuid: s.index as u128 + 1,
                 tokens: flat_prompt(s.index as u64, isl),
                 max_output_tokens: self.w.output_tokens,
+                shared_prefix: None,
             });
         }
         let bs = self.block_size;
@@ -264,10 +268,13 @@ impl SyntheticSource {
             tokens.extend(std::iter::repeat_n(id_token(id), bs));
         }
         tokens.truncate(isl);
+        // Only whole blocks of the truncated prompt are shared verbatim.
+        let shared_blocks = prefix_blocks.min(isl / bs);
         Some(TurnRequest {
             uuid: self.uuid_rng.random::<u128>(),
             tokens,
             max_output_tokens: self.w.output_tokens,
+            shared_prefix: s.group.filter(|_| shared_blocks > 0).map(|g| (g, shared_blocks)),
         })
     }
 
