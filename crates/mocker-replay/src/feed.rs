@@ -323,7 +323,7 @@ mod tests {
                         turns += 1;
                     }
                 }
-                // Turns of one group share their leading block: the cached path was taken.
+                // Turns of one group share their leading block, so the shared-prefix path ran.
                 assert!(firsts.len() <= 3 && turns == 24, "{} distinct first blocks", firsts.len());
             }
         }

@@ -49,6 +49,64 @@ pub(crate) fn extend_tokens(
     }
 }
 
+/// A running request and, while it decodes steadily, until when; both schedulers keep
+/// their running lists as these.
+///
+/// With `aggregate_steady_tokens` on, a request that will decode one token per pass with
+/// nothing else happening to it (no block or page to allocate or fill, no completion, no
+/// cache insert) for a known number of passes is *steady*: passes count it and add its KV
+/// length from an offset without touching its `Seq`, whose counters stay those of the pass
+/// the run started in until the scheduler catches it up. A pass then costs what changes
+/// in it, not the batch size.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RunEntry {
+    pub key: SeqKey,
+    /// First pass that needs the request's `Seq` again; 0 when not in a run.
+    steady_until: u64,
+    /// `len - pass_id` during the run (wrapping), so its KV length in a pass is one add.
+    len_base: u64,
+}
+
+impl RunEntry {
+    /// A request entering the running list (not in a run).
+    pub fn new(key: SeqKey) -> Self {
+        Self { key, steady_until: 0, len_base: 0 }
+    }
+
+    /// Whether pass `pass_id` only counts the request.
+    #[inline]
+    pub fn is_steady(&self, pass_id: u64) -> bool {
+        self.steady_until > pass_id
+    }
+
+    /// Whether the request is in a run (steady now, or its run ends at this pass and its
+    /// `Seq` must be caught up before use).
+    #[inline]
+    pub fn in_run(&self) -> bool {
+        self.steady_until != 0
+    }
+
+    /// The request's KV length in steady pass `pass_id`.
+    #[inline]
+    pub fn kv_len(&self, pass_id: u64) -> usize {
+        self.len_base.wrapping_add(pass_id) as usize
+    }
+
+    /// Starts a run after the request's token in pass `pass_id`, at length `len`: it is
+    /// steady in the next `passes` passes, at lengths `len`, `len + 1`, ...
+    pub fn start_run(&mut self, pass_id: u64, len: u32, passes: u32) {
+        if passes > 0 {
+            self.steady_until = pass_id + u64::from(passes) + 1;
+            self.len_base = u64::from(len).wrapping_sub(pass_id + 1);
+        }
+    }
+
+    /// Ends the run; returns whether there was one (the caller then catches the `Seq` up).
+    pub fn end_run(&mut self) -> bool {
+        std::mem::replace(&mut self.steady_until, 0) != 0
+    }
+}
+
 /// Puts `seq` in a free slot of `seqs` (reusing retired ones first) and returns its key.
 pub(crate) fn insert_slot<T>(seqs: &mut Vec<Option<T>>, free_slots: &mut Vec<u32>, seq: T) -> SeqKey {
     match free_slots.pop() {

@@ -12,7 +12,7 @@ use crate::metrics::{EngineMetrics, ForwardPassMetrics};
 use crate::request::{Admission, Output, OutputToken, Request, SeqKey};
 use crate::timing::{scaled_nanos, DecodeShape, PrefillShape, TimingModel};
 
-use super::{Pass, PrefixCacheBusy, SchedulerOptions, SubmitError};
+use super::{Pass, PrefixCacheBusy, RunEntry, SchedulerOptions, SubmitError};
 
 mod handoff;
 pub use handoff::{Reservation, ReserveError};
@@ -75,29 +75,6 @@ impl Seq {
     #[inline]
     fn generation_complete(&self) -> bool {
         self.generated >= self.max_output
-    }
-}
-
-/// A running request and, while it decodes steadily, until when.
-///
-/// With `aggregate_steady` on, a request that will decode one token per pass with no block
-/// to allocate or fill and no completion for a known number of passes is *steady*: passes
-/// count it without touching its `Seq`, whose counters stay those of the pass it became
-/// steady in until `catch_up` brings them forward. This makes a pass cost what changes in
-/// it, not the batch size.
-#[derive(Debug, Clone, Copy)]
-struct RunEntry {
-    key: SeqKey,
-    /// First pass that needs the request's `Seq` again; steady while it is above the
-    /// current pass id, 0 when not steady.
-    steady_until: u64,
-    /// `len - pass_id` while steady (wrapping), so its KV length in a pass is one add.
-    len_base: u64,
-}
-
-impl RunEntry {
-    fn new(key: SeqKey) -> Self {
-        Self { key, steady_until: 0, len_base: 0 }
     }
 }
 
@@ -444,10 +421,9 @@ impl VllmScheduler {
     /// `plain_decode_run` would have left it) and ends its steady run.
     fn catch_up(&mut self, i: usize, scheduled: bool) {
         let entry = &mut self.running[i];
-        if entry.steady_until == 0 {
+        if !entry.end_run() {
             return;
         }
-        entry.steady_until = 0;
         let pass_id = self.pass_id;
         let seq = self.seqs[entry.key.0 as usize].as_mut().expect("live seq");
         // Steady passes emitted since the Seq was last written.
@@ -501,13 +477,13 @@ impl VllmScheduler {
         let (mut n, mut kv) = (0usize, 0usize);
         while *i < self.running.len() && (n as u32) < budget {
             let entry = self.running[*i];
-            if entry.steady_until > pass_id {
+            if entry.is_steady(pass_id) {
                 n += 1;
-                kv += entry.len_base.wrapping_add(pass_id) as usize;
+                kv += entry.kv_len(pass_id);
                 *i += 1;
                 continue;
             }
-            if entry.steady_until != 0 {
+            if entry.in_run() {
                 break; // its steady run ends: the general path catches it up
             }
             let Some(seq) = self.seqs[entry.key.0 as usize].as_mut() else { break };
@@ -876,7 +852,7 @@ impl VllmScheduler {
         let (end_ns, pass_id) = (pass.end_ns, self.pass_id);
         for i in 0..self.running.len() {
             let entry = self.running[i];
-            if entry.steady_until > pass_id {
+            if entry.is_steady(pass_id) {
                 steady += 1;
                 continue;
             }
@@ -920,12 +896,10 @@ impl VllmScheduler {
             seq.done = completed;
             finished |= completed;
             tokens += 1;
-            let passes = if completed { 0 } else { self.steady_passes(self.seq(key)) };
-            if passes > 0 {
-                let len = u64::from(self.seq(key).len);
-                // Steady in passes pass_id+1 ..= pass_id+passes, at lengths len, len+1, ...
-                self.running[i].steady_until = pass_id + u64::from(passes) + 1;
-                self.running[i].len_base = len.wrapping_sub(pass_id + 1);
+            if !completed {
+                let seq = self.seq(key);
+                let (passes, len) = (self.steady_passes(seq), seq.len);
+                self.running[i].start_run(pass_id, len, passes);
             }
         }
         if steady > 0 {

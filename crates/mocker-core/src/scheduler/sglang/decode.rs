@@ -2,10 +2,10 @@
 //! and the first tokens a prefill forward samples.
 
 use super::seq::Status;
-use super::steady::RunEntry;
 use super::SglangScheduler;
 use crate::request::{Output, OutputToken, SeqKey};
 use crate::scheduler::Pass;
+use crate::scheduler::RunEntry;
 
 /// Decode steps of headroom per surviving request in the post-retraction ratio estimate
 /// (SGLang's `SGLANG_RETRACT_DECODE_STEPS`).
@@ -41,10 +41,10 @@ impl SglangScheduler {
         for i in 0..self.running.len() {
             let entry = self.running[i];
             if entry.is_steady(pass_id) {
-                plan.kv += entry.len_base.wrapping_add(pass_id) as usize;
+                plan.kv += entry.kv_len(pass_id);
                 continue;
             }
-            if entry.steady_until != 0 {
+            if entry.in_run() {
                 self.catch_up(i); // its steady run ended
             }
             let (g, len) = self.growth_of(entry.key);

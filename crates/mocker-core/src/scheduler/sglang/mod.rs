@@ -20,10 +20,10 @@ use crate::metrics::EngineMetrics;
 use crate::request::{Output, OutputToken, Request, SeqKey};
 use crate::timing::{scaled_nanos, DecodeShape, PrefillShape, TimingModel};
 
+use super::RunEntry;
 use super::{Pass, PrefixCacheBusy, SchedulerOptions, SubmitError};
 use prefill::PrefillBatch;
 use seq::{Seq, Status};
-use steady::RunEntry;
 
 /// One rank's SGLang-style scheduler, radix cache and timing model.
 #[derive(Debug)]

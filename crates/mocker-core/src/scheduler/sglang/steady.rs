@@ -6,30 +6,6 @@
 //! what changes in it, not the batch size.
 
 use super::SglangScheduler;
-use crate::request::SeqKey;
-
-/// A running request and, while it decodes steadily, until when.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct RunEntry {
-    pub key: SeqKey,
-    /// First pass that needs the request's `Seq` again; steady while it is above the
-    /// current pass id, 0 when not steady.
-    pub steady_until: u64,
-    /// `len - pass_id` while steady (wrapping), so its KV length in a pass is one add.
-    pub len_base: u64,
-}
-
-impl RunEntry {
-    pub fn new(key: SeqKey) -> Self {
-        Self { key, steady_until: 0, len_base: 0 }
-    }
-
-    /// Whether the entry is counted, not itemized, in pass `pass_id`.
-    #[inline]
-    pub fn is_steady(&self, pass_id: u64) -> bool {
-        self.steady_until > pass_id
-    }
-}
 
 impl SglangScheduler {
     /// Brings the `Seq` of `running[i]` up to the start of the current pass (the tokens its
@@ -39,10 +15,9 @@ impl SglangScheduler {
     /// the previous pass's end.
     pub(super) fn catch_up(&mut self, i: usize) {
         let entry = &mut self.running[i];
-        if entry.steady_until == 0 {
+        if !entry.end_run() {
             return;
         }
-        entry.steady_until = 0;
         let seq = self.seqs[entry.key.0 as usize].as_mut().expect("live seq");
         let k = (self.pass_id - 1 - seq.last_token_pass) as u32;
         if k > 0 {
@@ -84,10 +59,6 @@ impl SglangScheduler {
             let insert_at = ((seq.tree_depth + 1) * page).saturating_sub(len);
             passes = passes.min(insert_at.saturating_sub(1));
         }
-        if passes > 0 {
-            let pass_id = self.pass_id;
-            entry.steady_until = pass_id + u64::from(passes) + 1;
-            entry.len_base = u64::from(len).wrapping_sub(pass_id + 1);
-        }
+        entry.start_run(self.pass_id, len, passes);
     }
 }
