@@ -45,7 +45,7 @@ pub fn compute_block_hash_for_seq(tokens: &[u32], block_size: usize) -> Vec<u64>
 /// Appends the sequence hashes of every complete block of `tokens` to `out`, reusing the
 /// previous hash for consecutive identical blocks (common in synthetic traces).
 pub fn extend_sequence_hashes(tokens: &[u32], block_size: usize, out: &mut Vec<u64>) {
-    extend_hashes(tokens, block_size, out, None);
+    extend_hashes(None, tokens, block_size, out, None);
 }
 
 /// Block identities of a prompt's complete blocks, computed once by whoever holds the
@@ -62,7 +62,7 @@ impl PromptHashes {
     /// The hashes of every complete `block_size`-token block of `tokens`.
     pub fn of(tokens: &[u32], block_size: usize) -> Self {
         let mut h = Self::default();
-        extend_hashes(tokens, block_size, &mut h.sequence, Some(&mut h.local));
+        extend_hashes(None, tokens, block_size, &mut h.sequence, Some(&mut h.local));
         h
     }
 
@@ -70,20 +70,15 @@ impl PromptHashes {
     /// events and so never need the local ones.
     pub fn sequence_only(tokens: &[u32], block_size: usize) -> Self {
         let mut h = Self::default();
-        extend_hashes(tokens, block_size, &mut h.sequence, None);
+        extend_hashes(None, tokens, block_size, &mut h.sequence, None);
         h
     }
 }
 
-/// [`extend_sequence_hashes`], also appending each block's local hash to `locals`.
-pub fn extend_hashes(tokens: &[u32], block_size: usize, out: &mut Vec<u64>, locals: Option<&mut Vec<u64>>) {
-    extend_hashes_after(None, tokens, block_size, out, locals);
-}
-
-/// [`extend_hashes`] for blocks that follow a block with sequence hash `parent` (`None` at
-/// the start of a sequence): a prompt whose leading blocks were hashed already continues
-/// from there.
-pub fn extend_hashes_after(
+/// [`extend_sequence_hashes`] for blocks that follow a block with sequence hash `parent`
+/// (`None` at the start of a sequence, so a prompt whose leading blocks were hashed
+/// already continues from there), also appending each block's local hash to `locals`.
+pub fn extend_hashes(
     parent: Option<u64>,
     tokens: &[u32],
     block_size: usize,

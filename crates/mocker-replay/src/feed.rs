@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::thread::JoinHandle;
 
-use mocker_core::hashing::{extend_hashes_after, PromptHashes};
+use mocker_core::hashing::{extend_hashes, PromptHashes};
 
 use crate::options::Workload;
 use crate::trace_source::TraceSource;
@@ -93,7 +93,7 @@ fn hashes_after_prefix(
     let mut h = prefix.clone();
     let parent = h.sequence.last().copied();
     let locals = with_local.then_some(&mut h.local);
-    extend_hashes_after(parent, &tokens[shared * bs..], bs, &mut h.sequence, locals);
+    extend_hashes(parent, &tokens[shared * bs..], bs, &mut h.sequence, locals);
     h
 }
 

@@ -229,7 +229,7 @@ impl VllmScheduler {
             _ => {
                 let mut h = Vec::with_capacity(final_blocks);
                 let mut l = Vec::with_capacity(if record { final_blocks } else { 0 });
-                extend_hashes(&request.tokens, bs, &mut h, record.then_some(&mut l));
+                extend_hashes(None, &request.tokens, bs, &mut h, record.then_some(&mut l));
                 (h, l)
             }
         };
