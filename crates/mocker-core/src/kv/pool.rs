@@ -71,13 +71,11 @@ pub struct BlockPool {
     lru_head: u32,
     lru_tail: u32,
     num_inactive: usize,
-    /// Hash to its primary copy. Keys are already well-mixed hashes, so a one-multiply
-    /// hasher is enough. Entries of evicted hashes are left behind (an eviction then costs
-    /// no random table access) and recognised as stale by the block they point at; the
-    /// table is swept when stale entries outnumber the pool.
+    /// Hash to its primary copy, exactly the resident hashes. Keys are already well-mixed
+    /// hashes, so a one-multiply hasher is enough. Evicted hashes are removed at once:
+    /// leaving them behind saved that probe but doubled the table, and every probe of a
+    /// table twice the size misses the cache more often.
     index: FxHashMap<u64, BlockId>,
-    live_hashes: usize,
-    stale: usize,
     policy: EvictionPolicy,
     /// Per-block lineage links under `lineage`; empty under `lru`, whose paths never touch it.
     lineage: Vec<Lineage>,
@@ -137,11 +135,9 @@ impl BlockPool {
             lru_head: NIL,
             lru_tail: NIL,
             num_inactive: 0,
-            // Resident blocks plus at most as many stale entries (see `forget`): sized up
-            // front, it never rehashes mid-run (bounded so a huge pool reserves lazily).
-            index: FxHashMap::with_capacity_and_hasher((2 * capacity).min(1 << 21), Default::default()),
-            live_hashes: 0,
-            stale: 0,
+            // At most one entry per block: sized up front, it never rehashes mid-run
+            // (bounded so a huge pool reserves lazily).
+            index: FxHashMap::with_capacity_and_hasher(capacity.min(1 << 21), Default::default()),
             policy,
             lineage,
             leaf_head: NIL,
@@ -176,7 +172,7 @@ impl BlockPool {
 
     /// Distinct cached hashes (active or inactive).
     pub fn num_cached_hashes(&self) -> usize {
-        self.live_hashes
+        self.index.len()
     }
 
     /// Whether `hash` is resident in the cache.
@@ -187,15 +183,18 @@ impl BlockPool {
     /// The primary copy of `hash`, if it is resident.
     #[inline]
     fn resident(&self, hash: u64) -> Option<BlockId> {
-        let &id = self.index.get(&hash)?;
-        let b = &self.blocks[id as usize];
-        (b.registered && b.primary && b.hash == hash).then_some(id)
+        let id = *self.index.get(&hash)?;
+        debug_assert!({
+            let b = &self.blocks[id as usize];
+            b.registered && b.primary && b.hash == hash
+        });
+        Some(id)
     }
 
     /// Walks `hashes` from the root while each block is resident.
     pub fn match_prefix(&self, hashes: &[u64]) -> PrefixMatch {
         let mut m = PrefixMatch::default();
-        if self.live_hashes == 0 {
+        if self.index.is_empty() {
             return m;
         }
         for &h in hashes {
@@ -279,27 +278,20 @@ impl BlockPool {
                 self.link_child(p, id);
             }
         }
-        let blocks = &mut self.blocks;
-        // One probe: an existing entry is either a live primary (this block is a duplicate)
-        // or stale, in which case it is taken over.
+        // One probe: an existing entry is the live primary, so this block is a duplicate.
         match self.index.entry(hash) {
-            std::collections::hash_map::Entry::Occupied(mut e) => {
+            std::collections::hash_map::Entry::Occupied(e) => {
                 let p = *e.get() as usize;
-                if blocks[p].registered && blocks[p].primary && blocks[p].hash == hash {
-                    blocks[id as usize].next_copy = blocks[p].next_copy;
-                    blocks[p].next_copy = id;
-                    return false;
-                }
-                e.insert(id);
-                self.stale -= 1;
+                self.blocks[id as usize].next_copy = self.blocks[p].next_copy;
+                self.blocks[p].next_copy = id;
+                false
             }
             std::collections::hash_map::Entry::Vacant(e) => {
                 e.insert(id);
+                self.blocks[id as usize].primary = true;
+                true
             }
         }
-        blocks[id as usize].primary = true;
-        self.live_hashes += 1;
-        true
     }
 
     /// Drops one reference to each of `owned`, tail first, so that a request's leaf blocks
@@ -425,22 +417,8 @@ impl BlockPool {
             self.index.insert(hash, next_copy);
         } else {
             evicted.push(hash);
-            self.live_hashes -= 1;
-            self.stale += 1;
-            if self.stale > self.blocks.len().max(1024) {
-                self.sweep_stale();
-            }
+            self.index.remove(&hash);
         }
-    }
-
-    /// Drops index entries whose hash is no longer resident.
-    fn sweep_stale(&mut self) {
-        let blocks = &self.blocks;
-        self.index.retain(|&h, &mut id| {
-            let b = &blocks[id as usize];
-            b.registered && b.primary && b.hash == h
-        });
-        self.stale = 0;
     }
 
     fn lru_push_tail(&mut self, id: BlockId) {
@@ -576,12 +554,11 @@ impl BlockPool {
             }
         }
         let mut copies = 0;
-        let mut live = 0;
         for (&hash, &primary) in &self.index {
-            if self.resident(hash) != Some(primary) {
-                continue;
+            let p = &self.blocks[primary as usize];
+            if !(p.registered && p.primary && p.hash == hash) {
+                return Err(format!("index maps {hash:#x} to block {primary}, not its resident primary"));
             }
-            live += 1;
             let mut cur = primary;
             while cur != NIL {
                 if self.blocks[cur as usize].hash != hash || !self.blocks[cur as usize].registered {
@@ -590,14 +567,6 @@ impl BlockPool {
                 copies += 1;
                 cur = self.blocks[cur as usize].next_copy;
             }
-        }
-        if live != self.live_hashes || self.index.len() != live + self.stale {
-            return Err(format!(
-                "{live} resident hashes, {} counted live, {} stale of {} entries",
-                self.live_hashes,
-                self.stale,
-                self.index.len()
-            ));
         }
         let registered = self.blocks.iter().filter(|b| b.registered).count();
         if copies != registered {
