@@ -66,6 +66,10 @@ pub struct RadixCache {
     /// nothing here, a popped entry is used only if it still describes the node).
     lru: BinaryHeap<Candidate>,
     clock: u64,
+    /// Whether evicted hashes and created page indices are reported to callers. Only KV
+    /// events read them, so an engine that records none skips a push per page (at page
+    /// size 1, one per token).
+    report: bool,
 }
 
 impl RadixCache {
@@ -82,7 +86,14 @@ impl RadixCache {
             evictable_pages: 0,
             lru: BinaryHeap::new(),
             clock: 0,
+            report: true,
         }
+    }
+
+    /// Sets whether `evict`/`allocate`/`clear` append evicted hashes and `insert` appends
+    /// created page indices (on by default). Off when no KV events are recorded.
+    pub fn set_reporting(&mut self, report: bool) {
+        self.report = report;
     }
 
     /// Tokens per page.
@@ -228,7 +239,9 @@ impl RadixCache {
             self.tree_pages -= 1;
             self.evictable_pages -= 1;
             self.free_pages += 1;
-            evicted.push(hash);
+            if self.report {
+                evicted.push(hash);
+            }
             freed += 1;
             if parent != ROOT {
                 let p = &mut self.nodes[parent as usize];
@@ -284,7 +297,9 @@ impl RadixCache {
                 Some(_) => break,
                 None => {
                     let id = self.new_node(hash, cur, now);
-                    created.push(i as u32);
+                    if self.report {
+                        created.push(i as u32);
+                    }
                     id
                 }
             };
@@ -491,5 +506,22 @@ mod tests {
         c.unlock(b.last, true);
         assert!(c.clear(&mut ev));
         assert_eq!(c.free_pages(), 8);
+    }
+
+    #[test]
+    fn without_reporting_the_tree_changes_the_same_but_reports_nothing() {
+        let (mut a, mut b) = (RadixCache::new(4, 2), RadixCache::new(4, 2));
+        b.set_reporting(false);
+        for c in [&mut a, &mut b] {
+            let (mut ev, mut created) = (Vec::new(), Vec::new());
+            assert!(c.allocate(3, &mut ev));
+            let ins = c.insert(None, 0, &[1, 2, 3], &mut created);
+            c.unlock(ins.last, true);
+            assert!(c.allocate(3, &mut ev), "two unlocked leaves are evicted");
+            c.check_invariants(3).unwrap();
+            assert_eq!((c.free_pages(), c.tree_pages(), c.match_len(&[1, 2, 3])), (0, 1, 1));
+            let reported = c.report;
+            assert_eq!((ev.len(), created.len()), if reported { (2, 3) } else { (0, 0) });
+        }
     }
 }

@@ -84,6 +84,9 @@ impl SglangScheduler {
         let page = config.block_size.clamp(1, u32::MAX as usize);
         // SGLang's admission-estimate constants, scaled by schedule_conservativeness.
         let init_ratio = (0.7 * s.schedule_conservativeness).min(1.0);
+        let record_kv_events = options.record_kv_events && config.enable_prefix_caching;
+        let mut cache = RadixCache::new(config.num_gpu_blocks, page);
+        cache.set_reporting(record_kv_events);
         let min_ratio = (init_ratio * 0.14).min(1.0);
         Self {
             page: page as u32,
@@ -104,7 +107,7 @@ impl SglangScheduler {
             speedup: config.speedup_ratio,
             decode_speedup: config.speedup_ratio * config.decode_speedup_ratio,
             dp_rank: options.dp_rank,
-            record_kv_events: options.record_kv_events && config.enable_prefix_caching,
+            record_kv_events,
             kv_token_ids: config.emit_kv_token_ids,
             aggregate_steady: options.aggregate_steady_tokens,
             last_end_ns: 0,
@@ -114,7 +117,7 @@ impl SglangScheduler {
             retired_slots: Vec::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
-            cache: RadixCache::new(config.num_gpu_blocks, page),
+            cache,
             pending_rejects: 0,
             pass_id: 0,
             next_event_id: 0,
