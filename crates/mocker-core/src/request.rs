@@ -14,7 +14,10 @@ pub struct Request {
     /// Hashes of the prompt's full blocks at the engine's block size, when the caller
     /// already has them (a router or a prompt-synthesis thread); the engine computes them
     /// otherwise. They must equal `hashing::PromptHashes::of(tokens, bs)`, except that
-    /// `local` may be empty (the engine then computes it if it records KV events).
+    /// `local` may be empty (the engine then computes it if it records KV events), and
+    /// that an engine recording no KV events only uses `sequence` as cache keys: there a
+    /// caller may pass any identities that are equal exactly when the content hashes are
+    /// (for blocks it built to be unique, fresh ids rather than hashes).
     pub block_hashes: Option<crate::hashing::PromptHashes>,
 }
 

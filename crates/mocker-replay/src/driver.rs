@@ -163,7 +163,8 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     // The KV router makes the engines record events, whose Stored blocks carry locals.
     let hashing = match (router.wants_kv_events(), engine.enable_prefix_caching) {
         (true, _) => PromptHashing::WithLocal,
-        (false, true) => PromptHashing::Sequence,
+        // Keys no one outside the engines sees: unique synthetic blocks need no hashing.
+        (false, true) => PromptHashing::Identities,
         (false, false) => PromptHashing::Off,
     };
     let started = Instant::now();

@@ -97,11 +97,30 @@ fn hashes_after_prefix(
     h
 }
 
+/// Identities of the blocks of turn `uuid` from `first` on, which are unique to it by
+/// construction (see `TurnRequest::shared_prefix`): any distinct values are then as good as
+/// content hashes for cache keys, and a mix per block is far cheaper than hashing 64 tokens.
+fn extend_fresh_identities(uuid: u128, first: usize, count: usize, out: &mut Vec<u64>) {
+    let seed = splitmix64(splitmix64(uuid as u64) ^ (uuid >> 64) as u64);
+    out.extend((first..first + count).map(|b| splitmix64(seed.wrapping_add(b as u64))));
+}
+
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// Which block identities the feed computes for each prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PromptHashing {
     /// None: prefix caching is off and no KV router reads them.
     Off,
+    /// Cache keys only, never published: a synthetic turn's shared group prefix gets its
+    /// sequence hashes and its other blocks, unique by construction, fresh identities.
+    /// Trace prompts, whose blocks do repeat, are hashed as with `Sequence`.
+    Identities,
     /// Sequence hashes, the prefix-cache and routing keys.
     Sequence,
     /// Sequence and local hashes, for engines that record KV events (Stored events carry
@@ -114,7 +133,9 @@ impl Planner {
         let bs = self.block_size;
         let hash = |tokens: &[u32]| match self.hashing {
             PromptHashing::Off => None,
-            PromptHashing::Sequence => Some(PromptHashes::sequence_only(tokens, bs)),
+            PromptHashing::Identities | PromptHashing::Sequence => {
+                Some(PromptHashes::sequence_only(tokens, bs))
+            }
             PromptHashing::WithLocal => Some(PromptHashes::of(tokens, bs)),
         };
         match &mut self.source {
@@ -125,6 +146,22 @@ impl Planner {
                 while let Some(t) = source.next_turn(&mut state) {
                     let block_hashes = match (self.hashing, t.shared_prefix) {
                         (PromptHashing::Off, _) => None,
+                        (PromptHashing::Identities, shared) => {
+                            let (group, prefix) = shared.unwrap_or((0, 0));
+                            let mut h = match prefix {
+                                0 => PromptHashes::default(),
+                                _ => hashes_after_prefix(
+                                    &mut self.group_prefixes,
+                                    (group, prefix),
+                                    &t.tokens[..prefix * bs],
+                                    bs,
+                                    false,
+                                ),
+                            };
+                            let fresh = t.tokens.len() / bs - prefix;
+                            extend_fresh_identities(t.uuid, prefix, fresh, &mut h.sequence);
+                            Some(h)
+                        }
                         (h, Some(shared)) => Some(hashes_after_prefix(
                             &mut self.group_prefixes,
                             shared,
@@ -262,6 +299,7 @@ impl Drop for SessionFeed {
 mod tests {
     use super::*;
     use crate::workload::Load;
+    use rustc_hash::FxHashMap;
 
     use crate::workload::SyntheticWorkload;
 
@@ -326,6 +364,48 @@ mod tests {
                 // Turns of one group share their leading block, so the shared-prefix path ran.
                 assert!(firsts.len() <= 3 && turns == 24, "{} distinct first blocks", firsts.len());
             }
+        }
+    }
+
+    #[test]
+    fn identities_are_equal_exactly_when_content_hashes_are() {
+        // The contract of `Identities`: as cache keys they must behave like the content
+        // hashes, i.e. the map between the two is a bijection over every block of the run.
+        let base = SyntheticWorkload { input_tokens: 300, request_count: 60, ..Default::default() };
+        let cases = [
+            (base.clone(), 64),
+            (base.clone(), 1),
+            (SyntheticWorkload { turns_per_session: 3, ..base.clone() }, 16),
+            (SyntheticWorkload { shared_prefix_ratio: 0.5, num_prefix_groups: 3, ..base.clone() }, 64),
+            (SyntheticWorkload { shared_prefix_ratio: 0.5, num_prefix_groups: 3, ..base.clone() }, 1),
+            (
+                SyntheticWorkload {
+                    shared_prefix_ratio: 1.0,
+                    num_prefix_groups: 2,
+                    turns_per_session: 2,
+                    ..base
+                },
+                7,
+            ),
+        ];
+        for (w, bs) in cases {
+            let mut feed = SessionFeed::new(&w.clone().into(), bs, PromptHashing::Identities);
+            let (mut by_hash, mut by_id) = (FxHashMap::default(), FxHashMap::default());
+            let mut shared = 0;
+            while let Some(s) = feed.start_session() {
+                for t in &s.turns {
+                    let ids = &t.block_hashes.as_ref().unwrap().sequence;
+                    let hashes = PromptHashes::sequence_only(&t.tokens, bs).sequence;
+                    assert_eq!(ids.len(), hashes.len(), "{w:?} at {bs}");
+                    for (&h, &id) in hashes.iter().zip(ids) {
+                        shared += usize::from(by_hash.contains_key(&h));
+                        assert_eq!(*by_hash.entry(h).or_insert(id), id, "{w:?} at {bs}");
+                        assert_eq!(*by_id.entry(id).or_insert(h), h, "{w:?} at {bs}");
+                    }
+                }
+            }
+            // Prefix groups do share blocks, so both directions were exercised.
+            assert_eq!(shared > 0, w.num_prefix_groups > 0, "{w:?} at {bs}");
         }
     }
 

@@ -132,6 +132,8 @@ pub struct TurnRequest {
     pub max_output_tokens: usize,
     /// The prefix group and how many leading blocks come from it unchanged: every turn of
     /// the group starts with the same blocks, so their hashes can be computed once.
+    /// Every later block (all of them when `None`) differs from every block of every other
+    /// turn of the workload, by construction (fresh block ids, or a per-request salt).
     pub shared_prefix: Option<(usize, usize)>,
 }
 
@@ -290,15 +292,14 @@ fn id_token(id: u64) -> u32 {
     (id as u32).wrapping_add(1)
 }
 
-/// Effectively unique prompt tokens of flat request `i`: a per-request salt (splitmix64 of
-/// `i`) xor-ed into an odd-multiplier scramble of the position. Two requests can share a
-/// whole block only if 64 consecutive positions collide at once, and the loop vectorises
-/// (prompt synthesis is a visible share of replay time at 100k requests).
+/// Unique prompt tokens of flat request `i`: a per-request salt xor-ed into an
+/// odd-multiplier scramble of the position, and the loop vectorises (prompt synthesis is a
+/// visible share of replay time at 100k requests). Salts are distinct (a bijection of
+/// `i < 2^31`) and even, so two requests' tokens differ at every position, even after the
+/// clamp to 1 (which could only merge a 0 with a 1, salts one apart): no block, not even
+/// a one-token page, is ever shared, as `shared_prefix` promises.
 fn flat_prompt(i: u64, len: usize) -> Vec<u32> {
-    let mut z = i.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    let salt = (z ^ (z >> 31)) as u32;
+    let salt = ((i as u32).wrapping_mul(0x2C1B_3C6D) << 1) ^ 0x9E37_79B8;
     (0..len as u32).map(|j| (j.wrapping_mul(0x9E37_79B1) ^ salt).max(1)).collect()
 }
 
@@ -326,6 +327,17 @@ mod tests {
             assert!(s.next_turn(&mut st).is_none());
         }
         assert!(s.start_session().is_none());
+    }
+
+    #[test]
+    fn flat_prompts_differ_at_every_position() {
+        // Position by position, no two requests agree, so no block or one-token page is
+        // shared (what lets the feed give flat blocks fresh identities).
+        let prompts: Vec<Vec<u32>> = (0..20_000).map(|i| flat_prompt(i, 3)).collect();
+        for j in 0..3 {
+            let distinct: std::collections::HashSet<u32> = prompts.iter().map(|p| p[j]).collect();
+            assert_eq!(distinct.len(), prompts.len(), "position {j}");
+        }
     }
 
     #[test]

@@ -216,7 +216,7 @@ impl VllmScheduler {
             Some(h)
                 if h.sequence.len() == prompt_len / bs && (!record || h.local.len() == h.sequence.len()) =>
             {
-                debug_assert_eq!(h.sequence, PromptHashes::of(&request.tokens, bs).sequence);
+                debug_assert!(!record || h.sequence == PromptHashes::of(&request.tokens, bs).sequence);
                 let PromptHashes { sequence: mut h, local: mut l } = h;
                 h.reserve(final_blocks.saturating_sub(h.len()));
                 if record {
