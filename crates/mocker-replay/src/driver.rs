@@ -12,11 +12,13 @@ use mocker_core::hashing::PromptHashes;
 use mocker_core::{Engine, EngineOptions, Request};
 
 use crate::collector::{Collector, RecordId};
+use crate::deps::{Deps, SessionId};
 use crate::feed::{PlannedSession, PlannedTurn, PromptHashing, SessionFeed};
-use crate::options::{ms_to_ns, ReplayError, ReplayOptions};
+use crate::options::{ms_to_ns, ReplayError, ReplayOptions, Workload};
 use crate::report::Summary;
 use crate::request_log::RequestRecord;
 use crate::router::{RouteId, RouteRequest, Router, RouterQueue};
+use crate::trace::DepTrigger;
 
 /// A finished replay.
 #[derive(Debug, Clone)]
@@ -56,9 +58,6 @@ struct SlotOwner {
     prefilling: bool,
 }
 
-/// Index of a started session in `Sim::sessions`.
-type SessionId = u32;
-
 /// A turn held in the router queue.
 struct Queued {
     sid: SessionId,
@@ -89,6 +88,8 @@ struct Sim {
     /// Sessions whose next turn is due now.
     ready: VecDeque<SessionId>,
     delayed_seq: u64,
+    /// Agentic traces: dependency gates (and failure cascades).
+    deps: Option<Deps>,
 }
 
 /// Started sessions and their remaining turns.
@@ -115,9 +116,9 @@ impl SessionTable {
         }
     }
 
-    /// Delay before the session's next turn, if it has one.
-    fn next_delay_ms(&self, sid: SessionId) -> Option<f64> {
-        self.slots[sid as usize].as_ref()?.turns.front().map(|t| t.delay_ms)
+    /// Delay before the session's next turn and its `not_before_ms`, if it has one.
+    fn next_delay_ms(&self, sid: SessionId) -> Option<(f64, Option<f64>)> {
+        self.slots[sid as usize].as_ref()?.turns.front().map(|t| (t.delay_ms, t.not_before_ms))
     }
 
     fn next_turn(&mut self, sid: SessionId) -> Option<PlannedTurn> {
@@ -190,6 +191,10 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
         delayed: BinaryHeap::new(),
         ready: VecDeque::new(),
         delayed_seq: 0,
+        deps: match &options.workload {
+            Workload::Trace(t) => Deps::new(&t.trace, options.arrival_speedup_ratio),
+            Workload::Synthetic(_) => None,
+        },
     };
     let total = options.workload.total_requests();
     let cap = options.max_sim_time_ms.map(ms_to_ns);
@@ -355,18 +360,69 @@ impl Sim {
                 lifecycle = true;
                 self.in_flight -= 1;
                 self.finished += 1;
+                if let Some(d) = &mut self.deps {
+                    d.fire(o.uuid, DepTrigger::Completion, t, !o.rejected);
+                    if o.rejected {
+                        // The session's later turns depend on this one: they fail too.
+                        d.opened.push((sid, t, false));
+                        continue;
+                    }
+                }
                 match self.sessions.next_delay_ms(sid) {
                     None => self.sessions.end(sid),
-                    Some(0.0) => self.ready.push_back(sid),
-                    Some(d) => {
+                    Some((0.0, None)) => self.ready.push_back(sid),
+                    Some((d, not_before)) => {
+                        let mut due = t + ms_to_ns(d / self.speedup);
+                        if let Some(nb) = not_before {
+                            due = due.max(ms_to_ns(nb / self.speedup));
+                        }
                         self.delayed_seq += 1;
-                        self.delayed.push(Reverse((t + ms_to_ns(d / self.speedup), self.delayed_seq, sid)));
+                        self.delayed.push(Reverse((due, self.delayed_seq, sid)));
                     }
                 }
             }
         }
+        self.open_gates(t);
         if lifecycle {
             self.release_queued();
+        }
+    }
+
+    /// Releases (or fails) the sessions whose gates opened, at `now` or later.
+    fn open_gates(&mut self, now: u64) {
+        let Some(deps) = &mut self.deps else { return };
+        while let Some((sid, due, ok)) = deps.opened.pop() {
+            if !ok {
+                // Every remaining turn ends unfinished; it counts only in num_requests.
+                while let Some(turn) = self.sessions.next_turn(sid) {
+                    let rec = self.collector.on_arrival(now, turn.tokens.len());
+                    self.collector.on_rejected(rec);
+                    self.finished += 1;
+                    deps.fire(turn.uuid, DepTrigger::Dispatch, now, false);
+                    deps.fire(turn.uuid, DepTrigger::Completion, now, false);
+                }
+                self.sessions.end(sid);
+            } else if due <= now {
+                self.ready.push_back(sid);
+            } else {
+                self.delayed_seq += 1;
+                self.delayed.push(Reverse((due, self.delayed_seq, sid)));
+            }
+        }
+    }
+
+    /// Starts a session from the feed at `at`: dispatches its first turn, or hands it to
+    /// its gate.
+    fn start_session(&mut self, s: PlannedSession, at: u64) -> Result<(), ReplayError> {
+        let gate = s.gate;
+        let sid = self.sessions.start(s);
+        match (gate, &mut self.deps) {
+            (Some(g), Some(d)) => {
+                d.start(g, sid, at);
+                self.open_gates(at);
+                Ok(())
+            }
+            _ => self.dispatch(sid, at),
         }
     }
 
@@ -400,8 +456,7 @@ impl Sim {
             Some(c) => {
                 while self.sessions.active < c {
                     let Some(s) = self.feed.start_session() else { break };
-                    let sid = self.sessions.start(s);
-                    self.dispatch(sid, now)?;
+                    self.start_session(s, now)?;
                     any = true;
                 }
             }
@@ -412,8 +467,7 @@ impl Sim {
                         break;
                     }
                     let s = self.feed.start_session().expect("a session was peeked");
-                    let sid = self.sessions.start(s);
-                    self.dispatch(sid, at)?;
+                    self.start_session(s, at)?;
                     any = true;
                 }
             }
@@ -429,6 +483,10 @@ impl Sim {
         };
         let rec = self.collector.on_arrival(arrival_ns, turn.tokens.len());
         self.in_flight += 1;
+        if let Some(d) = &mut self.deps {
+            d.fire(turn.uuid, DepTrigger::Dispatch, arrival_ns, true);
+            self.open_gates(arrival_ns);
+        }
         if turn.max_output_tokens == 0 || turn.tokens.is_empty() {
             return Err(mocker_core::EngineError::Submit(if turn.tokens.is_empty() {
                 mocker_core::SubmitError::EmptyPrompt(turn.uuid)

@@ -26,6 +26,8 @@ pub struct PlannedTurn {
     pub block_hashes: Option<PromptHashes>,
     /// Delay after the previous turn of the session completes (ms, before the speedup).
     pub delay_ms: f64,
+    /// Not released before this (ms, before the speedup): agentic v2 `not_before_ms`.
+    pub not_before_ms: Option<f64>,
 }
 
 /// A session ready to start.
@@ -35,6 +37,8 @@ pub struct PlannedSession {
     pub arrival_ms: Option<f64>,
     /// Turns not yet dispatched, in order.
     pub turns: VecDeque<PlannedTurn>,
+    /// The gate its first turn waits on (agentic dependencies), see `crate::deps`.
+    pub gate: Option<u64>,
 }
 
 /// Prompt tokens below which a helper thread costs more than it saves.
@@ -177,14 +181,16 @@ impl Planner {
                         tokens: t.tokens,
                         max_output_tokens: t.max_output_tokens,
                         delay_ms: if turns.is_empty() { 0.0 } else { *delay },
+                        not_before_ms: None,
                     });
                 }
-                Some(PlannedSession { arrival_ms, turns })
+                Some(PlannedSession { arrival_ms, turns, gate: None })
             }
             Generator::Trace(source) => {
                 let arrival_ms = source.next_arrival_ms();
-                let turns = source
-                    .next_session()?
+                let session = source.next_session()?;
+                let turns = session
+                    .turns
                     .into_iter()
                     .map(|t| PlannedTurn {
                         uuid: t.uuid,
@@ -192,9 +198,10 @@ impl Planner {
                         tokens: t.tokens,
                         max_output_tokens: t.max_output_tokens,
                         delay_ms: t.delay_ms,
+                        not_before_ms: t.not_before_ms,
                     })
                     .collect();
-                Some(PlannedSession { arrival_ms, turns })
+                Some(PlannedSession { arrival_ms, turns, gate: session.gate })
             }
         }
     }

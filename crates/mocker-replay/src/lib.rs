@@ -4,6 +4,7 @@
 #![warn(missing_docs)]
 
 pub mod collector;
+mod deps;
 pub mod driver;
 pub mod feed;
 pub mod options;
@@ -11,11 +12,12 @@ pub mod report;
 pub mod request_log;
 pub mod router;
 pub mod trace;
+pub mod trace_agentic;
 pub mod trace_source;
 pub mod workload;
 
 pub use driver::{run_replay, run_synthetic, Hooks, ReplayOutcome};
 pub use options::{ReplayError, ReplayOptions, RouterMode, Sla, TraceWorkload, Workload};
 pub use request_log::RequestRecord;
-pub use trace::{load_trace, Trace, TraceError, TraceFormat};
+pub use trace::{load_trace, Trace, TraceError, TraceFormat, DEFAULT_TRACE_BLOCK_SIZE};
 pub use workload::{Load, SyntheticWorkload};

@@ -11,14 +11,16 @@ use rustc_hash::FxHashMap;
 use serde_json::{Map, Value};
 
 /// Supported trace formats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TraceFormat {
     /// One request per row; rows sharing `session_id` form a closed-loop session.
+    #[default]
     Mooncake,
     /// Like `Mooncake`, but each row carries only the turn's new tokens: the prompt is the
     /// session history (earlier prompts and the outputs the engine produced) plus the delta.
     MooncakeDelta,
-    /// Legacy agentic rows: `request_id` plus `wait_for` dependencies (chains only).
+    /// Agentic request graphs: legacy rows (`request_id`, `wait_for`) or the v2 form (a
+    /// `dynamo.agentic_mooncake` header, rows with `dependencies`); see `trace_agentic`.
     AgenticMooncake,
 }
 
@@ -50,15 +52,50 @@ pub struct TraceTurn {
     pub output_length: u32,
     /// Delay after the previous turn of the session completes, ms (0 for the first).
     pub delay_ms: f64,
+    /// Agentic v2: the turn is not released before this time (ms, as in the file).
+    pub not_before_ms: Option<f64>,
 }
 
 /// A session: turns run one after another, each after the previous completes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceSession {
-    /// Arrival of the first turn (ms, as in the file), if given.
+    /// Arrival of the first turn (ms, as in the file), if given; for a gated session its
+    /// `not_before_ms`.
     pub first_arrival_ms: Option<f64>,
     /// Turns in file order.
     pub turns: Vec<TraceTurn>,
+    /// Index in [`Trace::gates`] when the first turn waits for other requests (a join,
+    /// a dispatch trigger, or a fork off a request that is not its session's last turn).
+    pub gate: Option<u32>,
+}
+
+/// What of an upstream request a dependency waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DepTrigger {
+    /// The upstream request is dispatched (released to the router).
+    Dispatch,
+    /// The upstream request completes.
+    Completion,
+}
+
+/// One dependency of a gated session's first turn.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TraceDep {
+    /// Line of the upstream row (its request id in the replay).
+    pub line: u32,
+    /// Which event of the upstream request starts the delay.
+    pub trigger: DepTrigger,
+    /// Delay after the trigger, ms.
+    pub delay_ms: f64,
+}
+
+/// The dependencies a gated session's first turn waits for (all of them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceGate {
+    /// Index of the gated session in [`Trace::sessions`].
+    pub session: u32,
+    /// Its dependencies, in file order.
+    pub deps: Vec<TraceDep>,
 }
 
 /// A parsed trace.
@@ -70,6 +107,8 @@ pub struct Trace {
     pub block_size: usize,
     /// Sessions in order of first appearance.
     pub sessions: Vec<TraceSession>,
+    /// Sessions whose first turn waits for other requests (agentic traces only).
+    pub gates: Vec<TraceGate>,
 }
 
 /// A malformed trace: file, 1-based line and field.
@@ -86,8 +125,12 @@ pub struct TraceError {
     pub message: String,
 }
 
-/// Reads and parses a trace file.
-pub fn load_trace(path: &Path, format: TraceFormat, block_size: usize) -> Result<Trace, TraceError> {
+/// Tokens per hash id when neither the flag nor the file says.
+pub const DEFAULT_TRACE_BLOCK_SIZE: usize = 512;
+
+/// Reads and parses a trace file; `block_size` is the explicit `--trace-block-size`, if
+/// given (a v2 agentic header's `block_size` must then agree with it).
+pub fn load_trace(path: &Path, format: TraceFormat, block_size: Option<usize>) -> Result<Trace, TraceError> {
     let text = std::fs::read_to_string(path).map_err(|e| TraceError {
         path: path.to_path_buf(),
         line: 0,
@@ -101,36 +144,79 @@ pub fn load_trace(path: &Path, format: TraceFormat, block_size: usize) -> Result
 }
 
 /// Parses trace text (errors carry an empty path; [`load_trace`] fills it in).
-pub fn parse_trace(text: &str, format: TraceFormat, block_size: usize) -> Result<Trace, TraceError> {
-    let mut p = Parser { format: Some(format), block_size, ids: FxHashMap::default(), ..Default::default() };
-    if block_size == 0 {
+pub fn parse_trace(text: &str, format: TraceFormat, block_size: Option<usize>) -> Result<Trace, TraceError> {
+    let mut p = Parser {
+        format,
+        block_size: block_size.unwrap_or(DEFAULT_TRACE_BLOCK_SIZE),
+        explicit_block_size: block_size.is_some(),
+        ..Parser::default()
+    };
+    if p.block_size == 0 {
         return Err(p.err(0, "trace_block_size", "must be at least 1 (got 0)".into()));
     }
+    let mut first = true;
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        p.row(i + 1, line)?;
+        let row = p.object(i + 1, line)?;
+        if std::mem::take(&mut first) && format == TraceFormat::AgenticMooncake && row.contains_key("schema")
+        {
+            p.header(i + 1, &row)?;
+            continue;
+        }
+        p.row(i + 1, &row)?;
     }
-    Ok(Trace { format, block_size, sessions: p.sessions })
+    Ok(Trace { format, block_size: p.block_size, sessions: p.sessions, gates: p.gates })
+}
+
+/// Where an agentic request sits: its session and turn.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Placed {
+    pub(crate) session: usize,
+    pub(crate) turn: usize,
+    pub(crate) line: u32,
+    /// The row's timestamp (legacy chain steps infer their delay from it).
+    pub(crate) timestamp: Option<f64>,
 }
 
 #[derive(Default)]
-struct Parser {
-    format: Option<TraceFormat>,
-    block_size: usize,
+pub(crate) struct Parser {
+    pub(crate) format: TraceFormat,
+    pub(crate) block_size: usize,
+    pub(crate) explicit_block_size: bool,
+    /// A v2 header was read: rows use the v2 schema.
+    pub(crate) v2: bool,
     ids: FxHashMap<u64, u32>,
-    sessions: Vec<TraceSession>,
+    pub(crate) sessions: Vec<TraceSession>,
+    pub(crate) gates: Vec<TraceGate>,
     /// Session key -> (index in `sessions`, timestamp of its last row).
     open: FxHashMap<String, (usize, Option<f64>)>,
+    /// Agentic request id -> where it was placed.
+    pub(crate) requests: FxHashMap<String, Placed>,
+}
+
+/// A row's prompt and output, common to every format.
+pub(crate) struct RowPrompt {
+    pub(crate) ids: Vec<u32>,
+    pub(crate) input_length: u32,
+    pub(crate) output_length: u32,
 }
 
 impl Parser {
-    fn err(&self, line: usize, field: &str, message: String) -> TraceError {
+    pub(crate) fn err(&self, line: usize, field: &str, message: String) -> TraceError {
         TraceError { path: PathBuf::new(), line, field: field.into(), message }
     }
 
-    fn number(
+    fn object(&self, line: usize, text: &str) -> Result<Map<String, Value>, TraceError> {
+        match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(m)) => Ok(m),
+            Ok(other) => Err(self.err(line, "row", format!("must be a JSON object (got {other})"))),
+            Err(e) => Err(self.err(line, "row", format!("invalid JSON: {e}"))),
+        }
+    }
+
+    pub(crate) fn number(
         &self,
         row: &Map<String, Value>,
         line: usize,
@@ -150,7 +236,7 @@ impl Parser {
         Ok(None)
     }
 
-    fn count(
+    pub(crate) fn count(
         &self,
         row: &Map<String, Value>,
         line: usize,
@@ -170,7 +256,12 @@ impl Parser {
         Ok(None)
     }
 
-    fn key(&self, row: &Map<String, Value>, line: usize, name: &str) -> Result<Option<String>, TraceError> {
+    pub(crate) fn key(
+        &self,
+        row: &Map<String, Value>,
+        line: usize,
+        name: &str,
+    ) -> Result<Option<String>, TraceError> {
         match row.get(name) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.clone())),
@@ -179,17 +270,11 @@ impl Parser {
         }
     }
 
-    fn row(&mut self, line: usize, text: &str) -> Result<(), TraceError> {
-        let row = match serde_json::from_str::<Value>(text) {
-            Ok(Value::Object(m)) => m,
-            Ok(other) => return Err(self.err(line, "row", format!("must be a JSON object (got {other})"))),
-            Err(e) => return Err(self.err(line, "row", format!("invalid JSON: {e}"))),
-        };
-        let timestamp = self.number(&row, line, &["timestamp", "created_time"])?;
-        let output_length =
-            self.count(&row, line, &["output_length", "output_tokens"])?.ok_or_else(|| {
-                self.err(line, "output_length", format!("trace line {line} is missing output_length"))
-            })?;
+    /// The row's output length, hash ids and input length, checked.
+    pub(crate) fn prompt(&mut self, row: &Map<String, Value>, line: usize) -> Result<RowPrompt, TraceError> {
+        let output_length = self.count(row, line, &["output_length", "output_tokens"])?.ok_or_else(|| {
+            self.err(line, "output_length", format!("trace line {line} is missing output_length"))
+        })?;
         let raw_ids = match row.get("hash_ids") {
             Some(Value::Array(a)) => a,
             Some(v) => {
@@ -209,7 +294,7 @@ impl Parser {
             ids.push(*self.ids.entry(id).or_insert(next));
         }
         let capacity = ids.len() * self.block_size;
-        let input_length = match self.count(&row, line, &["input_length", "input_tokens"])? {
+        let input_length = match self.count(row, line, &["input_length", "input_tokens"])? {
             Some(0) => return Err(self.err(line, "input_length", "must be at least 1 (got 0)".into())),
             Some(n) if n as usize > capacity => {
                 return Err(self.err(
@@ -221,90 +306,70 @@ impl Parser {
             Some(n) => n,
             None => capacity.min(u32::MAX as usize) as u32,
         };
-        let explicit_delay = self.number(&row, line, &["delay", "delay_ms"])?;
-        let session_key = match self.format {
-            Some(TraceFormat::AgenticMooncake) => self.agentic_parent(&row, line)?,
-            _ => self.key(&row, line, "session_id")?,
-        };
-        let own_key = match self.format {
-            Some(TraceFormat::AgenticMooncake) => self.key(&row, line, "request_id")?,
-            _ => None,
-        };
-        let mut delay_ms = explicit_delay.unwrap_or(0.0);
-        if let Some(Value::Number(_)) = row.get("tool_wait_ms") {
-            delay_ms += self.number(&row, line, &["tool_wait_ms"])?.unwrap_or(0.0);
+        Ok(RowPrompt { ids, input_length, output_length })
+    }
+
+    fn row(&mut self, line: usize, row: &Map<String, Value>) -> Result<(), TraceError> {
+        if self.format == TraceFormat::AgenticMooncake {
+            return if self.v2 { self.v2_row(line, row) } else { self.legacy_row(line, row) };
         }
-        let turn = TraceTurn { line: line as u32, ids, input_length, output_length, delay_ms };
+        let timestamp = self.number(row, line, &["timestamp", "created_time"])?;
+        let RowPrompt { ids, input_length, output_length } = self.prompt(row, line)?;
+        let explicit_delay = self.number(row, line, &["delay", "delay_ms"])?;
+        let session_key = self.key(row, line, "session_id")?;
+        let delay_ms = explicit_delay.unwrap_or(0.0);
+        let turn =
+            TraceTurn { line: line as u32, ids, input_length, output_length, delay_ms, not_before_ms: None };
         let existing = session_key.as_ref().and_then(|k| self.open.get(k).copied());
         let index = match existing {
             Some((index, last_ts)) => {
                 let mut turn = turn;
                 if explicit_delay.is_none() {
-                    if let (Some(t), Some(prev)) = (timestamp, last_ts) {
-                        if t < prev {
-                            return Err(self.err(
-                                line,
-                                "timestamp",
-                                format!("{t} is before the session's previous row ({prev}); give an explicit delay"),
-                            ));
-                        }
-                        turn.delay_ms += t - prev;
-                    }
+                    turn.delay_ms += self.timestamp_gap(line, timestamp, last_ts)?;
                 }
                 self.sessions[index].turns.push(turn);
                 index
             }
             None => {
-                if explicit_delay.is_some_and(|d| d > 0.0)
-                    && self.format != Some(TraceFormat::AgenticMooncake)
-                {
+                if explicit_delay.is_some_and(|d| d > 0.0) {
                     return Err(self.err(line, "delay", "sets delay on the first turn of a session".into()));
                 }
-                let turn = TraceTurn { delay_ms: 0.0, ..turn };
-                self.sessions.push(TraceSession { first_arrival_ms: timestamp, turns: vec![turn] });
-                self.sessions.len() - 1
+                self.new_session(timestamp, TraceTurn { delay_ms: 0.0, ..turn }, None)
             }
         };
-        // Later rows join this session by its session id, or (agentic) by this row's id.
-        for k in [session_key, own_key].into_iter().flatten() {
+        if let Some(k) = session_key {
             self.open.insert(k, (index, timestamp));
         }
         Ok(())
     }
 
-    /// The request an agentic row waits for (its session's previous turn), if any.
-    fn agentic_parent(&self, row: &Map<String, Value>, line: usize) -> Result<Option<String>, TraceError> {
-        let deps = match row.get("wait_for") {
-            None | Some(Value::Null) => return Ok(None),
-            Some(Value::Array(a)) => a,
-            Some(v) => {
-                return Err(self.err(line, "wait_for", format!("must be a list of request ids (got {v})")))
-            }
-        };
-        match deps.as_slice() {
-            [] => Ok(None),
-            [d] => {
-                let key = match d {
-                    Value::String(s) => s.clone(),
-                    Value::Number(n) => n.to_string(),
-                    v => return Err(self.err(line, "wait_for", format!("must hold request ids (got {v})"))),
-                };
-                if !self.open.contains_key(&key) {
-                    return Err(self.err(
-                        line,
-                        "wait_for",
-                        format!("waits for {key}, which no earlier row defines"),
-                    ));
-                }
-                Ok(Some(key))
-            }
-            _ => Err(self.err(
+    /// The delay a session's later row implies by its timestamp (0 without timestamps).
+    pub(crate) fn timestamp_gap(
+        &self,
+        line: usize,
+        timestamp: Option<f64>,
+        last: Option<f64>,
+    ) -> Result<f64, TraceError> {
+        match (timestamp, last) {
+            (Some(t), Some(prev)) if t < prev => Err(self.err(
                 line,
-                "wait_for",
-                "joins on several requests, which is not supported yet (chains of single dependencies are)"
-                    .into(),
+                "timestamp",
+                format!("{t} is before the session's previous row ({prev}); give an explicit delay"),
             )),
+            (Some(t), Some(prev)) => Ok(t - prev),
+            _ => Ok(0.0),
         }
+    }
+
+    /// Starts a session with `turn`; returns its index.
+    pub(crate) fn new_session(
+        &mut self,
+        first_arrival_ms: Option<f64>,
+        turn: TraceTurn,
+        gate: Option<u32>,
+    ) -> usize {
+        self.sessions.push(TraceSession { first_arrival_ms, turns: vec![turn], gate });
+        self.sessions.len() - 1
     }
 }
 
@@ -327,7 +392,7 @@ mod tests {
     use super::*;
 
     fn parse(text: &str) -> Result<Trace, TraceError> {
-        parse_trace(text, TraceFormat::Mooncake, 512)
+        parse_trace(text, TraceFormat::Mooncake, None)
     }
 
     #[test]
@@ -391,21 +456,8 @@ mod tests {
             assert_eq!((e.line, e.field.as_str()), (line, field), "{text}: {e}");
             assert!(e.to_string().contains(needle), "{text}: {e}");
         }
-        let e = parse_trace("", TraceFormat::Mooncake, 0).unwrap_err();
+        let e = parse_trace("", TraceFormat::Mooncake, Some(0)).unwrap_err();
         assert_eq!(e.field, "trace_block_size");
-    }
-
-    #[test]
-    fn agentic_chains_become_sessions_and_joins_are_refused() {
-        let text = r#"{"request_id": "a", "timestamp": 0, "output_length": 1, "hash_ids": [1]}
-{"request_id": "b", "wait_for": ["a"], "delay": 5, "tool_wait_ms": 10, "output_length": 1, "hash_ids": [1, 2]}
-{"request_id": "c", "timestamp": 3, "output_length": 1, "hash_ids": [9]}"#;
-        let t = parse_trace(text, TraceFormat::AgenticMooncake, 16).unwrap();
-        assert_eq!(t.sessions.len(), 2);
-        assert_eq!(t.sessions[0].turns[1].delay_ms, 15.0);
-        let bad = format!("{text}\n{{\"request_id\": \"d\", \"wait_for\": [\"b\", \"c\"], \"output_length\": 1, \"hash_ids\": [1]}}");
-        let e = parse_trace(&bad, TraceFormat::AgenticMooncake, 16).unwrap_err();
-        assert_eq!((e.line, e.field.as_str()), (4, "wait_for"));
     }
 
     #[test]

@@ -20,6 +20,18 @@ pub struct SourcedTurn {
     pub max_output_tokens: usize,
     /// Delay after the previous turn completes (ms, before the speedup ratio).
     pub delay_ms: f64,
+    /// Trace mode: not released before this (ms on the normalised timeline, before the
+    /// speedup ratio).
+    pub not_before_ms: Option<f64>,
+}
+
+/// A session of a trace copy, prompts synthesised.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourcedSession {
+    /// Turns in order.
+    pub turns: Vec<SourcedTurn>,
+    /// Gate of the first turn: `copy * trace.gates.len() + gate index`.
+    pub gate: Option<u64>,
 }
 
 /// Sessions of a [`TraceWorkload`], one at a time.
@@ -30,6 +42,8 @@ pub struct TraceSource {
     order: Vec<(u32, Option<f64>)>,
     /// Gap between copies when the trace is repeated.
     span_ms: f64,
+    /// Subtracted from the file's times (the earliest first arrival), in trace mode.
+    origin_ms: Option<f64>,
     repeat: usize,
     copy: usize,
     pos: usize,
@@ -47,7 +61,15 @@ impl TraceSource {
             .map(|(i, s)| (i as u32, if trace_mode { s.first_arrival_ms } else { None }))
             .collect();
         let mut span_ms = 0.0;
+        let mut origin_ms = None;
         if trace_mode {
+            let min = order.iter().filter_map(|o| o.1).min_by(f64::total_cmp).unwrap_or(0.0);
+            // A gated session without `not_before_ms` starts (waiting on its gate) at once.
+            for (i, o) in order.iter_mut().enumerate() {
+                if trace.sessions[i].gate.is_some() {
+                    o.1 = Some(o.1.unwrap_or(min).max(min));
+                }
+            }
             // Stable: sessions arriving together keep file order.
             order.sort_by(|a, b| a.1.unwrap_or(0.0).total_cmp(&b.1.unwrap_or(0.0)));
             let min = order.first().and_then(|o| o.1).unwrap_or(0.0);
@@ -57,8 +79,9 @@ impl TraceSource {
             let last = order.last().and_then(|o| o.1).unwrap_or(0.0);
             let mean_gap = if order.len() > 1 { last / (order.len() - 1) as f64 } else { 1.0 };
             span_ms = last + mean_gap;
+            origin_ms = Some(min);
         }
-        Self { trace, order, span_ms, repeat: w.repeat, copy: 0, pos: 0 }
+        Self { trace, order, span_ms, origin_ms, repeat: w.repeat, copy: 0, pos: 0 }
     }
 
     /// Sessions not started yet.
@@ -74,13 +97,14 @@ impl TraceSource {
         self.order[self.pos].1.map(|t| t + self.copy as f64 * self.span_ms)
     }
 
-    /// The next session's turns, prompts synthesised.
-    pub fn next_session(&mut self) -> Option<Vec<SourcedTurn>> {
+    /// The next session, prompts synthesised.
+    pub fn next_session(&mut self) -> Option<SourcedSession> {
         if self.sessions_remaining() == 0 {
             return None;
         }
         let (index, _) = self.order[self.pos];
         let copy = self.copy as u128;
+        let shift = self.origin_ms.map(|o| self.copy as f64 * self.span_ms - o);
         self.pos += 1;
         if self.pos == self.order.len() {
             self.pos = 0;
@@ -109,9 +133,11 @@ impl TraceSource {
                 tokens,
                 max_output_tokens: t.output_length as usize,
                 delay_ms: t.delay_ms,
+                not_before_ms: t.not_before_ms.zip(shift).map(|(nb, d)| nb + d),
             });
         }
-        Some(turns)
+        let gate = session.gate.map(|g| copy as u64 * self.trace.gates.len() as u64 + u64::from(g));
+        Some(SourcedSession { turns, gate })
     }
 }
 
@@ -121,7 +147,7 @@ mod tests {
     use crate::trace::parse_trace;
 
     fn source(text: &str, format: TraceFormat, concurrency: Option<usize>, repeat: usize) -> TraceSource {
-        let trace = Arc::new(parse_trace(text, format, 4).unwrap());
+        let trace = Arc::new(parse_trace(text, format, Some(4)).unwrap());
         TraceSource::new(&TraceWorkload { trace, concurrency, repeat })
     }
 
@@ -134,7 +160,7 @@ mod tests {
         let mut s = source(ROWS, TraceFormat::Mooncake, None, 2);
         let mut seen = Vec::new();
         while let Some(t) = s.next_arrival_ms() {
-            let turns = s.next_session().unwrap();
+            let turns = s.next_session().unwrap().turns;
             seen.push((t, turns[0].uuid, turns[0].tokens.len()));
         }
         let copy = 1u128 << 32;
@@ -156,7 +182,7 @@ mod tests {
     fn concurrency_mode_keeps_file_order_without_arrivals() {
         let mut s = source(ROWS, TraceFormat::Mooncake, Some(2), 1);
         assert_eq!(s.next_arrival_ms(), None);
-        let uuids: Vec<u128> = std::iter::from_fn(|| s.next_session()).map(|t| t[0].uuid).collect();
+        let uuids: Vec<u128> = std::iter::from_fn(|| s.next_session()).map(|t| t.turns[0].uuid).collect();
         assert_eq!(uuids, vec![1, 2, 3]);
     }
 
@@ -165,13 +191,13 @@ mod tests {
         let text = r#"{"session_id": "s", "timestamp": 0, "output_length": 3, "hash_ids": [1, 2]}
 {"session_id": "s", "timestamp": 5, "output_length": 1, "hash_ids": [7], "input_length": 2}"#;
         let mut s = source(text, TraceFormat::MooncakeDelta, None, 1);
-        let turns = s.next_session().unwrap();
+        let turns = s.next_session().unwrap().turns;
         assert_eq!(turns[0].tokens.len(), 8);
         assert_eq!(turns[1].tokens.len(), 8 + 3 + 2);
         assert_eq!(turns[1].tokens[..8], turns[0].tokens[..]);
         assert_eq!(turns[1].tokens[8], deterministic_output_token(1, 0));
         assert_eq!(turns[1].delay_ms, 5.0);
         let mut plain = source(text, TraceFormat::Mooncake, None, 1);
-        assert_eq!(plain.next_session().unwrap()[1].tokens.len(), 2);
+        assert_eq!(plain.next_session().unwrap().turns[1].tokens.len(), 2);
     }
 }

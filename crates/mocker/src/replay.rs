@@ -25,9 +25,10 @@ pub struct ReplayArgs {
     /// Trace format: mooncake, mooncake-delta or agentic-mooncake.
     #[arg(long, default_value = "mooncake")]
     pub trace_format: String,
-    /// Tokens per trace hash id.
-    #[arg(long, default_value_t = 512)]
-    pub trace_block_size: usize,
+    /// Tokens per trace hash id (default 512; an agentic v2 header's `block_size` is used
+    /// when the flag is not given, and must agree with it when it is).
+    #[arg(long)]
+    pub trace_block_size: Option<usize>,
     /// Replay the trace this many times back to back, each copy shifted by the trace's
     /// span (scale tests). Copies share hash ids, so later copies can reuse prefixes.
     #[arg(long, default_value_t = 1)]
@@ -183,7 +184,7 @@ impl ReplayArgs {
                 self.trace_format
             ))
         })?;
-        if self.trace_block_size == 0 {
+        if self.trace_block_size == Some(0) {
             return Err(UsageError("--trace-block-size: must be at least 1 (got 0)".into()));
         }
         if self.trace_repeat == 0 {

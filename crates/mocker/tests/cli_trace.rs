@@ -130,6 +130,30 @@ fn malformed_traces_and_bad_flags_exit_2_with_line_and_field() {
 }
 
 #[test]
+fn agentic_v2_traces_replay_and_a_bad_header_exits_2_naming_the_field() {
+    let dir = scratch("agentic_v2");
+    let path = dir.join("v2.jsonl");
+    let header = r#"{"schema": "dynamo.agentic_mooncake", "version": 2, "block_size": 64}"#;
+    let rows = r#"{"request_id": "a", "output_length": 4, "hash_ids": [1, 2], "not_before_ms": 0}
+{"request_id": "b", "output_length": 4, "hash_ids": [3], "not_before_ms": 5}
+{"request_id": "c", "output_length": 4, "hash_ids": [1, 2, 4], "not_before_ms": 0, "dependencies": [{"request_id": "a", "delay_ms": 10}, {"request_id": "b", "trigger": "dispatch"}]}"#;
+    std::fs::write(&path, format!("{header}\n{rows}\n")).unwrap();
+    let p = path.to_str().unwrap();
+    let r = report(&dir, "v2", &[p, "--trace-format", "agentic_mooncake", "--num-workers", "2"]);
+    assert_eq!(r["completed_requests"], 3);
+    assert_exit_2(
+        &["replay", p, "--trace-format", "agentic-mooncake", "--trace-block-size", "512"],
+        &["v2.jsonl:1:", "block_size", "--trace-block-size"],
+    );
+    std::fs::write(&path, format!("{}\n{rows}\n", header.replace("\"version\": 2", "\"version\": 7")))
+        .unwrap();
+    assert_exit_2(&["replay", p, "--trace-format", "agentic-mooncake"], &["v2.jsonl:1:", "version", "7"]);
+    std::fs::write(&path, format!("{}\n{rows}\n", header.replace("dynamo.agentic_mooncake", "acme")))
+        .unwrap();
+    assert_exit_2(&["replay", p, "--trace-format", "agentic-mooncake"], &["v2.jsonl:1:", "schema", "acme"]);
+}
+
+#[test]
 fn reports_are_replaced_whole_and_a_failed_run_keeps_the_old_one() {
     let dir = scratch("atomic");
     let good = conversation_prefix(&dir, 20);
