@@ -178,7 +178,7 @@ impl BlockIndex {
         let w = self.words;
         let full = |alive: &mut Vec<u64>, n: usize| {
             alive.fill(u64::MAX);
-            if n % 64 != 0 {
+            if !n.is_multiple_of(64) {
                 alive[w - 1] = (1u64 << (n % 64)) - 1;
             }
         };
