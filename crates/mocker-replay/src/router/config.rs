@@ -20,6 +20,10 @@ pub enum QueuePolicy {
 pub struct KvRouterConfig {
     /// Blocks of prefill credit per block already cached on a worker.
     pub overlap_score_credit: f64,
+    /// If > 0, a worker's credit is scaled by `1 / (1 + decay * excess / request_blocks)`,
+    /// `excess` its pending prefill blocks above the least-loaded worker's: cache
+    /// affinity yields to prefill balance on backlogged workers.
+    pub overlap_score_credit_decay: f64,
     /// Scale of the prefill cost (alias `overlap_score_weight`); 0 also zeroes the credit.
     pub prefill_load_scale: f64,
     /// Cost per live request on a worker.
@@ -45,6 +49,7 @@ impl Default for KvRouterConfig {
     fn default() -> Self {
         Self {
             overlap_score_credit: 1.0,
+            overlap_score_credit_decay: 0.0,
             prefill_load_scale: 1.0,
             decode_active_request_weight: 0.0,
             router_temperature: 0.0,
@@ -60,7 +65,7 @@ impl Default for KvRouterConfig {
 
 /// Keys `--router-config` accepts.
 pub const ROUTER_CONFIG_KEYS: &str = "overlap_score_credit, overlap_score_weight, prefill_load_scale, \
-     overlap_score_credit_decay (0 only), decode_active_request_weight, router_temperature, \
+     overlap_score_credit_decay, decode_active_request_weight, router_temperature, \
      router_track_active_blocks, router_assume_kv_reuse, router_track_prefill_tokens, \
      router_queue_threshold, router_queue_policy, seed";
 
@@ -82,11 +87,7 @@ impl KvRouterConfig {
             match k.as_str() {
                 "overlap_score_credit" => c.overlap_score_credit = num()?,
                 "overlap_score_weight" | "prefill_load_scale" => c.prefill_load_scale = num()?,
-                "overlap_score_credit_decay" => {
-                    if num()? != 0.0 {
-                        return Err(format!("{k}: only 0 is supported (got {v})"));
-                    }
-                }
+                "overlap_score_credit_decay" => c.overlap_score_credit_decay = num()?,
                 "decode_active_request_weight" => c.decode_active_request_weight = num()?,
                 "router_temperature" => c.router_temperature = num()?,
                 "router_track_active_blocks" => c.router_track_active_blocks = flag()?,
@@ -118,6 +119,7 @@ impl KvRouterConfig {
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
         for (field, v) in [
             ("overlap_score_credit", self.overlap_score_credit),
+            ("overlap_score_credit_decay", self.overlap_score_credit_decay),
             ("prefill_load_scale", self.prefill_load_scale),
             ("decode_active_request_weight", self.decode_active_request_weight),
             ("router_temperature", self.router_temperature),
@@ -155,6 +157,11 @@ mod tests {
         assert!(KvRouterConfig::from_json(r#"{"router_temperature": -1}"#)
             .unwrap_err()
             .contains("router_temperature"));
+        let c = KvRouterConfig::from_json(r#"{"overlap_score_credit_decay": 0.5}"#).unwrap();
+        assert_eq!(c.overlap_score_credit_decay, 0.5);
+        assert!(KvRouterConfig::from_json(r#"{"overlap_score_credit_decay": -1}"#)
+            .unwrap_err()
+            .contains("overlap_score_credit_decay"));
         assert!(KvRouterConfig::from_json("[]").unwrap_err().contains("object"));
     }
 }

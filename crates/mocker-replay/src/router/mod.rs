@@ -43,7 +43,7 @@ pub struct Placement {
 struct Live {
     worker: u32,
     prefill_tokens: u64,
-    /// Slots of the prompt's blocks in `held`, acquired on `worker`.
+    /// Slots of the prompt's blocks in the index, acquired on `worker`.
     slots: Vec<u32>,
 }
 
@@ -53,10 +53,11 @@ pub struct KvRouter {
     cfg: KvRouterConfig,
     block_size: usize,
     max_batched_tokens: f64,
-    /// Blocks cached on each worker (from KV events).
-    cached: BlockIndex,
-    /// Blocks of live requests on each worker (from routing), with per-worker counts.
-    held: BlockIndex,
+    /// Blocks cached on each worker (from KV events) and held by live requests routed
+    /// there (with per-worker counts), in one map.
+    index: BlockIndex,
+    /// Slots of the prefix the last walk found, for `admit`.
+    found: Vec<u32>,
     active_blocks: Vec<u64>,
     active_prefill_tokens: Vec<u64>,
     active_requests: Vec<u64>,
@@ -82,8 +83,8 @@ impl KvRouter {
             cfg,
             block_size,
             max_batched_tokens: max_batched_tokens as f64,
-            cached: BlockIndex::new(num_workers),
-            held: BlockIndex::new(num_workers),
+            index: BlockIndex::new(num_workers),
+            found: Vec::new(),
             active_blocks: vec![0; num_workers],
             active_prefill_tokens: vec![0; num_workers],
             active_requests: vec![0; num_workers],
@@ -102,12 +103,12 @@ impl KvRouter {
         for e in events {
             match &e.data {
                 KvEventData::Stored { blocks, .. } => {
-                    blocks.iter().for_each(|b| self.cached.insert(b.block_hash, w))
+                    blocks.iter().for_each(|b| self.index.insert(b.block_hash, w))
                 }
                 KvEventData::Removed { block_hashes } => {
-                    block_hashes.iter().for_each(|&h| self.cached.remove(h, w))
+                    block_hashes.iter().for_each(|&h| self.index.remove(h, w))
                 }
-                KvEventData::Cleared => self.cached.clear_worker(w),
+                KvEventData::Cleared => self.index.clear_worker(w),
             }
         }
     }
@@ -121,24 +122,36 @@ impl KvRouter {
 
     /// Largest cached prefix (tokens) of `hashes` on any worker.
     pub fn best_cached_tokens(&mut self, hashes: &[u64]) -> usize {
-        self.cached.prefix_overlaps(hashes, &mut self.overlap);
+        self.index.prefix_overlaps(hashes, &mut self.overlap, None, &mut self.found);
         self.overlap.iter().copied().max().unwrap_or(0) as usize * self.block_size
     }
 
     /// Scores every worker for `req`, picks one and records the request there.
     pub fn route(&mut self, req: RouteRequest<'_>) -> Placement {
         let cfg = self.cfg;
-        self.cached.prefix_overlaps(req.hashes, &mut self.overlap);
-        if cfg.router_assume_kv_reuse {
-            self.held.prefix_overlaps(req.hashes, &mut self.held_overlap);
-        }
+        let held = cfg.router_assume_kv_reuse.then_some(&mut self.held_overlap[..]);
+        self.index.prefix_overlaps(req.hashes, &mut self.overlap, held, &mut self.found);
         let n = req.hashes.len() as f64;
         let bs = self.block_size as f64;
         let credit_scale = if cfg.prefill_load_scale == 0.0 { 0.0 } else { cfg.overlap_score_credit };
+        // Credit decay: the reference's request blocks round the prompt up; an empty
+        // prompt (never routed: the driver rejects it) would divide by zero, so no decay.
+        let request_blocks = req.isl.div_ceil(self.block_size);
+        let decay =
+            cfg.router_track_prefill_tokens && cfg.overlap_score_credit_decay > 0.0 && request_blocks > 0;
+        let min_prefill =
+            if decay { self.active_prefill_tokens.iter().copied().min().unwrap_or(0) } else { 0 };
         for w in 0..self.cost.len() {
             let prefill = if cfg.router_track_prefill_tokens {
                 let raw = (self.active_prefill_tokens[w] as f64 + req.isl as f64) / bs;
-                cfg.prefill_load_scale * (raw - credit_scale * f64::from(self.overlap[w])).max(0.0)
+                let credit = if decay {
+                    let excess = (self.active_prefill_tokens[w] - min_prefill) as f64 / bs;
+                    let load = excess / request_blocks as f64;
+                    credit_scale * (1.0 / (1.0 + cfg.overlap_score_credit_decay * load))
+                } else {
+                    credit_scale
+                };
+                cfg.prefill_load_scale * (raw - credit * f64::from(self.overlap[w])).max(0.0)
             } else {
                 0.0
             };
@@ -191,8 +204,12 @@ impl KvRouter {
         let mut slots = self.spare.pop().unwrap_or_default();
         slots.clear();
         slots.reserve(req.hashes.len());
-        for &h in req.hashes {
-            let (slot, first) = self.held.acquire(h, w);
+        // The route's walk found the prefix's slots; only the blocks beyond need a probe.
+        for (i, &h) in req.hashes.iter().enumerate() {
+            let (slot, first) = match self.found.get(i) {
+                Some(&s) => (s, self.index.acquire_slot(s, w)),
+                None => self.index.acquire(h, w),
+            };
             slots.push(slot);
             if first || !self.cfg.router_assume_kv_reuse {
                 self.active_blocks[w] += 1;
@@ -228,7 +245,7 @@ impl KvRouter {
         let l = std::mem::take(&mut self.live[id as usize]);
         let w = l.worker as usize;
         for &slot in &l.slots {
-            if self.held.release(slot, w) || !self.cfg.router_assume_kv_reuse {
+            if self.index.release(slot, w) || !self.cfg.router_assume_kv_reuse {
                 self.active_blocks[w] -= 1;
             }
         }
@@ -355,7 +372,39 @@ mod tests {
         assert_eq!(r.last_costs(), &[20.0, 15.0]);
         r.free(p.id);
         assert_eq!((r.active_blocks[1], r.active_prefill_tokens[1], r.active_requests[1]), (0, 0, 0));
-        assert!(r.held.is_empty());
+        assert_eq!(r.index.len(), 5, "only the cached blocks stay");
+    }
+
+    /// Credit decay, by hand: worker 1 caches 5 blocks and then holds a request with 320
+    /// pending prefill tokens (5 blocks above idle worker 0). A 640-token prompt (10
+    /// request blocks) sharing those 5 blocks costs on worker 1 raw (320 + 640) / 64 = 15
+    /// prefill blocks minus credit 5 * 1 / (1 + decay * 5 / 10), plus decode 10 active + 5
+    /// new; worker 0 (at the load floor) costs 10 + 10.
+    #[test]
+    fn credit_decay_shrinks_the_credit_of_backlogged_workers() {
+        let a = hashes(1, 10);
+        let mut b = a[..5].to_vec();
+        b.extend(hashes(2, 5));
+        for (decay, w1) in [(0.0, 10.0 + 15.0), (1.0, 15.0 - 5.0 / 1.5 + 15.0), (3.0, 15.0 - 2.0 + 15.0)] {
+            let cfg = KvRouterConfig { overlap_score_credit_decay: decay, ..Default::default() };
+            let mut r = KvRouter::new(cfg, 2, 64, 8192);
+            r.apply_events(1, &[stored(&a[..5])]);
+            let p = r.route(RouteRequest { isl: 640, hashes: &a });
+            assert_eq!((p.worker, r.last_costs()), (1, &[20.0, 15.0][..]), "no excess load yet");
+            r.route(RouteRequest { isl: 640, hashes: &b });
+            let c = r.last_costs();
+            assert_eq!(c[0], 20.0);
+            assert!((c[1] - w1).abs() < 1e-9, "decay {decay}: {} vs {w1}", c[1]);
+        }
+        // Decay needs prefill tracking (the excess is pending prefill).
+        let cfg = KvRouterConfig {
+            overlap_score_credit_decay: 1.0,
+            router_track_prefill_tokens: false,
+            ..Default::default()
+        };
+        let mut r = KvRouter::new(cfg, 2, 64, 8192);
+        r.route(RouteRequest { isl: 640, hashes: &a });
+        assert_eq!(r.last_costs(), &[10.0, 10.0]);
     }
 
     #[test]
