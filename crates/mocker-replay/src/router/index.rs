@@ -1,6 +1,8 @@
 //! Which workers cache which blocks and which live requests hold them: one flat hash map
 //! from block (sequence) hash to a slot carrying two worker bitsets (cached, from KV
-//! events; held, by live routed requests) and per-worker live-request counts. A route
+//! events; held, by live routed requests) and, while held, per-worker live-request counts
+//! in a side table (most slots are only cached, and counts for every worker on every slot
+//! doubled the memory at 64 workers and slowed the walk with it). A route
 //! walks the prompt's prefix once for both overlaps, and a prefix walk costs one lookup
 //! and a few word operations per block whatever the number of workers.
 //!
@@ -8,6 +10,8 @@
 //! keeps its blocks' slot ids and freeing needs no hash lookup.
 
 use rustc_hash::FxHashMap;
+
+const NO_ROW: u32 = u32::MAX;
 
 /// Block hash -> cached and held worker sets.
 #[derive(Debug)]
@@ -20,8 +24,11 @@ pub struct BlockIndex {
     masks: Vec<u64>,
     /// Hash of each slot, to drop its map entry without the caller knowing it.
     slot_hash: Vec<u64>,
-    /// `num_workers` live-request counts per slot.
+    /// Per slot, its row in `counts` while some live request holds it, else `NO_ROW`.
+    count_row: Vec<u32>,
+    /// `num_workers` live-request counts per row.
     counts: Vec<u32>,
+    free_rows: Vec<u32>,
     free: Vec<u32>,
     /// Scratch sets of workers still matching during a walk.
     alive_cached: Vec<u64>,
@@ -61,7 +68,9 @@ impl BlockIndex {
             slots: FxHashMap::default(),
             masks: Vec::new(),
             slot_hash: Vec::new(),
+            count_row: Vec::new(),
             counts: Vec::new(),
+            free_rows: Vec::new(),
             free: Vec::new(),
             alive_cached: vec![0; words],
             alive_held: vec![0; words],
@@ -88,7 +97,7 @@ impl BlockIndex {
             } else {
                 self.masks.resize(self.masks.len() + 2 * self.words, 0);
                 self.slot_hash.push(hash);
-                self.counts.resize(self.counts.len() + self.num_workers, 0);
+                self.count_row.push(NO_ROW);
             }
         }
         s
@@ -125,7 +134,15 @@ impl BlockIndex {
 
     /// [`acquire`](Self::acquire) of a block whose slot a walk just found (no lookup).
     pub fn acquire_slot(&mut self, slot: u32, worker: usize) -> bool {
-        let c = &mut self.counts[slot as usize * self.num_workers + worker];
+        let mut row = self.count_row[slot as usize];
+        if row == NO_ROW {
+            row = self.free_rows.pop().unwrap_or_else(|| {
+                self.counts.resize(self.counts.len() + self.num_workers, 0);
+                (self.counts.len() / self.num_workers - 1) as u32
+            });
+            self.count_row[slot as usize] = row;
+        }
+        let c = &mut self.counts[row as usize * self.num_workers + worker];
         *c += 1;
         let first = *c == 1;
         if first {
@@ -137,13 +154,21 @@ impl BlockIndex {
     /// Undoes one [`acquire`](Self::acquire) of `slot` on `worker`; returns whether no
     /// live request holds the block there any more.
     pub fn release(&mut self, slot: u32, worker: usize) -> bool {
-        let c = &mut self.counts[slot as usize * self.num_workers + worker];
+        let row = self.count_row[slot as usize];
+        let c = &mut self.counts[row as usize * self.num_workers + worker];
         debug_assert!(*c > 0, "release without acquire");
         *c -= 1;
         if *c != 0 {
             return false;
         }
-        self.masks[(slot as usize * 2 + 1) * self.words + worker / 64] &= !(1 << (worker % 64));
+        let held = (slot as usize * 2 + 1) * self.words;
+        self.masks[held + worker / 64] &= !(1 << (worker % 64));
+        if self.masks[held..held + self.words].iter().all(|&m| m == 0) {
+            // Every count of the row is zero again (a held bit is set exactly while its
+            // count is not), so the row can serve another slot.
+            self.count_row[slot as usize] = NO_ROW;
+            self.free_rows.push(row);
+        }
         if Self::unused(&self.masks, self.words, slot) {
             self.slots.remove(&self.slot_hash[slot as usize]);
             self.free.push(slot);
@@ -360,6 +385,9 @@ mod tests {
                 let distinct: BTreeSet<u64> =
                     held_model.keys().map(|k| k.0).chain(cached_model.iter().map(|k| k.0)).collect();
                 assert_eq!(ix.len(), distinct.len());
+                let held: BTreeSet<u64> = held_model.keys().map(|k| k.0).collect();
+                let rows = ix.counts.len() / n - ix.free_rows.len();
+                assert_eq!(rows, held.len(), "count rows only for held blocks");
                 let probe: Vec<u64> = (0..rng.random_range(0..6)).map(|_| rng.random_range(0..20)).collect();
                 check(&mut ix, &probe, &held_model, &cached_model, &mut out, &mut out_held, &mut found);
                 ix.prefix_overlaps(&probe, &mut out, None, &mut found);
