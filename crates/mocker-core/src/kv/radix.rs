@@ -20,6 +20,8 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
 
+use std::collections::hash_map::Entry;
+
 use rustc_hash::FxHashMap;
 
 /// Index of a node in the cache's arena. A request's handle names the node ending at its
@@ -297,8 +299,16 @@ impl RadixCache {
         let mut out = Inserted { last, depth, freed_duplicates: 0 };
         let mut i = depth;
         while i < hashes.len() {
-            match self.by_first.get(&hashes[i]) {
-                Some(&id) if self.nodes[id as usize].parent == cur => {
+            // One probe per run: a vacant slot is filled with the id the new node will get.
+            let resident = match self.by_first.entry(hashes[i]) {
+                Entry::Occupied(e) => Some(*e.get()),
+                Entry::Vacant(e) => {
+                    e.insert(self.free_nodes.last().copied().unwrap_or(self.nodes.len() as u32));
+                    None
+                }
+            };
+            match resident {
+                Some(id) if self.nodes[id as usize].parent == cur => {
                     // Resident already: lock the shared run (splitting where the request's
                     // pages stop matching) and drop the request's copies.
                     let m = common_prefix(&self.nodes[id as usize].hashes, &hashes[i..]);
@@ -540,7 +550,8 @@ impl RadixCache {
     }
 
     /// A new locked leaf under `parent` holding the caller's private pages `run` (one node
-    /// for the whole run: they share the insert's stamp and the caller's lock).
+    /// for the whole run: they share the insert's stamp and the caller's lock); `insert`
+    /// has indexed `run[0]` under the id it returns (the next free slot).
     fn new_node(&mut self, run: &[u64], parent: u32, now: u64) -> u32 {
         let mut hashes = match self.free_nodes.last() {
             Some(&slot) => std::mem::take(&mut self.nodes[slot as usize].hashes),
@@ -554,7 +565,7 @@ impl RadixCache {
             // The caller holds the parent's lock, so it is not an eviction candidate.
             self.nodes[parent as usize].children += 1;
         }
-        self.by_first.insert(run[0], id);
+        debug_assert_eq!(self.by_first.get(&run[0]), Some(&id), "insert indexes the node first");
         self.tree_pages += run.len();
         id
     }
