@@ -13,6 +13,7 @@ use mocker_core::{Engine, EngineOptions, Request};
 use proptest::prelude::*;
 
 mod common;
+mod radix_ref;
 
 use common::lockstep::Lockstep;
 
@@ -47,6 +48,8 @@ fn op() -> impl Strategy<Value = Op> {
 struct Holder {
     hashes: Vec<u64>,
     last: Option<u32>,
+    /// The same path's handle in the per-page reference cache.
+    ref_last: Option<u32>,
     depth: usize,
     private: usize,
 }
@@ -54,71 +57,102 @@ struct Holder {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
+    /// The compressed cache under random ops, in lockstep with the per-page reference: same
+    /// matches, inserts, evicted hashes (in order) and counts after every op.
     #[test]
     fn radix_cache_invariants(total in 4..48usize, shared in 0..5u64, ops in prop::collection::vec(op(), 1..120)) {
         let mut c = RadixCache::new(total, 4);
+        let mut r = radix_ref::RadixCache::new(total, 4);
         let mut holders: Vec<Holder> = Vec::new();
-        let mut evicted = Vec::new();
-        let mut created = Vec::new();
+        let (mut evicted, mut ref_evicted) = (Vec::new(), Vec::new());
+        let (mut created, mut ref_created) = (Vec::new(), Vec::new());
         for op in ops {
             match op {
                 Op::Start { g, b, len } => {
                     let hashes: Vec<u64> = (0..len as u64).map(|i| page_hash(g, b, i, shared)).collect();
+                    prop_assert_eq!(c.match_len(&hashes), r.match_len(&hashes));
                     let (n, last) = c.lock_prefix(&hashes);
+                    let (rn, ref_last) = r.lock_prefix(&hashes);
+                    prop_assert_eq!(n, rn);
                     let (free, evictable) = (c.free_pages(), c.evictable_pages());
-                    if c.allocate(len - n, &mut evicted) {
-                        holders.push(Holder { hashes, last, depth: n, private: len - n });
+                    let ok = c.allocate(len - n, &mut evicted);
+                    prop_assert_eq!(ok, r.allocate(len - n, &mut ref_evicted));
+                    if ok {
+                        holders.push(Holder { hashes, last, ref_last, depth: n, private: len - n });
                     } else {
                         prop_assert!(len - n > free + evictable, "allocation refused although it fits");
                         prop_assert_eq!((c.free_pages(), c.evictable_pages()), (free, evictable), "failed allocation changed the pool");
                         c.unlock(last, false);
+                        r.unlock(ref_last, false);
                     }
                 }
                 Op::Commit(h) if h < holders.len() => {
                     let hd = &mut holders[h];
                     let before = c.free_pages();
                     let ins = c.insert(hd.last, hd.depth, &hd.hashes, &mut created);
+                    let rins = r.insert(hd.ref_last, hd.depth, &hd.hashes, &mut ref_created);
+                    prop_assert_eq!((ins.depth, ins.freed_duplicates), (rins.depth, rins.freed_duplicates));
                     let moved = ins.depth - hd.depth;
                     prop_assert_eq!(c.free_pages() - before, ins.freed_duplicates, "merged copies are freed");
                     prop_assert!(moved <= hd.private);
                     hd.private -= moved;
                     hd.depth = ins.depth;
                     hd.last = ins.last;
+                    hd.ref_last = rins.last;
                 }
                 Op::Release(h, touch) if h < holders.len() => {
                     let hd = holders.swap_remove(h);
                     c.free(hd.private);
                     c.unlock(hd.last, touch);
+                    r.free(hd.private);
+                    r.unlock(hd.ref_last, touch);
                 }
                 Op::Evict(n) => {
                     evicted.clear();
+                    ref_evicted.clear();
                     let (free, evictable) = (c.free_pages(), c.evictable_pages());
                     c.evict(n, &mut evicted);
+                    r.evict(n, &mut ref_evicted);
                     prop_assert_eq!(evicted.len(), n.min(evictable), "evicts what it can, no more");
                     prop_assert_eq!(c.free_pages(), free + evicted.len());
                 }
                 _ => {}
             }
+            prop_assert_eq!(&evicted, &ref_evicted, "eviction order differs from per-page LRU");
+            prop_assert_eq!(&created, &ref_created);
+            prop_assert_eq!(
+                (c.free_pages(), c.tree_pages(), c.evictable_pages()),
+                (r.free_pages(), r.tree_pages(), r.evictable_pages())
+            );
+            prop_assert!(c.node_count() <= c.tree_pages());
             // Locked paths are resident and locked: eviction never took one of their pages.
             for hd in &holders {
                 for h in &hd.hashes[..hd.depth] {
                     prop_assert!(c.lock_ref(*h).is_some_and(|r| r >= 1), "locked page {:#x} missing or unlocked", h);
+                    prop_assert_eq!(c.lock_ref(*h), r.lock_ref(*h), "lock ref of {:#x}", h);
                 }
             }
             for h in &evicted {
                 prop_assert!(!c.contains(*h));
             }
             evicted.clear();
+            ref_evicted.clear();
+            created.clear();
+            ref_created.clear();
             let private: usize = holders.iter().map(|h| h.private).sum();
             c.check_invariants(private).map_err(TestCaseError::fail)?;
         }
         for hd in holders.drain(..) {
             c.free(hd.private);
             c.unlock(hd.last, true);
+            r.free(hd.private);
+            r.unlock(hd.ref_last, true);
         }
         c.check_invariants(0).map_err(TestCaseError::fail)?;
         prop_assert_eq!(c.evictable_pages(), c.tree_pages(), "all unlocked at the end");
         prop_assert!(c.clear(&mut evicted));
+        prop_assert!(r.clear(&mut ref_evicted));
+        prop_assert_eq!(&evicted, &ref_evicted, "clear order differs");
         prop_assert_eq!(c.free_pages(), total);
     }
 }

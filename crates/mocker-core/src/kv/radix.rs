@@ -1,15 +1,21 @@
 //! SGLang's radix prefix cache at page granularity, over a fixed page pool.
 //!
-//! Every tree node holds one page (`page_size` tokens) and is identified by the page's
-//! sequence (chained) hash, so a lookup walks a request's page hashes through one hash map
-//! instead of per-node child maps: a chained hash names its whole prefix, so a resident hash
-//! implies its parent chain is resident too (nodes are only ever evicted as leaves).
+//! The tree is compressed: a node holds a run of consecutive pages (their sequence hashes,
+//! in order), so inserting a request's new suffix creates one node, a lookup compares a
+//! node's run as a slice, and eviction takes pages off a leaf's tail in one step. Nodes are
+//! indexed by their *first* page's hash: a chained hash names its whole prefix, so it
+//! identifies the node's place in the tree (the parent is checked anyway).
+//!
+//! The cache behaves exactly like one node per page. Every page of a node shares its lock
+//! count and access stamp: locks, unlocks and touches cover whole root paths ending at a
+//! node's last page, so a node is split (head above, tail keeping its id) wherever such a
+//! path would end inside it. Interior pages of a node have exactly one child, the next page.
 //!
 //! Locks follow SGLang's `inc_lock_ref`: locking a node locks its whole path to the root, so
-//! a node's `lock_ref` counts the locks held at it or below it. Unlocked nodes are
-//! evictable; eviction takes the least recently accessed unlocked *leaf* first, so a parent
-//! goes only after all its children. Pages not in the tree are private to the requests that
-//! allocated them; the pool only counts them (`free + tree + private = total`).
+//! a node's `lock_ref` counts the locks held at it or below it. Unlocked pages are
+//! evictable; eviction takes the least recently accessed unlocked *leaf* page first, so a
+//! parent goes only after all its children. Pages not in the tree are private to the
+//! requests that allocated them; the pool only counts them (`free + tree + private = total`).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
@@ -18,7 +24,8 @@ use std::collections::hash_map::Entry;
 
 use rustc_hash::FxHashMap;
 
-/// Index of a node in the cache's arena.
+/// Index of a node in the cache's arena. A request's handle names the node ending at its
+/// deepest page; splits keep the id on the tail part, so handles stay valid.
 pub type NodeId = u32;
 
 /// Parent of root-level nodes.
@@ -26,7 +33,9 @@ const ROOT: u32 = u32::MAX;
 
 #[derive(Debug, Clone)]
 struct Node {
-    hash: u64,
+    /// Sequence hashes of the node's pages, in order; empty once evicted (the buffer is
+    /// kept for the slot's next node).
+    hashes: Vec<u64>,
     parent: u32,
     children: u32,
     lock_ref: u32,
@@ -51,7 +60,8 @@ pub struct Inserted {
     pub freed_duplicates: usize,
 }
 
-/// A page-granular radix tree of cached KV pages plus the free-page count of the pool.
+/// A compressed, page-granular radix tree of cached KV pages plus the free-page count of
+/// the pool.
 #[derive(Debug, Clone)]
 pub struct RadixCache {
     page_size: usize,
@@ -59,7 +69,8 @@ pub struct RadixCache {
     free_pages: usize,
     nodes: Vec<Node>,
     free_nodes: Vec<u32>,
-    by_hash: FxHashMap<u64, NodeId>,
+    /// Live nodes by the hash of their first page.
+    by_first: FxHashMap<u64, NodeId>,
     tree_pages: usize,
     evictable_pages: usize,
     /// Min-heap of unlocked leaves by last access (lazily invalidated: locking a leaf costs
@@ -72,6 +83,12 @@ pub struct RadixCache {
     report: bool,
 }
 
+/// Leading pages two hash runs share.
+#[inline]
+fn common_prefix(a: &[u64], b: &[u64]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
 impl RadixCache {
     /// An empty cache over `total_pages` pages of `page_size` tokens.
     pub fn new(total_pages: usize, page_size: usize) -> Self {
@@ -81,7 +98,7 @@ impl RadixCache {
             free_pages: total_pages,
             nodes: Vec::new(),
             free_nodes: Vec::new(),
-            by_hash: FxHashMap::with_capacity_and_hasher(total_pages.min(1 << 20), Default::default()),
+            by_first: FxHashMap::default(),
             tree_pages: 0,
             evictable_pages: 0,
             lru: BinaryHeap::new(),
@@ -131,39 +148,28 @@ impl RadixCache {
         self.evictable_pages * self.page_size
     }
 
-    /// Whether the page with sequence hash `hash` is in the tree.
+    /// Whether the page with sequence hash `hash` is in the tree. Scans the tree (only
+    /// first pages are indexed): for inspection and tests, not the scheduling path.
     pub fn contains(&self, hash: u64) -> bool {
-        self.by_hash.contains_key(&hash)
+        self.find(hash).is_some()
     }
 
     /// Leading pages of `hashes` resident in the tree (read-only; no access stamp).
-    ///
-    /// Residency along one hash chain is prefix-closed (a node exists only under its
-    /// parent, and only leaves are evicted), so the matched length is found by binary
-    /// search: O(log n) lookups instead of one per page (pages are single tokens with
-    /// SGLang's default page size).
     pub fn match_len(&self, hashes: &[u64]) -> usize {
-        let (mut lo, mut hi) = (0, hashes.len());
-        while lo < hi {
-            let mid = lo + (hi - lo).div_ceil(2);
-            if self.by_hash.contains_key(&hashes[mid - 1]) {
-                lo = mid;
-            } else {
-                hi = mid - 1;
-            }
-        }
-        lo
+        self.walk(hashes).0
     }
 
     /// Matches the leading resident pages of `hashes` and locks that path (so it cannot be
     /// evicted while the caller sizes and makes its allocation). Returns the matched page
-    /// count and the deepest matched node.
+    /// count and the deepest matched node (split so that it ends at the last match).
     pub fn lock_prefix(&mut self, hashes: &[u64]) -> (usize, Option<NodeId>) {
-        let n = self.match_len(hashes);
+        let (n, mut last, used) = self.walk(hashes);
         if n == 0 {
             return (0, None);
         }
-        let last = self.by_hash[&hashes[n - 1]];
+        if used < self.nodes[last as usize].hashes.len() {
+            last = self.split(last, used);
+        }
         self.lock_path(last);
         (n, Some(last))
     }
@@ -182,7 +188,7 @@ impl RadixCache {
             }
             let (parent, unlocked_leaf) = (node.parent, node.lock_ref == 0 && node.children == 0);
             if node.lock_ref == 0 {
-                self.evictable_pages += 1;
+                self.evictable_pages += node.hashes.len();
             }
             if unlocked_leaf {
                 self.push_candidate(id);
@@ -212,13 +218,17 @@ impl RadixCache {
         debug_assert!(self.free_pages + self.tree_pages <= self.total_pages);
     }
 
-    /// Evicts least recently accessed unlocked leaves until `pages` pages are free (or
-    /// nothing evictable is left); appends the evicted hashes to `evicted`.
+    /// Evicts least recently accessed unlocked leaf pages until `pages` pages are free (or
+    /// nothing evictable is left); appends the evicted hashes to `evicted`, deepest first.
+    ///
+    /// Taking a whole tail run at once is the per-page order: the unlocked leaf with the
+    /// oldest stamp goes first, and the page it exposes shares that stamp, so it is again
+    /// the oldest. Stamps of distinct unlocked leaves never tie (each tick stamps one root
+    /// path, and one path holds at most one leaf), so the heap's id tie-break is never used.
     pub fn evict(&mut self, pages: usize, evicted: &mut Vec<u64>) {
         let mut freed = 0;
         // A parent that just became an unlocked leaf and sorts before everything queued is
-        // the next victim anyway: take it directly (chains of a finished request share one
-        // stamp, so whole chains go without touching the heap).
+        // the next victim anyway: take it directly without touching the heap.
         let mut next: Option<u32> = None;
         while freed < pages {
             let id = match next.take() {
@@ -232,17 +242,27 @@ impl RadixCache {
                 }
             };
             let node = &mut self.nodes[id as usize];
-            node.live = false;
-            let (hash, parent) = (node.hash, node.parent);
-            self.by_hash.remove(&hash);
-            self.free_nodes.push(id);
-            self.tree_pages -= 1;
-            self.evictable_pages -= 1;
-            self.free_pages += 1;
+            let len = node.hashes.len();
+            let take = (pages - freed).min(len);
+            let keep = len - take;
             if self.report {
-                evicted.push(hash);
+                evicted.extend(node.hashes[keep..].iter().rev());
             }
-            freed += 1;
+            let first = node.hashes[0];
+            node.hashes.truncate(keep);
+            let parent = node.parent;
+            self.tree_pages -= take;
+            self.evictable_pages -= take;
+            self.free_pages += take;
+            freed += take;
+            if keep > 0 {
+                // Still the oldest unlocked leaf: back in the queue with the same key.
+                self.push_candidate(id);
+                break;
+            }
+            self.nodes[id as usize].live = false;
+            self.by_first.remove(&first);
+            self.free_nodes.push(id);
             if parent != ROOT {
                 let p = &mut self.nodes[parent as usize];
                 p.children -= 1;
@@ -265,8 +285,8 @@ impl RadixCache {
     /// (of `depth` pages) and moves its lock to the new deepest node. Pages already resident
     /// (another request computed them first) are merged: the request's private copy is
     /// freed. Indices of pages that became newly visible are appended to `created` (for
-    /// Stored events). Stops early, keeping the rest private, if a hash is resident under a
-    /// different parent (a hash collision; never expected).
+    /// Stored events). Stops early, keeping the rest private, if a run's first hash is
+    /// resident under a different parent (a hash collision; never expected).
     pub fn insert(
         &mut self,
         last: Option<NodeId>,
@@ -277,35 +297,39 @@ impl RadixCache {
         let now = self.tick();
         let mut cur = last.unwrap_or(ROOT);
         let mut out = Inserted { last, depth, freed_duplicates: 0 };
-        for (i, &hash) in hashes.iter().enumerate().skip(depth) {
-            // One probe per page: a vacant slot is filled with the id the node will get.
-            let resident = match self.by_hash.entry(hash) {
+        let mut i = depth;
+        while i < hashes.len() {
+            // One probe per run: a vacant slot is filled with the id the new node will get.
+            let resident = match self.by_first.entry(hashes[i]) {
                 Entry::Occupied(e) => Some(*e.get()),
                 Entry::Vacant(e) => {
                     e.insert(self.free_nodes.last().copied().unwrap_or(self.nodes.len() as u32));
                     None
                 }
             };
-            let id = match resident {
+            match resident {
                 Some(id) if self.nodes[id as usize].parent == cur => {
-                    // Resident already: lock it (it may have been evictable) and drop the copy.
+                    // Resident already: lock the shared run (splitting where the request's
+                    // pages stop matching) and drop the request's copies.
+                    let m = common_prefix(&self.nodes[id as usize].hashes, &hashes[i..]);
+                    let id = if m < self.nodes[id as usize].hashes.len() { self.split(id, m) } else { id };
                     self.lock_one(id, now);
-                    self.free_pages += 1;
-                    out.freed_duplicates += 1;
-                    id
+                    self.free_pages += m;
+                    out.freed_duplicates += m;
+                    cur = id;
+                    i += m;
                 }
                 Some(_) => break,
                 None => {
-                    let id = self.new_node(hash, cur, now);
+                    cur = self.new_node(&hashes[i..], cur, now);
                     if self.report {
-                        created.push(i as u32);
+                        created.extend(i as u32..hashes.len() as u32);
                     }
-                    id
+                    i = hashes.len();
                 }
-            };
-            cur = id;
-            out.last = Some(id);
-            out.depth = i + 1;
+            }
+            out.last = Some(cur);
+            out.depth = i;
         }
         out
     }
@@ -321,26 +345,35 @@ impl RadixCache {
         true
     }
 
-    /// Checks the cache's structural invariants (for tests): hash index, child counts,
-    /// lock refs (a node's count covers its children's), evictable count and the LRU set
-    /// (exactly the unlocked leaves), and page accounting. `private_pages` is the sum of
-    /// pages requests own outside the tree.
+    /// Checks the cache's structural invariants (for tests): non-empty runs, globally
+    /// unique page hashes, the first-page index, child counts, lock refs (a node's count
+    /// covers its children's), evictable count and the LRU set (exactly the unlocked
+    /// leaves), and page accounting. `private_pages` is the sum of pages requests own
+    /// outside the tree.
     pub fn check_invariants(&self, private_pages: usize) -> Result<(), String> {
         let live: Vec<u32> = (0..self.nodes.len() as u32).filter(|&i| self.nodes[i as usize].live).collect();
-        if live.len() != self.tree_pages || self.by_hash.len() != self.tree_pages {
+        let pages: usize = live.iter().map(|&i| self.nodes[i as usize].hashes.len()).sum();
+        if pages != self.tree_pages || self.by_first.len() != live.len() {
             return Err(format!(
-                "tree pages {} but {} live nodes, {} hashes",
+                "tree pages {} but {pages} pages in {} live nodes, {} indexed",
                 self.tree_pages,
                 live.len(),
-                self.by_hash.len()
+                self.by_first.len()
             ));
         }
+        let mut seen = HashSet::new();
         let mut children = vec![0u32; self.nodes.len()];
         let mut child_locks = vec![0u64; self.nodes.len()];
         for &i in &live {
             let n = &self.nodes[i as usize];
-            if self.by_hash.get(&n.hash) != Some(&i) {
-                return Err(format!("node {i} not indexed by its hash"));
+            let Some(&first) = n.hashes.first() else {
+                return Err(format!("live node {i} holds no page"));
+            };
+            if self.by_first.get(&first) != Some(&i) {
+                return Err(format!("node {i} not indexed by its first hash"));
+            }
+            if let Some(h) = n.hashes.iter().find(|&&h| !seen.insert(h)) {
+                return Err(format!("page {h:#x} resident twice"));
             }
             if n.parent != ROOT {
                 let p = &self.nodes[n.parent as usize];
@@ -370,7 +403,7 @@ impl RadixCache {
                 ));
             }
             if n.lock_ref == 0 {
-                evictable += 1;
+                evictable += n.hashes.len();
                 if n.children == 0 {
                     leaves += 1;
                     if !candidates.contains(&(n.stamp, i, n.gen)) {
@@ -380,7 +413,7 @@ impl RadixCache {
             }
         }
         if evictable != self.evictable_pages {
-            return Err(format!("evictable {} but {evictable} unlocked nodes", self.evictable_pages));
+            return Err(format!("evictable {} but {evictable} unlocked pages", self.evictable_pages));
         }
         if leaves != candidates.len() {
             return Err(format!("{} eviction candidates but {leaves} unlocked leaves", candidates.len()));
@@ -394,9 +427,82 @@ impl RadixCache {
         Ok(())
     }
 
-    /// Lock count of the node holding `hash`, if resident (for tests).
+    /// Lock count of the page with sequence hash `hash`, if resident (for tests; scans).
     pub fn lock_ref(&self, hash: u64) -> Option<u32> {
-        self.by_hash.get(&hash).map(|&id| self.nodes[id as usize].lock_ref)
+        self.find(hash).map(|id| self.nodes[id as usize].lock_ref)
+    }
+
+    /// Live nodes in the tree (for tests: compression keeps this well below the pages).
+    pub fn node_count(&self) -> usize {
+        self.by_first.len()
+    }
+
+    /// The live node holding the page `hash`, by a scan.
+    fn find(&self, hash: u64) -> Option<u32> {
+        (0..self.nodes.len() as u32).find(|&i| {
+            let n = &self.nodes[i as usize];
+            n.live && n.hashes.contains(&hash)
+        })
+    }
+
+    /// Walks `hashes` down from the root: (pages matched, deepest node reached or `ROOT`,
+    /// pages of that node matched). One index probe per node, a slice compare per run.
+    fn walk(&self, hashes: &[u64]) -> (usize, u32, usize) {
+        let (mut n, mut cur, mut used) = (0, ROOT, 0);
+        while n < hashes.len() {
+            let Some(&id) = self.by_first.get(&hashes[n]) else { break };
+            let node = &self.nodes[id as usize];
+            if node.parent != cur {
+                break;
+            }
+            let m = common_prefix(&node.hashes, &hashes[n..]);
+            n += m;
+            cur = id;
+            used = m;
+            if m < node.hashes.len() {
+                break;
+            }
+        }
+        (n, cur, used)
+    }
+
+    /// Splits node `id` after its first `k` pages (`0 < k < len`): a new node takes the head
+    /// run and the node's place under its parent; `id` keeps the tail, its children, its
+    /// eviction entry and every handle naming it. Both parts keep the lock count and stamp,
+    /// so the per-page state is unchanged. Returns the head.
+    fn split(&mut self, id: u32, k: usize) -> u32 {
+        debug_assert!(k > 0 && k < self.nodes[id as usize].hashes.len());
+        let mut head_hashes = match self.free_nodes.last() {
+            Some(&slot) => std::mem::take(&mut self.nodes[slot as usize].hashes),
+            None => Vec::new(),
+        };
+        let tail = &mut self.nodes[id as usize];
+        head_hashes.clear();
+        head_hashes.extend_from_slice(&tail.hashes[..k]);
+        tail.hashes.drain(..k);
+        let (parent, lock_ref, stamp, tail_first) = (tail.parent, tail.lock_ref, tail.stamp, tail.hashes[0]);
+        let head = Node { hashes: head_hashes, parent, children: 1, lock_ref, stamp, gen: 0, live: true };
+        let head = self.place(head);
+        self.nodes[id as usize].parent = head;
+        let first = self.nodes[head as usize].hashes[0];
+        self.by_first.insert(first, head);
+        self.by_first.insert(tail_first, id);
+        head
+    }
+
+    /// Stores `node` in a free arena slot (bumping its generation) or a new one.
+    fn place(&mut self, mut node: Node) -> u32 {
+        match self.free_nodes.pop() {
+            Some(id) => {
+                node.gen = self.nodes[id as usize].gen.wrapping_add(1);
+                self.nodes[id as usize] = node;
+                id
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        }
     }
 
     /// Queues `id` (now an unlocked leaf) for eviction; compacts the heap when stale
@@ -404,7 +510,7 @@ impl RadixCache {
     fn push_candidate(&mut self, id: u32) {
         let n = &self.nodes[id as usize];
         self.lru.push(Reverse((n.stamp, id, n.gen)));
-        if self.lru.len() > 2 * self.tree_pages + 1024 {
+        if self.lru.len() > 2 * self.by_first.len() + 1024 {
             let heap = std::mem::take(&mut self.lru);
             let live: Vec<Candidate> =
                 heap.into_iter().filter(|c| self.is_candidate(c.0 .1, c.0 .0, c.0 .2)).collect();
@@ -437,33 +543,30 @@ impl RadixCache {
         let node = &mut self.nodes[id as usize];
         if node.lock_ref == 0 {
             // Its eviction entry (if a leaf) goes stale: the stamp changes below.
-            self.evictable_pages -= 1;
+            self.evictable_pages -= node.hashes.len();
         }
         node.lock_ref += 1;
         node.stamp = now;
     }
 
-    /// A new locked leaf under `parent` holding one of the caller's private pages; `insert`
-    /// has indexed `hash` under the id it returns (the next free slot).
-    fn new_node(&mut self, hash: u64, parent: u32, now: u64) -> u32 {
-        let mut node = Node { hash, parent, children: 0, lock_ref: 1, stamp: now, gen: 0, live: true };
-        let id = match self.free_nodes.pop() {
-            Some(id) => {
-                node.gen = self.nodes[id as usize].gen.wrapping_add(1);
-                self.nodes[id as usize] = node;
-                id
-            }
-            None => {
-                self.nodes.push(node);
-                (self.nodes.len() - 1) as u32
-            }
+    /// A new locked leaf under `parent` holding the caller's private pages `run` (one node
+    /// for the whole run: they share the insert's stamp and the caller's lock); `insert`
+    /// has indexed `run[0]` under the id it returns (the next free slot).
+    fn new_node(&mut self, run: &[u64], parent: u32, now: u64) -> u32 {
+        let mut hashes = match self.free_nodes.last() {
+            Some(&slot) => std::mem::take(&mut self.nodes[slot as usize].hashes),
+            None => Vec::new(),
         };
+        hashes.clear();
+        hashes.extend_from_slice(run);
+        let id =
+            self.place(Node { hashes, parent, children: 0, lock_ref: 1, stamp: now, gen: 0, live: true });
         if parent != ROOT {
             // The caller holds the parent's lock, so it is not an eviction candidate.
             self.nodes[parent as usize].children += 1;
         }
-        debug_assert_eq!(self.by_hash.get(&hash), Some(&id), "insert indexes the node first");
-        self.tree_pages += 1;
+        debug_assert_eq!(self.by_first.get(&run[0]), Some(&id), "insert indexes the node first");
+        self.tree_pages += run.len();
         id
     }
 }
@@ -523,5 +626,69 @@ mod tests {
             let reported = c.report;
             assert_eq!((ev.len(), created.len()), if reported { (2, 3) } else { (0, 0) });
         }
+    }
+
+    #[test]
+    fn a_new_suffix_is_one_node_and_a_partial_match_splits_it() {
+        let mut c = RadixCache::new(16, 1);
+        let (mut ev, mut created) = (Vec::new(), Vec::new());
+        assert!(c.allocate(5, &mut ev));
+        let a = c.insert(None, 0, &[1, 2, 3, 4, 5], &mut created);
+        assert_eq!((c.node_count(), a.depth), (1, 5));
+        c.unlock(a.last, true);
+        // A request sharing three pages: the lock ends inside the run, so it splits there.
+        let (n, head) = c.lock_prefix(&[1, 2, 3, 9]);
+        assert_eq!((n, c.node_count()), (3, 2));
+        assert_eq!((c.lock_ref(3), c.lock_ref(4)), (Some(1), Some(0)));
+        assert_eq!(c.evictable_pages(), 2);
+        c.check_invariants(0).unwrap();
+        assert!(c.allocate(1, &mut ev));
+        created.clear();
+        let b = c.insert(head, 3, &[1, 2, 3, 9], &mut created);
+        assert_eq!((b.depth, created.clone(), c.node_count()), (4, vec![3], 3));
+        c.check_invariants(0).unwrap();
+        // The handle of the first request (the split tail) still names page 5.
+        assert_eq!(c.match_len(&[1, 2, 3, 4, 5]), 5);
+        c.unlock(b.last, true);
+        c.check_invariants(0).unwrap();
+    }
+
+    #[test]
+    fn tail_eviction_takes_part_of_a_run_deepest_first() {
+        let mut c = RadixCache::new(8, 1);
+        let (mut ev, mut created) = (Vec::new(), Vec::new());
+        assert!(c.allocate(6, &mut ev));
+        let a = c.insert(None, 0, &[1, 2, 3, 4, 5, 6], &mut created);
+        c.unlock(a.last, true);
+        assert!(c.allocate(4, &mut ev), "two pages come off the tail");
+        assert_eq!(ev, vec![6, 5]);
+        assert_eq!((c.tree_pages(), c.node_count(), c.match_len(&[1, 2, 3, 4, 5, 6])), (4, 1, 4));
+        c.check_invariants(4).unwrap();
+        c.free(4);
+        ev.clear();
+        c.evict(10, &mut ev);
+        assert_eq!(ev, vec![4, 3, 2, 1]);
+        assert_eq!((c.tree_pages(), c.node_count(), c.free_pages()), (0, 0, 8));
+        c.check_invariants(0).unwrap();
+    }
+
+    #[test]
+    fn eviction_follows_per_page_lru_across_split_runs() {
+        // [1..=4] split at 2 by a second request whose own page 7 is left untouched: 7 is
+        // oldest, then the tail run [3, 4], then the re-touched head [1, 2].
+        let mut c = RadixCache::new(16, 1);
+        let (mut ev, mut created) = (Vec::new(), Vec::new());
+        assert!(c.allocate(5, &mut ev));
+        let a = c.insert(None, 0, &[1, 2, 3, 4], &mut created);
+        let (_, head) = c.lock_prefix(&[1, 2]);
+        let b = c.insert(head, 2, &[1, 2, 7], &mut created);
+        c.unlock(b.last, false);
+        c.unlock(a.last, true);
+        let (_, head) = c.lock_prefix(&[1, 2]);
+        c.unlock(head, true);
+        c.check_invariants(0).unwrap();
+        c.evict(16, &mut ev);
+        assert_eq!(ev, vec![7, 4, 3, 2, 1]);
+        c.check_invariants(0).unwrap();
     }
 }
