@@ -324,9 +324,7 @@ impl Bins {
     fn add(&mut self, key: i32, n: u64) {
         let mut key = i64::from(key);
         if self.counts.is_empty() {
-            self.counts.push(0);
-            self.offset = key;
-            self.max_key = key;
+            self.start_window(key);
         } else if key > self.max_key {
             self.raise_max(key);
         } else {
@@ -339,6 +337,17 @@ impl Bins {
         }
         self.counts[(key - self.offset) as usize] += n;
         self.count += n;
+    }
+
+    /// The first key opens a window reaching `SLACK` keys to either side (never below the
+    /// floor): growing a few keys at a time, downwards above all, shifts the whole window.
+    #[cold]
+    fn start_window(&mut self, key: i64) {
+        const SLACK: i64 = 512;
+        let below = SLACK.min(self.budget - 1);
+        self.counts = vec![0; (below + 1 + SLACK) as usize];
+        self.offset = key - below;
+        self.max_key = key;
     }
 
     #[cold]
@@ -376,11 +385,23 @@ impl Bins {
 
     /// Smallest key whose cumulative count exceeds `rank`; the max key when out of range.
     fn key_at_rank(&self, rank: u64) -> i32 {
+        // Whole chunks first (their sums vectorize), then the one that crosses `rank`: the
+        // window spans thousands of mostly empty keys and a report asks for ten ranks.
+        const CHUNK: usize = 16;
         let mut seen = 0u64;
-        for (i, &c) in self.counts.iter().enumerate() {
+        let mut start = 0;
+        for chunk in self.counts.chunks(CHUNK) {
+            let sum: u64 = chunk.iter().sum();
+            if seen + sum > rank {
+                break;
+            }
+            seen += sum;
+            start += chunk.len();
+        }
+        for (i, &c) in self.counts[start..].iter().enumerate() {
             seen += c;
             if seen > rank {
-                return (self.offset + i as i64) as i32;
+                return (self.offset + (start + i) as i64) as i32;
             }
         }
         self.max_key as i32
