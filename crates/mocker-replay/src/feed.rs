@@ -152,8 +152,14 @@ impl Planner {
                         (PromptHashing::Off, _) => None,
                         (PromptHashing::Identities, shared) => {
                             let (group, prefix) = shared.unwrap_or((0, 0));
+                            // Sized for the whole generation, so the engine's submit
+                            // need not grow it.
+                            let final_blocks = (t.tokens.len() + t.max_output_tokens).div_ceil(bs);
                             let mut h = match prefix {
-                                0 => PromptHashes::default(),
+                                0 => PromptHashes {
+                                    sequence: Vec::with_capacity(final_blocks),
+                                    local: Vec::new(),
+                                },
                                 _ => hashes_after_prefix(
                                     &mut self.group_prefixes,
                                     (group, prefix),
