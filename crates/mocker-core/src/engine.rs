@@ -25,6 +25,12 @@ pub struct EngineOptions {
     /// replay without a per-request log); streaming shells need every token. The vLLM and
     /// TRT-LLM cores honour it; SGLang itemizes regardless.
     pub aggregate_steady_tokens: bool,
+    /// Identify blocks of generated tokens (without planned output) by
+    /// [`output_block_identity`](crate::hashing::output_block_identity) instead of content
+    /// hashes. For shells whose prompts never contain earlier outputs and whose KV events
+    /// stay in the process (offline replay): prefix hits are unchanged, hash values are not
+    /// the reference's.
+    pub opaque_output_blocks: bool,
 }
 
 /// Why an engine could not be built or a request not accepted.
@@ -80,9 +86,16 @@ pub struct Engine {
 impl Engine {
     /// Builds an engine.
     pub fn new(options: EngineOptions) -> Result<Self, EngineError> {
-        let EngineOptions { config, dp_rank, record_kv_events, aggregate_steady_tokens } = options;
+        let EngineOptions {
+            config,
+            dp_rank,
+            record_kv_events,
+            aggregate_steady_tokens,
+            opaque_output_blocks,
+        } = options;
         let timing = build_timing_model(&config)?;
-        let opts = SchedulerOptions { dp_rank, record_kv_events, aggregate_steady_tokens };
+        let opts =
+            SchedulerOptions { dp_rank, record_kv_events, aggregate_steady_tokens, opaque_output_blocks };
         let core = match config.backend {
             Backend::Sglang => {
                 if config.worker_type != WorkerType::Aggregated {

@@ -118,6 +118,30 @@ pub fn sequence_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
     out
 }
 
+/// An opaque identity for block `index` of request `uuid`, a block holding generated
+/// tokens, chained onto the sequence hash `parent` of the block before it.
+///
+/// Without planned output, a generated block's content is the request's deterministic
+/// tokens after the prompt, so two such blocks have equal content hashes exactly when they
+/// belong to the same request at the same index (ids are unique among live requests).
+/// This mix keeps that equality at the cost of two multiplies instead of hashing a block of
+/// tokens. Only for engines whose outputs never reappear in another prompt and whose KV
+/// events stay in the process (offline replay): the values are not the reference's.
+#[inline]
+pub fn output_block_identity(parent: Option<u64>, uuid: u128, index: u32) -> u64 {
+    let id = splitmix64((uuid as u64) ^ splitmix64((uuid >> 64) as u64 ^ u64::from(index)));
+    splitmix64(id ^ parent.unwrap_or(0).rotate_left(17))
+}
+
+/// SplitMix64's finaliser: a cheap bijective mix of 64 bits.
+#[inline]
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// The token the reference generates at output position `k` of request `uuid` when no
 /// planned output is given: deterministic, so replays produce identical block hashes.
 #[inline]

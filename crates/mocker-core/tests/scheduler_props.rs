@@ -327,11 +327,11 @@ fn run(config: EngineConfig, specs: &[Spec], record: bool) -> Result<(), TestCas
     Ok(())
 }
 
-/// Runs `specs` on two engines in lockstep, one itemizing every token and one counting
-/// steady tokens, cancelling request `cancel.1` before pass `cancel.0` on both; every pass
+/// Runs `specs` on the engines of a [`Lockstep`] (plain, counting steady tokens, opaque
+/// output blocks), cancelling request `cancel.1` before pass `cancel.0` on all; every pass
 /// must match: times, non-steady outputs, steady count and gap, admissions, KV events,
 /// pass and engine metrics, pool state.
-fn run_aggregated_beside_itemized(
+fn run_optimised_beside_plain(
     config: EngineConfig,
     specs: &[Spec],
     cancel: (usize, usize),
@@ -373,10 +373,10 @@ fn run_aggregated_beside_itemized(
 proptest! {
     #![proptest_config(ProptestConfig { cases: 160, failure_persistence: None, ..ProptestConfig::default() })]
 
-    /// Counting steady tokens is an optimisation only: the engine steps exactly as when it
-    /// itemizes them, including under preemption, chunking, budget starvation and cancels.
+    /// Counting steady tokens and opaque identities for generated blocks are optimisations
+    /// only: the engine steps exactly as the plain one, including under preemption, chunking, budget starvation and cancels.
     #[test]
-    fn aggregated_steady_tokens_step_like_itemized_ones(
+    fn counted_steady_tokens_and_opaque_output_blocks_step_like_the_plain_engine(
         config in config().prop_map(|c| EngineConfig {
             // Half the cases under pressure (preemption, starvation), half roomy (long runs).
             num_gpu_blocks: if c.num_gpu_blocks % 2 == 0 { 4 + c.num_gpu_blocks % 24 } else { c.num_gpu_blocks * 8 },
@@ -387,7 +387,7 @@ proptest! {
         specs in prop::collection::vec(spec(), 1..40),
         cancel in (0..400usize, 0..40usize),
     ) {
-        run_aggregated_beside_itemized(config, &specs, cancel)?;
+        run_optimised_beside_plain(config, &specs, cancel)?;
     }
 
     #[test]

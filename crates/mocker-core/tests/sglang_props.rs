@@ -311,11 +311,11 @@ proptest! {
     }
 }
 
-/// Runs `specs` on two SGLang engines in lockstep, one itemizing every token and one
-/// counting steady tokens, cancelling request `cancel.1` before pass `cancel.0` on both;
+/// Runs `specs` on the SGLang engines of a [`Lockstep`] (plain, counting steady tokens,
+/// opaque output blocks), cancelling request `cancel.1` before pass `cancel.0` on all;
 /// every pass must match: times, non-steady outputs, steady count and gap, admissions,
 /// KV events, pass and engine metrics, invariants. Returns the steady tokens counted.
-fn run_aggregated_beside_itemized(
+fn run_optimised_beside_plain(
     config: EngineConfig,
     specs: &[Spec],
     cancel: (usize, usize),
@@ -357,10 +357,11 @@ fn run_aggregated_beside_itemized(
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
 
-    /// Counting steady tokens is an optimisation only: the engine steps exactly as when it
-    /// itemizes them, including under retraction, chunked prefill, lpm and cancels.
+    /// Counting steady tokens and opaque identities for generated blocks are optimisations
+    /// only: the engine steps exactly as the plain one, including under retraction, chunked
+    /// prefill, lpm and cancels.
     #[test]
-    fn aggregated_steady_tokens_step_like_itemized_ones(
+    fn counted_steady_tokens_and_opaque_output_blocks_step_like_the_plain_engine(
         config in config(),
         // Any page size 1..=64 (not only powers of two), and half the pools small.
         page in prop_oneof![Just(None), (1..=64usize).prop_map(Some)],
@@ -378,7 +379,7 @@ proptest! {
         if !small {
             config.num_gpu_blocks *= 8;
         }
-        run_aggregated_beside_itemized(config, &specs, cancel)?;
+        run_optimised_beside_plain(config, &specs, cancel)?;
     }
 }
 
@@ -390,6 +391,6 @@ fn lockstep_cases_count_steady_tokens() {
     config.max_num_seqs = 8;
     let specs: Vec<Spec> =
         (0..8).map(|i| Spec { prompt: 40 + i * 7, output: 60, arrival: i, group: None }).collect();
-    let counted = run_aggregated_beside_itemized(config, &specs, (usize::MAX, 0)).unwrap();
+    let counted = run_optimised_beside_plain(config, &specs, (usize::MAX, 0)).unwrap();
     assert!(counted > 0, "no steady run counted");
 }

@@ -148,6 +148,10 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
         engine.block_size,
         engine.max_num_batched_tokens,
     );
+    // Only delta traces put earlier outputs into later prompts; everywhere else a generated
+    // block is never looked up by another request, and KV events stay with our router.
+    let outputs_reappear = matches!(&options.workload,
+        Workload::Trace(t) if t.trace.format == crate::trace::TraceFormat::MooncakeDelta);
     let mut workers = Vec::with_capacity(options.num_workers);
     for _ in 0..options.num_workers {
         let engine = Engine::new(EngineOptions {
@@ -155,6 +159,7 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
             record_kv_events: router.wants_kv_events(),
             // Per-request logs need every token's time; aggregate reports only counts.
             aggregate_steady_tokens: hooks.request_ended.is_none(),
+            opaque_output_blocks: !outputs_reappear,
             ..Default::default()
         })?;
         workers.push(Worker { engine, busy: false, dirty: false, owners: Vec::new() });

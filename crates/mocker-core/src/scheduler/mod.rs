@@ -217,6 +217,8 @@ pub struct SchedulerOptions {
     pub record_kv_events: bool,
     /// Count steady tokens instead of itemizing them (see [`Pass::steady_count`]).
     pub aggregate_steady_tokens: bool,
+    /// Opaque identities for generated blocks (see `EngineOptions::opaque_output_blocks`).
+    pub opaque_output_blocks: bool,
 }
 
 #[cfg(test)]

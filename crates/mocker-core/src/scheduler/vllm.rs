@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 
 use crate::config::{Backend, EngineConfig, PreemptionMode, WorkerType};
 use crate::events::{KvEvent, KvEventData, StoredBlock};
-use crate::hashing::{chain_hash, extend_hashes, local_block_hash, PromptHashes};
+use crate::hashing::{chain_hash, extend_hashes, local_block_hash, output_block_identity, PromptHashes};
 use crate::kv::{BlockId, BlockPool};
 use crate::metrics::{EngineMetrics, ForwardPassMetrics};
 use crate::request::{Admission, Output, OutputToken, Request, SeqKey};
@@ -111,6 +111,7 @@ pub struct VllmScheduler {
     record_kv_events: bool,
     kv_token_ids: bool,
     aggregate_steady: bool,
+    opaque_output_blocks: bool,
     timing: Box<dyn TimingModel>,
 
     seqs: Vec<Option<Seq>>,
@@ -170,6 +171,7 @@ impl VllmScheduler {
             record_kv_events: options.record_kv_events && prefix_caching,
             kv_token_ids: config.emit_kv_token_ids,
             aggregate_steady: options.aggregate_steady_tokens,
+            opaque_output_blocks: options.opaque_output_blocks,
             timing,
             seqs: Vec::new(),
             free_slots: Vec::new(),
@@ -765,12 +767,21 @@ impl VllmScheduler {
             // Known blocks (the prompt's, hashed before submit) carry both hashes; tokens
             // are needed only for new generated blocks and for event token ids.
             let known = idx < seq.hashes.len();
-            if !known || (record && self.kv_token_ids) {
+            let opaque = !known && self.opaque_output_blocks && seq.planned.is_none();
+            if (!known && !opaque) || (record && self.kv_token_ids) {
                 self.scratch_tokens.clear();
                 seq.extend_block_tokens(blk, bs, &mut self.scratch_tokens);
             }
             let (hash, local) = if known {
                 (seq.hashes[idx], if record { seq.local_hashes[idx] } else { 0 })
+            } else if opaque {
+                // Past the prompt's known blocks, so the block holds generated tokens.
+                let h = output_block_identity(parent, seq.uuid, blk);
+                seq.hashes.push(h);
+                if record {
+                    seq.local_hashes.push(h);
+                }
+                (h, h)
             } else {
                 let local = local_block_hash(&self.scratch_tokens);
                 let h = parent.map_or(local, |p| chain_hash(p, local));

@@ -1,8 +1,10 @@
-//! Two engines of one config stepped in lockstep, one itemizing every token and one
-//! counting steady tokens (`aggregate_steady_tokens`): counting is an optimisation only,
-//! so every pass of the two must match.
+//! Engines of one config stepped in lockstep: one itemizing every token, one counting
+//! steady tokens (`aggregate_steady_tokens`), and one itemizing with opaque identities for
+//! generated blocks (`opaque_output_blocks`). Both are optimisations only, so every pass
+//! must match, except for the hash values of generated blocks in KV events.
 
 use mocker_core::config::EngineConfig;
+use mocker_core::events::{KvEvent, KvEventData};
 use mocker_core::{Engine, EngineOptions, Request};
 use proptest::prelude::*;
 
@@ -10,33 +12,38 @@ use proptest::prelude::*;
 pub struct Lockstep {
     pub itemized: Engine,
     pub aggregated: Engine,
+    pub opaque: Engine,
 }
 
 impl Lockstep {
     /// Both engines, recording KV events so their streams are compared too.
     pub fn new(config: &EngineConfig) -> Self {
-        let build = |aggregate| {
+        let build = |aggregate, opaque| {
             Engine::new(EngineOptions {
                 config: config.clone(),
                 record_kv_events: true,
                 aggregate_steady_tokens: aggregate,
+                opaque_output_blocks: opaque,
                 ..Default::default()
             })
             .unwrap()
         };
-        Self { itemized: build(false), aggregated: build(true) }
+        Self { itemized: build(false, false), aggregated: build(true, false), opaque: build(false, true) }
     }
 
     /// Submits `request` to both.
     pub fn submit(&mut self, request: Request) -> Result<(), TestCaseError> {
         self.itemized.submit(request.clone()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        self.opaque.submit(request.clone()).map_err(|e| TestCaseError::fail(e.to_string()))?;
         self.aggregated.submit(request).map_err(|e| TestCaseError::fail(e.to_string()))?;
         Ok(())
     }
 
     /// Cancels `uuid` on both; they must agree on whether anything was removed.
     pub fn cancel(&mut self, uuid: u128) -> Result<(), TestCaseError> {
-        prop_assert_eq!(self.itemized.cancel(uuid), self.aggregated.cancel(uuid));
+        let removed = self.itemized.cancel(uuid);
+        prop_assert_eq!(removed, self.aggregated.cancel(uuid));
+        prop_assert_eq!(removed, self.opaque.cancel(uuid));
         Ok(())
     }
 
@@ -61,6 +68,20 @@ impl Lockstep {
         prop_assert_eq!(&a.kv_events, &b.kv_events, "pass {} KV events", pass_no);
         prop_assert_eq!(a.metrics, b.metrics, "pass {} metrics", pass_no);
         let (end, counted) = (a.end_ns, b.steady_count);
+        let c = self.opaque.step(now);
+        prop_assert_eq!(a.end_ns, c.end_ns, "pass {} end (opaque)", pass_no);
+        prop_assert_eq!(&a.outputs, &c.outputs, "pass {} outputs (opaque)", pass_no);
+        prop_assert_eq!(&a.steady, &c.steady, "pass {} steady (opaque)", pass_no);
+        prop_assert_eq!(&a.admissions, &c.admissions, "pass {} admissions (opaque)", pass_no);
+        prop_assert_eq!(a.metrics, c.metrics, "pass {} metrics (opaque)", pass_no);
+        prop_assert_eq!(
+            event_shape(&a.kv_events),
+            event_shape(&c.kv_events),
+            "pass {} events (opaque)",
+            pass_no
+        );
+        prop_assert_eq!(self.itemized.metrics(), self.opaque.metrics(), "engine metrics (opaque)");
+        self.opaque.check_invariants().map_err(TestCaseError::fail)?;
         prop_assert_eq!(
             self.itemized.metrics(),
             self.aggregated.metrics(),
@@ -70,4 +91,16 @@ impl Lockstep {
         self.aggregated.check_invariants().map_err(TestCaseError::fail)?;
         Ok((end, counted))
     }
+}
+
+/// What KV events say apart from hash values: kind and block count of each.
+fn event_shape(events: &[KvEvent]) -> Vec<(u8, usize)> {
+    events
+        .iter()
+        .map(|e| match &e.data {
+            KvEventData::Stored { blocks, .. } => (0, blocks.len()),
+            KvEventData::Removed { block_hashes } => (1, block_hashes.len()),
+            KvEventData::Cleared => (2, 0),
+        })
+        .collect()
 }

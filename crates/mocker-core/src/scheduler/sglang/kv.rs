@@ -66,7 +66,7 @@ impl SglangScheduler {
         if seq.materialized / page <= seq.tree_depth {
             return;
         }
-        seq.extend_hashes(seq.materialized, page, &mut self.scratch_tokens);
+        seq.extend_hashes(seq.materialized, page, self.opaque_output_blocks, &mut self.scratch_tokens);
         let complete = (seq.materialized / page) as usize;
         self.created.clear();
         let ins = self.cache.insert(

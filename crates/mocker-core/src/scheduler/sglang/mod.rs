@@ -50,6 +50,7 @@ pub struct SglangScheduler {
     kv_token_ids: bool,
     /// Count steady tokens instead of itemizing them (see `steady`).
     aggregate_steady: bool,
+    opaque_output_blocks: bool,
     /// End of the previous pass: the last token time of requests in a steady run.
     last_end_ns: u64,
     timing: Box<dyn TimingModel>,
@@ -110,6 +111,7 @@ impl SglangScheduler {
             record_kv_events,
             kv_token_ids: config.emit_kv_token_ids,
             aggregate_steady: options.aggregate_steady_tokens,
+            opaque_output_blocks: options.opaque_output_blocks,
             last_end_ns: 0,
             timing,
             seqs: Vec::new(),
