@@ -26,7 +26,7 @@ pub struct EngineOptions {
     /// TRT-LLM cores honour it; SGLang itemizes regardless.
     pub aggregate_steady_tokens: bool,
     /// Identify blocks of generated tokens (without planned output) by
-    /// [`output_block_identity`](crate::hashing::output_block_identity) instead of content
+    /// [`unique_block_identity`](crate::hashing::unique_block_identity) instead of content
     /// hashes. For shells whose prompts never contain earlier outputs and whose KV events
     /// stay in the process (offline replay): prefix hits are unchanged, hash values are not
     /// the reference's.

@@ -118,19 +118,29 @@ pub fn sequence_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
     out
 }
 
-/// An opaque identity for block `index` of request `uuid`, a block holding generated
-/// tokens, chained onto the sequence hash `parent` of the block before it.
+/// Identities for blocks `blocks` of request `uuid` that no other request can ever hold
+/// (offline replay: the unique part of a synthetic prompt, and, where outputs never
+/// reappear in prompts, every block of generated tokens), appended to `out`.
 ///
-/// Without planned output, a generated block's content is the request's deterministic
-/// tokens after the prompt, so two such blocks have equal content hashes exactly when they
-/// belong to the same request at the same index (ids are unique among live requests).
-/// This mix keeps that equality at the cost of two multiplies instead of hashing a block of
-/// tokens. Only for engines whose outputs never reappear in another prompt and whose KV
-/// events stay in the process (offline replay): the values are not the reference's.
+/// Such a block's content hash equals another's only for the same request at the same
+/// index (request ids are unique), so any values distinct per (request, index) are as good
+/// as content hashes for cache keys, and a mix per block is far cheaper than hashing a
+/// block of tokens. The values are not the reference's: only for keys that stay in the
+/// process.
+pub fn extend_unique_identities(uuid: u128, blocks: std::ops::Range<u32>, out: &mut Vec<u64>) {
+    let seed = identity_seed(uuid);
+    out.extend(blocks.map(|b| splitmix64(seed.wrapping_add(u64::from(b)))));
+}
+
+/// One identity of [`extend_unique_identities`].
 #[inline]
-pub fn output_block_identity(parent: Option<u64>, uuid: u128, index: u32) -> u64 {
-    let id = splitmix64((uuid as u64) ^ splitmix64((uuid >> 64) as u64 ^ u64::from(index)));
-    splitmix64(id ^ parent.unwrap_or(0).rotate_left(17))
+pub fn unique_block_identity(uuid: u128, index: u32) -> u64 {
+    splitmix64(identity_seed(uuid).wrapping_add(u64::from(index)))
+}
+
+#[inline]
+fn identity_seed(uuid: u128) -> u64 {
+    splitmix64(splitmix64(uuid as u64) ^ (uuid >> 64) as u64)
 }
 
 /// SplitMix64's finaliser: a cheap bijective mix of 64 bits.

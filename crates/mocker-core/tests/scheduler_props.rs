@@ -374,7 +374,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 160, failure_persistence: None, ..ProptestConfig::default() })]
 
     /// Counting steady tokens and opaque identities for generated blocks are optimisations
-    /// only: the engine steps exactly as the plain one, including under preemption, chunking, budget starvation and cancels.
+    /// only: the engine steps exactly as the plain one, including under preemption,
+    /// chunking, budget starvation and cancels.
     #[test]
     fn counted_steady_tokens_and_opaque_output_blocks_step_like_the_plain_engine(
         config in config().prop_map(|c| EngineConfig {

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::thread::JoinHandle;
 
-use mocker_core::hashing::{extend_hashes, PromptHashes};
+use mocker_core::hashing::{extend_hashes, extend_unique_identities, PromptHashes};
 
 use crate::options::Workload;
 use crate::trace_source::TraceSource;
@@ -101,21 +101,6 @@ fn hashes_after_prefix(
     h
 }
 
-/// Identities of the blocks of turn `uuid` from `first` on, which are unique to it by
-/// construction (see `TurnRequest::shared_prefix`): any distinct values are then as good as
-/// content hashes for cache keys, and a mix per block is far cheaper than hashing 64 tokens.
-fn extend_fresh_identities(uuid: u128, first: usize, count: usize, out: &mut Vec<u64>) {
-    let seed = splitmix64(splitmix64(uuid as u64) ^ (uuid >> 64) as u64);
-    out.extend((first..first + count).map(|b| splitmix64(seed.wrapping_add(b as u64))));
-}
-
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// Which block identities the feed computes for each prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PromptHashing {
@@ -169,7 +154,12 @@ impl Planner {
                                 ),
                             };
                             let fresh = t.tokens.len() / bs - prefix;
-                            extend_fresh_identities(t.uuid, prefix, fresh, &mut h.sequence);
+                            // Unique to the turn by construction (see `TurnRequest::shared_prefix`).
+                            extend_unique_identities(
+                                t.uuid,
+                                prefix as u32..(prefix + fresh) as u32,
+                                &mut h.sequence,
+                            );
                             Some(h)
                         }
                         (h, Some(shared)) => Some(hashes_after_prefix(

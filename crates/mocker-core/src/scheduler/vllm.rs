@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 
 use crate::config::{Backend, EngineConfig, PreemptionMode, WorkerType};
 use crate::events::{KvEvent, KvEventData, StoredBlock};
-use crate::hashing::{chain_hash, extend_hashes, local_block_hash, output_block_identity, PromptHashes};
+use crate::hashing::{chain_hash, extend_hashes, local_block_hash, unique_block_identity, PromptHashes};
 use crate::kv::{BlockId, BlockPool};
 use crate::metrics::{EngineMetrics, ForwardPassMetrics};
 use crate::request::{Admission, Output, OutputToken, Request, SeqKey};
@@ -776,7 +776,7 @@ impl VllmScheduler {
                 (seq.hashes[idx], if record { seq.local_hashes[idx] } else { 0 })
             } else if opaque {
                 // Past the prompt's known blocks, so the block holds generated tokens.
-                let h = output_block_identity(parent, seq.uuid, blk);
+                let h = unique_block_identity(seq.uuid, blk);
                 seq.hashes.push(h);
                 if record {
                     seq.local_hashes.push(h);

@@ -1,6 +1,6 @@
 //! One request's state in the SGLang scheduler.
 
-use crate::hashing::{chain_hash, local_block_hash, output_block_identity};
+use crate::hashing::{chain_hash, local_block_hash, unique_block_identity};
 use crate::kv::radix::NodeId;
 
 /// Where a request is in its lifecycle.
@@ -62,14 +62,14 @@ impl Seq {
     /// Extends `hashes` to cover every complete page of the first `upto` tokens; `scratch`
     /// is a reusable token buffer (prompt pages are hashed at submit, so this only runs for
     /// pages of generated tokens, one page at a time). With `opaque`, pages of generated
-    /// tokens without a plan get [`output_block_identity`] instead of a content hash.
+    /// tokens without a plan get [`unique_block_identity`] instead of a content hash.
     pub fn extend_hashes(&mut self, upto: u32, page: u32, opaque: bool, scratch: &mut Vec<u32>) {
         let target = (upto / page) as usize;
         let prompt_pages = self.prompt.len() as u32 / page;
         while self.hashes.len() < target {
             let blk = self.hashes.len() as u32;
             if opaque && blk >= prompt_pages && self.planned.is_none() {
-                let h = output_block_identity(self.hashes.last().copied(), self.uuid, blk);
+                let h = unique_block_identity(self.uuid, blk);
                 self.hashes.push(h);
                 continue;
             }
