@@ -19,6 +19,13 @@ pub struct Request {
     /// caller may pass any identities that are equal exactly when the content hashes are
     /// (for blocks it built to be unique, fresh ids rather than hashes).
     pub block_hashes: Option<crate::hashing::PromptHashes>,
+    /// How many leading blocks another request may ever look up (`None`: all of them).
+    /// The caller promises that every later block, prompt or generated, is unique to this
+    /// request; an engine may then keep those blocks out of its shared prefix index and
+    /// its KV events (they cost no hash probes), publishing them only if a preemption
+    /// makes the request look them up again. Their `block_hashes` entries need only be
+    /// identities unique to the request, and `local` may stop at this count.
+    pub shareable_blocks: Option<usize>,
 }
 
 /// The engine's handle for a submitted request, valid until the pass after its terminal

@@ -197,6 +197,7 @@ fn run(config: EngineConfig, specs: &[Spec], record: bool) -> Result<(), TestCas
                     max_output_tokens: s.output,
                     output_token_ids: None,
                     block_hashes: None,
+                    shareable_blocks: None,
                 })
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             seen.insert(uuid, Seen::default());
@@ -346,13 +347,17 @@ fn run_optimised_beside_plain(
             if specs[i].arrival > passes && pair.itemized.has_work() {
                 break;
             }
-            pair.submit(Request {
-                uuid: i as u128 + 1,
-                tokens: prompt_tokens(i, &specs[i]),
-                max_output_tokens: specs[i].output,
-                output_token_ids: None,
-                block_hashes: None,
-            })?;
+            // Blocks past the group prefix hold tokens of this request only.
+            let shareable = specs[i].group.map_or(0, |(_, n)| n) / config.block_size;
+            pair.submit(
+                Request {
+                    uuid: i as u128 + 1,
+                    tokens: prompt_tokens(i, &specs[i]),
+                    max_output_tokens: specs[i].output,
+                    ..Default::default()
+                },
+                Some(shareable),
+            )?;
             pending.next();
             passes = passes.max(specs[i].arrival);
         }

@@ -331,7 +331,7 @@ fn run_optimised_beside_plain(
                 max_output_tokens: s.output,
                 ..Default::default()
             };
-            pair.submit(request)?;
+            pair.submit(request, None)?;
             submitted += 1;
         }
         if pass_no == cancel.0 {

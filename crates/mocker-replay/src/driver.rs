@@ -13,7 +13,7 @@ use mocker_core::{Engine, EngineOptions, Request};
 
 use crate::collector::{Collector, RecordId};
 use crate::deps::{Deps, SessionId};
-use crate::feed::{PlannedSession, PlannedTurn, PromptHashing, SessionFeed};
+use crate::feed::{FeedOptions, PlannedSession, PlannedTurn, PromptHashing, SessionFeed};
 use crate::options::{ms_to_ns, ReplayError, ReplayOptions, Workload};
 use crate::report::Summary;
 use crate::request_log::RequestRecord;
@@ -169,10 +169,13 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     // The KV router makes the engines record events, whose Stored blocks carry locals.
     let hashing = match (router.wants_kv_events(), engine.enable_prefix_caching) {
         (true, _) => PromptHashing::WithLocal,
-        // Keys no one outside the engines sees: unique synthetic blocks need no hashing.
-        (false, true) => PromptHashing::Identities,
+        (false, true) => PromptHashing::Sequence,
         (false, false) => PromptHashing::Off,
     };
+    // Blocks no other request can share stay out of the engines' indexes, their KV events
+    // and the router's: nobody but their own request could ever look them up.
+    let feed_options =
+        FeedOptions { block_size: engine.block_size, hashing, private_tails: !outputs_reappear };
     let started = Instant::now();
     let mut collector = Collector::with_sla(options.sla);
     if hooks.request_ended.is_some() {
@@ -180,7 +183,7 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     }
     let mut sim = Sim {
         workers,
-        feed: SessionFeed::new(&options.workload, engine.block_size, hashing),
+        feed: SessionFeed::new(&options.workload, feed_options),
         sessions: SessionTable::default(),
         collector,
         router,
@@ -516,9 +519,11 @@ impl Sim {
 
     /// Routes and submits a turn whose record exists.
     fn place(&mut self, sid: SessionId, rec: RecordId, turn: PlannedTurn) {
+        let hashes = turn.block_hashes.as_ref().map_or(&[][..], |h| &h.sequence[..]);
         let p = self.router.route(RouteRequest {
             isl: turn.tokens.len(),
-            hashes: turn.block_hashes.as_ref().map_or(&[], |h| &h.sequence[..]),
+            hashes,
+            shareable: turn.shareable_blocks.unwrap_or(hashes.len()),
         });
         self.collector.set_worker(rec, p.worker);
         let worker = &mut self.workers[p.worker];
@@ -530,6 +535,7 @@ impl Sim {
                 max_output_tokens: turn.max_output_tokens,
                 output_token_ids: None,
                 block_hashes: turn.block_hashes,
+                shareable_blocks: turn.shareable_blocks,
             })
             .expect("prompt and output lengths were checked at dispatch");
         let slot = key.0 as usize;

@@ -24,6 +24,10 @@ pub struct PlannedTurn {
     /// Hashes of the prompt's full blocks (when prefix caching or the KV router needs
     /// them), computed here so the synthesis thread does that work.
     pub block_hashes: Option<PromptHashes>,
+    /// With [`FeedOptions::private_tails`]: how many leading blocks other turns may share
+    /// (`mocker_core::Request::shareable_blocks`); the hashes of later blocks are
+    /// identities unique to the turn, and their locals are left out.
+    pub shareable_blocks: Option<usize>,
     /// Delay after the previous turn of the session completes (ms, before the speedup).
     pub delay_ms: f64,
     /// Not released before this (ms, before the speedup): agentic v2 `not_before_ms`.
@@ -39,6 +43,20 @@ pub struct PlannedSession {
     pub turns: VecDeque<PlannedTurn>,
     /// The gate its first turn waits on (agentic dependencies), see `crate::deps`.
     pub gate: Option<u64>,
+}
+
+/// How a [`SessionFeed`] prepares prompts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FeedOptions {
+    /// The engines' block size.
+    pub block_size: usize,
+    /// Which hashes to compute.
+    pub hashing: PromptHashing,
+    /// Find each turn's blocks that no other turn can share (past a synthetic turn's group
+    /// prefix; past a trace turn's first hash id no other row uses) and give them fresh
+    /// identities instead of hashes, for engines told they are private. Only sound when
+    /// no later prompt contains earlier outputs (not for delta traces).
+    pub private_tails: bool,
 }
 
 /// Prompt tokens below which a helper thread costs more than it saves.
@@ -67,8 +85,14 @@ enum Generator {
 /// Turns a workload into planned sessions.
 struct Planner {
     source: Generator,
+    keys: KeyMaker,
+}
+
+/// Computes prompts' block hashes and identities.
+struct KeyMaker {
     block_size: usize,
     hashing: PromptHashing,
+    private_tails: bool,
     /// Hashes of each synthetic prefix group's shared blocks, computed once per group.
     group_prefixes: Vec<Option<PromptHashes>>,
 }
@@ -106,10 +130,6 @@ fn hashes_after_prefix(
 pub enum PromptHashing {
     /// None: prefix caching is off and no KV router reads them.
     Off,
-    /// Cache keys only, never published: a synthetic turn's shared group prefix gets its
-    /// sequence hashes and its other blocks, unique by construction, fresh identities.
-    /// Trace prompts, whose blocks do repeat, are hashed as with `Sequence`.
-    Identities,
     /// Sequence hashes, the prefix-cache and routing keys.
     Sequence,
     /// Sequence and local hashes, for engines that record KV events (Stored events carry
@@ -119,64 +139,30 @@ pub enum PromptHashing {
 
 impl Planner {
     fn next(&mut self) -> Option<PlannedSession> {
-        let bs = self.block_size;
-        let hash = |tokens: &[u32]| match self.hashing {
-            PromptHashing::Off => None,
-            PromptHashing::Identities | PromptHashing::Sequence => {
-                Some(PromptHashes::sequence_only(tokens, bs))
-            }
-            PromptHashing::WithLocal => Some(PromptHashes::of(tokens, bs)),
-        };
         match &mut self.source {
             Generator::Synthetic(source, delay) => {
+                let delay = *delay;
                 let arrival_ms = source.next_arrival_ms();
                 let mut state = source.start_session()?;
                 let mut turns = VecDeque::with_capacity(source.turns_per_session());
                 while let Some(t) = source.next_turn(&mut state) {
-                    let block_hashes = match (self.hashing, t.shared_prefix) {
-                        (PromptHashing::Off, _) => None,
-                        (PromptHashing::Identities, shared) => {
-                            let (group, prefix) = shared.unwrap_or((0, 0));
-                            // Sized for the whole generation, so the engine's submit
-                            // need not grow it.
-                            let final_blocks = (t.tokens.len() + t.max_output_tokens).div_ceil(bs);
-                            let mut h = match prefix {
-                                0 => PromptHashes {
-                                    sequence: Vec::with_capacity(final_blocks),
-                                    local: Vec::new(),
-                                },
-                                _ => hashes_after_prefix(
-                                    &mut self.group_prefixes,
-                                    (group, prefix),
-                                    &t.tokens[..prefix * bs],
-                                    bs,
-                                    false,
-                                ),
-                            };
-                            let fresh = t.tokens.len() / bs - prefix;
-                            // Unique to the turn by construction (see `TurnRequest::shared_prefix`).
-                            extend_unique_identities(
-                                t.uuid,
-                                prefix as u32..(prefix + fresh) as u32,
-                                &mut h.sequence,
-                            );
-                            Some(h)
-                        }
-                        (h, Some(shared)) => Some(hashes_after_prefix(
-                            &mut self.group_prefixes,
-                            shared,
-                            &t.tokens,
-                            bs,
-                            h == PromptHashing::WithLocal,
-                        )),
-                        (_, None) => hash(&t.tokens),
-                    };
+                    // Blocks past the group prefix are unique by construction (see
+                    // `TurnRequest::shared_prefix`).
+                    let shareable = self.keys.private_tails.then(|| t.shared_prefix.map_or(0, |(_, n)| n));
+                    let block_hashes = self.keys.prompt_hashes(
+                        t.uuid,
+                        &t.tokens,
+                        t.max_output_tokens,
+                        t.shared_prefix,
+                        shareable,
+                    );
                     turns.push_back(PlannedTurn {
                         uuid: t.uuid,
                         block_hashes,
+                        shareable_blocks: shareable,
                         tokens: t.tokens,
                         max_output_tokens: t.max_output_tokens,
-                        delay_ms: if turns.is_empty() { 0.0 } else { *delay },
+                        delay_ms: if turns.is_empty() { 0.0 } else { delay },
                         not_before_ms: None,
                     });
                 }
@@ -185,21 +171,71 @@ impl Planner {
             Generator::Trace(source) => {
                 let arrival_ms = source.next_arrival_ms();
                 let session = source.next_session()?;
-                let turns = session
-                    .turns
-                    .into_iter()
-                    .map(|t| PlannedTurn {
+                let bs = self.keys.block_size;
+                let mut turns = VecDeque::with_capacity(session.turns.len());
+                for t in session.turns {
+                    let shareable = match t.shareable_tokens {
+                        Some(n) if self.keys.private_tails => Some(n / bs),
+                        _ => None,
+                    };
+                    let block_hashes =
+                        self.keys.prompt_hashes(t.uuid, &t.tokens, t.max_output_tokens, None, shareable);
+                    turns.push_back(PlannedTurn {
                         uuid: t.uuid,
-                        block_hashes: hash(&t.tokens),
+                        block_hashes,
+                        shareable_blocks: shareable,
                         tokens: t.tokens,
                         max_output_tokens: t.max_output_tokens,
                         delay_ms: t.delay_ms,
                         not_before_ms: t.not_before_ms,
-                    })
-                    .collect();
+                    });
+                }
                 Some(PlannedSession { arrival_ms, turns, gate: session.gate })
             }
         }
+    }
+}
+
+impl KeyMaker {
+    /// The hashes of a turn's prompt: the first `group.1` blocks from the group's cache,
+    /// hashes up to `shareable` blocks (all when `None`), fresh identities after that.
+    fn prompt_hashes(
+        &mut self,
+        uuid: u128,
+        tokens: &[u32],
+        max_output: usize,
+        group: Option<(usize, usize)>,
+        shareable: Option<usize>,
+    ) -> Option<PromptHashes> {
+        let bs = self.block_size;
+        let with_local = match self.hashing {
+            PromptHashing::Off => return None,
+            PromptHashing::Sequence => false,
+            PromptHashing::WithLocal => true,
+        };
+        let blocks = tokens.len() / bs;
+        let hashed = shareable.map_or(blocks, |n| n.min(blocks));
+        let mut h = match group {
+            Some((g, prefix)) if prefix > 0 && prefix <= hashed => hashes_after_prefix(
+                &mut self.group_prefixes,
+                (g, prefix),
+                &tokens[..hashed * bs],
+                bs,
+                with_local,
+            ),
+            _ => {
+                // Sized for the whole generation, so the engine's submit need not grow it.
+                let mut h = PromptHashes {
+                    sequence: Vec::with_capacity((tokens.len() + max_output).div_ceil(bs)),
+                    local: Vec::new(),
+                };
+                let locals = with_local.then_some(&mut h.local);
+                extend_hashes(None, &tokens[..hashed * bs], bs, &mut h.sequence, locals);
+                h
+            }
+        };
+        extend_unique_identities(uuid, hashed as u32..blocks as u32, &mut h.sequence);
+        Some(h)
     }
 }
 
@@ -211,9 +247,9 @@ pub struct SessionFeed {
 }
 
 impl SessionFeed {
-    /// A feed of `workload` for engines with `block_size`-token blocks, hashing prompts
-    /// as `hashing` says.
-    pub fn new(workload: &Workload, block_size: usize, hashing: PromptHashing) -> Self {
+    /// A feed of `workload`, prompts prepared as `options` say.
+    pub fn new(workload: &Workload, options: FeedOptions) -> Self {
+        let FeedOptions { block_size, hashing, private_tails } = options;
         let (source, remaining, total_prompt_tokens) = match workload {
             Workload::Synthetic(w) => (
                 Generator::Synthetic(SyntheticSource::new(w.clone(), block_size), w.inter_turn_delay_ms),
@@ -228,7 +264,8 @@ impl SessionFeed {
                 (Generator::Trace(source), remaining, per_copy.saturating_mul(t.repeat))
             }
         };
-        let mut planner = Planner { source, block_size, hashing, group_prefixes: Vec::new() };
+        let keys = KeyMaker { block_size, hashing, private_tails, group_prefixes: Vec::new() };
+        let mut planner = Planner { source, keys };
         let source = if total_prompt_tokens < THREAD_MIN_PROMPT_TOKENS {
             Source::Inline(Box::new(planner))
         } else {
@@ -306,8 +343,12 @@ mod tests {
 
     use crate::workload::SyntheticWorkload;
 
+    fn opts(block_size: usize, hashing: PromptHashing, private_tails: bool) -> FeedOptions {
+        FeedOptions { block_size, hashing, private_tails }
+    }
+
     fn collect(w: &SyntheticWorkload) -> Vec<PlannedSession> {
-        let mut feed = SessionFeed::new(&w.clone().into(), 64, PromptHashing::WithLocal);
+        let mut feed = SessionFeed::new(&w.clone().into(), opts(64, PromptHashing::WithLocal, false));
         let mut out = Vec::new();
         while let Some(s) = feed.start_session() {
             out.push(s);
@@ -350,7 +391,7 @@ mod tests {
                 ..Default::default()
             };
             for hashing in [PromptHashing::Sequence, PromptHashing::WithLocal] {
-                let mut feed = SessionFeed::new(&w.clone().into(), 64, hashing);
+                let mut feed = SessionFeed::new(&w.clone().into(), opts(64, hashing, false));
                 let mut firsts = std::collections::BTreeSet::new();
                 let mut turns = 0;
                 while let Some(s) = feed.start_session() {
@@ -370,10 +411,40 @@ mod tests {
         }
     }
 
+    /// The contract of private tails: as cache keys the identities behave like the content
+    /// hashes (a bijection over every block of the run), and every block past a turn's
+    /// shareable count occurs in that turn only.
+    fn check_private_tails(workload: &Workload, bs: usize) -> usize {
+        let mut feed = SessionFeed::new(workload, opts(bs, PromptHashing::Sequence, true));
+        let (mut by_hash, mut by_id) = (FxHashMap::default(), FxHashMap::default());
+        let mut uses: FxHashMap<u64, usize> = FxHashMap::default();
+        let mut tails = Vec::new();
+        let mut shared = 0;
+        while let Some(s) = feed.start_session() {
+            for t in &s.turns {
+                let ids = &t.block_hashes.as_ref().unwrap().sequence;
+                let hashes = PromptHashes::sequence_only(&t.tokens, bs).sequence;
+                assert_eq!(ids.len(), hashes.len(), "at {bs}");
+                let n = t.shareable_blocks.expect("private tails are marked");
+                for (i, (&h, &id)) in hashes.iter().zip(ids).enumerate() {
+                    shared += usize::from(by_hash.contains_key(&h));
+                    assert_eq!(*by_hash.entry(h).or_insert(id), id, "at {bs}");
+                    assert_eq!(*by_id.entry(id).or_insert(h), h, "at {bs}");
+                    *uses.entry(h).or_default() += 1;
+                    if i >= n {
+                        tails.push(h);
+                    }
+                }
+            }
+        }
+        for h in tails {
+            assert_eq!(uses[&h], 1, "a private block occurs elsewhere, at {bs}");
+        }
+        shared
+    }
+
     #[test]
-    fn identities_are_equal_exactly_when_content_hashes_are() {
-        // The contract of `Identities`: as cache keys they must behave like the content
-        // hashes, i.e. the map between the two is a bijection over every block of the run.
+    fn private_tails_are_unique_and_their_identities_act_as_hashes() {
         let base = SyntheticWorkload { input_tokens: 300, request_count: 60, ..Default::default() };
         let cases = [
             (base.clone(), 64),
@@ -392,30 +463,38 @@ mod tests {
             ),
         ];
         for (w, bs) in cases {
-            let mut feed = SessionFeed::new(&w.clone().into(), bs, PromptHashing::Identities);
-            let (mut by_hash, mut by_id) = (FxHashMap::default(), FxHashMap::default());
-            let mut shared = 0;
-            while let Some(s) = feed.start_session() {
-                for t in &s.turns {
-                    let ids = &t.block_hashes.as_ref().unwrap().sequence;
-                    let hashes = PromptHashes::sequence_only(&t.tokens, bs).sequence;
-                    assert_eq!(ids.len(), hashes.len(), "{w:?} at {bs}");
-                    for (&h, &id) in hashes.iter().zip(ids) {
-                        shared += usize::from(by_hash.contains_key(&h));
-                        assert_eq!(*by_hash.entry(h).or_insert(id), id, "{w:?} at {bs}");
-                        assert_eq!(*by_id.entry(id).or_insert(h), h, "{w:?} at {bs}");
-                    }
-                }
-            }
+            let shared = check_private_tails(&w.clone().into(), bs);
             // Prefix groups do share blocks, so both directions were exercised.
             assert_eq!(shared > 0, w.num_prefix_groups > 0, "{w:?} at {bs}");
         }
+        // Trace rows share ids 1 and 2 (and 5 twice within one row); the rest are theirs
+        // alone. Block sizes that divide the trace's 4 and that straddle it.
+        let text = "{\"timestamp\": 0, \"output_length\": 2, \"hash_ids\": [1, 2, 3, 4]}\n\
+                    {\"timestamp\": 1, \"output_length\": 2, \"hash_ids\": [1, 2, 6], \"input_length\": 10}\n\
+                    {\"timestamp\": 2, \"output_length\": 2, \"hash_ids\": [1, 5, 5, 7]}\n\
+                    {\"timestamp\": 3, \"output_length\": 2, \"hash_ids\": [8]}";
+        let trace = std::sync::Arc::new(
+            crate::trace::parse_trace(text, crate::trace::TraceFormat::Mooncake, Some(4)).unwrap(),
+        );
+        for bs in [1, 2, 3, 4] {
+            let w = Workload::Trace(crate::options::TraceWorkload {
+                trace: trace.clone(),
+                concurrency: None,
+                repeat: 1,
+            });
+            assert!(check_private_tails(&w, bs) > 0, "rows share blocks at {bs}");
+        }
+        let w = Workload::Trace(crate::options::TraceWorkload { trace, concurrency: None, repeat: 1 });
+        let mut feed = SessionFeed::new(&w, opts(2, PromptHashing::Sequence, true));
+        let firsts: Vec<_> =
+            std::iter::from_fn(|| feed.start_session()).map(|s| s.turns[0].shareable_blocks).collect();
+        assert_eq!(firsts, vec![Some(4), Some(4), Some(6), Some(0)]);
     }
 
     #[test]
     fn dropping_a_threaded_feed_early_stops_its_thread() {
         let w = SyntheticWorkload { input_tokens: 1000, request_count: 100_000, ..Default::default() };
-        let mut feed = SessionFeed::new(&w.into(), 64, PromptHashing::Off);
+        let mut feed = SessionFeed::new(&w.into(), opts(64, PromptHashing::Off, false));
         assert!(feed.start_session().is_some());
         drop(feed); // must not hang
     }

@@ -23,6 +23,9 @@ pub struct SourcedTurn {
     /// Trace mode: not released before this (ms on the normalised timeline, before the
     /// speedup ratio).
     pub not_before_ms: Option<f64>,
+    /// Leading prompt tokens some other turn may share: those before the turn's first
+    /// hash id that no other row of the replay uses (`None`: all of them, or unknown).
+    pub shareable_tokens: Option<usize>,
 }
 
 /// A session of a trace copy, prompts synthesised.
@@ -47,6 +50,10 @@ pub struct TraceSource {
     repeat: usize,
     copy: usize,
     pos: usize,
+    /// Rows using each (dense) hash id, saturating, when a turn's unshared tail is known:
+    /// a single replay of a format whose rows list their whole prompt. Repeats share every
+    /// id between copies, and delta rows list only new blocks.
+    id_uses: Option<Vec<u8>>,
 }
 
 impl TraceSource {
@@ -81,7 +88,16 @@ impl TraceSource {
             span_ms = last + mean_gap;
             origin_ms = Some(min);
         }
-        Self { trace, order, span_ms, origin_ms, repeat: w.repeat, copy: 0, pos: 0 }
+        let id_uses = (w.repeat == 1 && trace.format != TraceFormat::MooncakeDelta).then(|| {
+            let turns = || trace.sessions.iter().flat_map(|s| &s.turns);
+            let ids = turns().flat_map(|t| t.ids.iter().copied());
+            let mut uses = vec![0u8; ids.clone().max().map_or(0, |m| m as usize + 1)];
+            // Occurrences, not rows: an id repeated within one row counts as shared, which
+            // only ever marks fewer blocks private.
+            ids.for_each(|id| uses[id as usize] = uses[id as usize].saturating_add(1));
+            uses
+        });
+        Self { trace, order, span_ms, origin_ms, repeat: w.repeat, copy: 0, pos: 0, id_uses }
     }
 
     /// Sessions not started yet.
@@ -128,12 +144,18 @@ impl TraceSource {
                 expand_prompt(&t.ids, t.input_length as usize, bs, &mut v);
                 v
             };
+            let shareable_tokens = self
+                .id_uses
+                .as_ref()
+                .and_then(|uses| t.ids.iter().position(|&id| uses[id as usize] == 1))
+                .map(|j| (j * bs).min(tokens.len()));
             turns.push(SourcedTurn {
                 uuid,
                 tokens,
                 max_output_tokens: t.output_length as usize,
                 delay_ms: t.delay_ms,
                 not_before_ms: t.not_before_ms.zip(shift).map(|(nb, d)| nb + d),
+                shareable_tokens,
             });
         }
         let gate = session.gate.map(|g| copy as u64 * self.trace.gates.len() as u64 + u64::from(g));

@@ -17,7 +17,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use mocker_core::Request;
 use mocker_live::{LiveEngine, LiveError, LiveOptions, LiveRequest, ObservedAdmission, OutputSignal};
 use mocker_replay::collector::{Collector, RecordId};
-use mocker_replay::feed::{PlannedSession, PlannedTurn, PromptHashing, SessionFeed};
+use mocker_replay::feed::{FeedOptions, PlannedSession, PlannedTurn, PromptHashing, SessionFeed};
 use mocker_replay::report::Summary;
 use mocker_replay::{ReplayError, ReplayOptions, ReplayOutcome};
 use rustc_hash::FxHashMap;
@@ -103,8 +103,16 @@ pub async fn replay_online(options: &ReplayOptions) -> Result<ReplayOutcome, Onl
         epoch,
         feed: SessionFeed::new(
             &options.workload,
-            engine_config.block_size,
-            if engine_config.enable_prefix_caching { PromptHashing::Sequence } else { PromptHashing::Off },
+            FeedOptions {
+                block_size: engine_config.block_size,
+                hashing: if engine_config.enable_prefix_caching {
+                    PromptHashing::Sequence
+                } else {
+                    PromptHashing::Off
+                },
+                // Live engines publish every block's KV events.
+                private_tails: false,
+            },
         ),
         sessions: Vec::new(),
         free_sessions: Vec::new(),
@@ -286,6 +294,7 @@ impl Driver<'_> {
             max_output_tokens: turn.max_output_tokens,
             output_token_ids: None,
             block_hashes: turn.block_hashes,
+            shareable_blocks: None,
         })?;
         let engine = self.workers[worker].clone();
         self.acks.push(Box::pin(async move { engine.submit_prepared(registration).await }));

@@ -3,5 +3,5 @@
 mod pool;
 pub mod radix;
 
-pub use pool::{BlockId, BlockPool, PrefixMatch};
+pub use pool::{BlockId, BlockPool, PrefixMatch, Scope};
 pub use radix::RadixCache;

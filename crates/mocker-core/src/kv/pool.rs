@@ -18,6 +18,10 @@ struct Block {
     registered: bool,
     /// First copy of its hash: the one the index points at.
     primary: bool,
+    /// Registered but kept out of the index ([`Scope::Private`], not yet published).
+    unindexed: bool,
+    /// Its eviction is not announced (registered [`Scope::Private`] or [`Scope::Silent`]).
+    silent: bool,
     /// Inactive LRU links.
     prev: u32,
     next: u32,
@@ -52,6 +56,21 @@ impl Lineage {
         leaf_prev: NIL,
         leaf_next: NIL,
     };
+}
+
+/// Who may look a registered block up, and whether its comings and goings are announced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Indexed and announced: any request may hit it, and KV events report it.
+    Shared,
+    /// Indexed but never announced: a block only its own request will look up (again, after
+    /// a preemption), so no KV event needs to report it.
+    Silent,
+    /// Neither indexed nor announced: only its own request could hit it, and that request
+    /// holds it. It still takes its place in the LRU when released, so eviction order is
+    /// that of a shared block; [`BlockPool::publish`] indexes it when the request lets go
+    /// early (a preemption) and will look it up again.
+    Private,
 }
 
 /// How much of a block-hash chain is resident.
@@ -261,17 +280,46 @@ impl BlockPool {
     /// only under the lineage policy and only if that block is cached. Returns true when it
     /// is the first copy of that hash (so it should be announced as Stored).
     pub fn register(&mut self, id: BlockId, hash: u64, parent: Option<BlockId>) -> bool {
+        self.register_in(id, hash, parent, Scope::Shared)
+    }
+
+    /// [`register`](Self::register) with a [`Scope`]: only a [`Scope::Shared`] block is
+    /// ever reported (by the return value here, or in `evicted` when it goes); a
+    /// [`Scope::Private`] one costs no index probe.
+    pub fn register_in(&mut self, id: BlockId, hash: u64, parent: Option<BlockId>, scope: Scope) -> bool {
         let b = &mut self.blocks[id as usize];
         if b.registered {
             return false;
         }
         b.registered = true;
         b.hash = hash;
+        b.silent = scope != Scope::Shared;
+        b.unindexed = scope == Scope::Private;
         if self.policy == EvictionPolicy::Lineage {
             if let Some(p) = parent {
                 self.link_child(p, id);
             }
         }
+        if scope == Scope::Private {
+            return false;
+        }
+        self.index_block(id, hash) && scope == Scope::Shared
+    }
+
+    /// Indexes a [`Scope::Private`] block (it becomes [`Scope::Silent`]); does nothing to
+    /// any other block.
+    pub fn publish(&mut self, id: BlockId) {
+        let b = &mut self.blocks[id as usize];
+        if b.registered && b.unindexed {
+            b.unindexed = false;
+            let hash = b.hash;
+            self.index_block(id, hash);
+        }
+    }
+
+    /// Enters registered block `id` into the index; returns whether it is the first copy.
+    #[inline]
+    fn index_block(&mut self, id: BlockId, hash: u64) -> bool {
         // One probe: an existing entry is the live primary, so this block is a duplicate.
         match self.index.entry(hash) {
             std::collections::hash_map::Entry::Occupied(e) => {
@@ -296,6 +344,8 @@ impl BlockPool {
             refcount: 0,
             registered: false,
             primary: false,
+            unindexed: false,
+            silent: false,
             prev: NIL,
             next: NIL,
             next_copy: NIL,
@@ -414,6 +464,10 @@ impl BlockPool {
     fn forget(&mut self, id: BlockId, evicted: &mut Vec<u64>) {
         let b = &mut self.blocks[id as usize];
         b.registered = false;
+        let silent = std::mem::replace(&mut b.silent, false);
+        if std::mem::replace(&mut b.unindexed, false) {
+            return; // never indexed, never announced, and alone with its hash
+        }
         let hash = b.hash;
         let next_copy = std::mem::replace(&mut b.next_copy, NIL);
         let was_primary = std::mem::replace(&mut b.primary, false);
@@ -428,7 +482,9 @@ impl BlockPool {
             self.blocks[next_copy as usize].primary = true;
             self.index.insert(hash, next_copy);
         } else {
-            evicted.push(hash);
+            if !silent {
+                evicted.push(hash);
+            }
             self.index.remove(&hash);
         }
     }
@@ -580,9 +636,17 @@ impl BlockPool {
                 cur = self.blocks[cur as usize].next_copy;
             }
         }
-        let registered = self.blocks.iter().filter(|b| b.registered).count();
+        let registered = self.blocks.iter().filter(|b| b.registered && !b.unindexed).count();
         if copies != registered {
-            return Err(format!("index holds {copies} copies but {registered} blocks are registered"));
+            return Err(format!(
+                "index holds {copies} copies but {registered} indexed blocks are registered"
+            ));
+        }
+        for (i, b) in self.blocks.iter().enumerate() {
+            let private_ok = !b.unindexed || (b.registered && b.silent && !b.primary && b.next_copy == NIL);
+            if !private_ok || (!b.registered && b.silent) {
+                return Err(format!("block {i} has scope flags out of step with its registration"));
+            }
         }
         match self.policy {
             EvictionPolicy::Lru if self.lineage.is_empty() && self.leaf_head == NIL => Ok(()),

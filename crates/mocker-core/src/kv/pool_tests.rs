@@ -253,3 +253,30 @@ fn lineage_check_invariants_verifies_the_leaf_list() {
     assert_eq!((pool.leaf_head, pool.lineage.len()), (NIL, 0));
     pool.check_invariants().unwrap();
 }
+
+/// A private block is cached in LRU order like any other but cannot be hit and is never
+/// reported; once published (its request preempted) it can be hit, and still goes quietly.
+#[test]
+fn private_blocks_are_invisible_until_published_and_never_reported() {
+    for policy in [EvictionPolicy::Lru, EvictionPolicy::Lineage] {
+        let mut pool = BlockPool::with_policy(3, policy);
+        let mut ev = Vec::new();
+        let mut a = Vec::new();
+        assert!(pool.allocate(&mut a, 3, &[], &mut ev));
+        assert!(pool.register_in(a[0], 1, None, Scope::Shared));
+        assert!(!pool.register_in(a[1], 2, Some(a[0]), Scope::Private));
+        assert!(!pool.register_in(a[2], 3, Some(a[1]), Scope::Private));
+        assert_eq!(pool.match_prefix(&[1, 2, 3]).blocks, 1, "private blocks cannot be hit");
+        assert_eq!(pool.num_cached_hashes(), 1);
+        pool.publish(a[1]);
+        assert_eq!(pool.match_prefix(&[1, 2, 3]).blocks, 2, "a published block can");
+        pool.check_invariants().unwrap();
+        pool.release(&mut a);
+        assert_eq!(pool.num_inactive(), 3, "private blocks stay cached until evicted");
+        let mut b = Vec::new();
+        assert!(pool.allocate(&mut b, 3, &[], &mut ev));
+        assert_eq!(ev, vec![1], "{policy:?}: only the shared block's eviction is reported");
+        assert_eq!(pool.num_cached_hashes(), 0);
+        pool.check_invariants().unwrap();
+    }
+}

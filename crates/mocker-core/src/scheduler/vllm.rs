@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use crate::config::{Backend, EngineConfig, PreemptionMode, WorkerType};
 use crate::events::{KvEvent, KvEventData, StoredBlock};
 use crate::hashing::{chain_hash, extend_hashes, local_block_hash, unique_block_identity, PromptHashes};
-use crate::kv::{BlockId, BlockPool};
+use crate::kv::{BlockId, BlockPool, Scope};
 use crate::metrics::{EngineMetrics, ForwardPassMetrics};
 use crate::request::{Admission, Output, OutputToken, Request, SeqKey};
 use crate::timing::{scaled_nanos, DecodeShape, PrefillShape, TimingModel};
@@ -48,6 +48,11 @@ struct Seq {
     /// recorded (empty otherwise).
     local_hashes: Vec<u64>,
     first_cached: Option<u32>,
+    /// Blocks from this index on are private to the request (`Request::shareable_blocks`;
+    /// `u32::MAX` when none are).
+    private_from: u32,
+    /// Its private blocks are indexed: it was preempted and looks them up again.
+    published: bool,
     sent_first: bool,
     /// Finished in the current pass; retired once emission is done.
     done: bool,
@@ -213,12 +218,21 @@ impl VllmScheduler {
         // reallocates as decode crosses block boundaries.
         let final_blocks = (prompt_len + max_output).div_ceil(bs).min(self.num_gpu_blocks + 1);
         let record = self.record_kv_events;
+        let prompt_blocks = prompt_len / bs;
+        let private_from = match request.shareable_blocks {
+            Some(n) if self.prefix_caching => n.min(prompt_blocks) as u32,
+            _ => u32::MAX,
+        };
+        // Locals are read only for announced (shareable) blocks.
+        let locals_needed = prompt_blocks.min(private_from as usize);
         let (hashes, local_hashes) = match request.block_hashes {
             _ if !self.prefix_caching => (Vec::new(), Vec::new()),
-            Some(h)
-                if h.sequence.len() == prompt_len / bs && (!record || h.local.len() == h.sequence.len()) =>
-            {
-                debug_assert!(!record || h.sequence == PromptHashes::of(&request.tokens, bs).sequence);
+            Some(h) if h.sequence.len() == prompt_blocks && (!record || h.local.len() >= locals_needed) => {
+                debug_assert!(
+                    !record
+                        || h.sequence[..locals_needed]
+                            == PromptHashes::of(&request.tokens[..locals_needed * bs], bs).sequence
+                );
                 let PromptHashes { sequence: mut h, local: mut l } = h;
                 h.reserve(final_blocks.saturating_sub(h.len()));
                 if record {
@@ -249,6 +263,8 @@ impl VllmScheduler {
             hashes,
             local_hashes,
             first_cached: None,
+            private_from,
+            published: false,
             sent_first: false,
             done: false,
             hold: false,
@@ -741,6 +757,13 @@ impl VllmScheduler {
             }
             seq.pass_id = u64::MAX;
         }
+        if !seq.published && (seq.private_from as usize) < seq.blocks.len() {
+            // It will look its private blocks up again on re-admission.
+            for &id in &seq.blocks[seq.private_from as usize..] {
+                self.pool.publish(id);
+            }
+            seq.published = true;
+        }
         self.pool.release(&mut seq.blocks);
         seq.num_computed = 0;
         seq.status = Status::Preempted;
@@ -764,21 +787,27 @@ impl VllmScheduler {
             let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
             let idx = blk as usize;
             let parent = if idx == 0 { None } else { Some(seq.hashes[idx - 1]) };
+            let scope = match (blk >= seq.private_from, seq.published) {
+                (false, _) => Scope::Shared,
+                (true, false) => Scope::Private,
+                (true, true) => Scope::Silent,
+            };
+            let announce = record && scope == Scope::Shared;
             // Known blocks (the prompt's, hashed before submit) carry both hashes; tokens
             // are needed only for new generated blocks and for event token ids.
             let known = idx < seq.hashes.len();
             let opaque = !known && self.opaque_output_blocks && seq.planned.is_none();
-            if (!known && !opaque) || (record && self.kv_token_ids) {
+            if (!known && !opaque) || (announce && self.kv_token_ids) {
                 self.scratch_tokens.clear();
                 seq.extend_block_tokens(blk, bs, &mut self.scratch_tokens);
             }
             let (hash, local) = if known {
-                (seq.hashes[idx], if record { seq.local_hashes[idx] } else { 0 })
+                (seq.hashes[idx], if announce { seq.local_hashes[idx] } else { 0 })
             } else if opaque {
                 // Past the prompt's known blocks, so the block holds generated tokens.
                 let h = unique_block_identity(seq.uuid, blk);
                 seq.hashes.push(h);
-                if record {
+                if announce {
                     seq.local_hashes.push(h);
                 }
                 (h, h)
@@ -786,14 +815,14 @@ impl VllmScheduler {
                 let local = local_block_hash(&self.scratch_tokens);
                 let h = parent.map_or(local, |p| chain_hash(p, local));
                 seq.hashes.push(h);
-                if record {
+                if announce {
                     seq.local_hashes.push(local);
                 }
                 (h, local)
             };
             let prev_block = idx.checked_sub(1).map(|i| seq.blocks[i]);
-            let visible = self.pool.register(seq.blocks[idx], hash, prev_block);
-            if !record {
+            let visible = self.pool.register_in(seq.blocks[idx], hash, prev_block, scope);
+            if !announce {
                 continue;
             }
             if visible {

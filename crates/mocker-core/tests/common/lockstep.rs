@@ -1,10 +1,15 @@
 //! Engines of one config stepped in lockstep: one itemizing every token, one counting
-//! steady tokens (`aggregate_steady_tokens`), and one itemizing with opaque identities for
-//! generated blocks (`opaque_output_blocks`). Both are optimisations only, so every pass
-//! must match, except for the hash values of generated blocks in KV events.
+//! steady tokens (`aggregate_steady_tokens`), one itemizing with opaque identities for
+//! generated blocks (`opaque_output_blocks`), and one that is also told which blocks are
+//! private to their request (`Request::shareable_blocks`). All are optimisations only, so
+//! every pass must match, except for the hash values of generated blocks in KV events and,
+//! for the private engine, the events of private blocks, which it leaves out.
+
+use std::collections::HashSet;
 
 use mocker_core::config::EngineConfig;
 use mocker_core::events::{KvEvent, KvEventData};
+use mocker_core::hashing::PromptHashes;
 use mocker_core::{Engine, EngineOptions, Request};
 use proptest::prelude::*;
 
@@ -13,6 +18,11 @@ pub struct Lockstep {
     pub itemized: Engine,
     pub aggregated: Engine,
     pub opaque: Engine,
+    pub private: Engine,
+    /// Hashes of the blocks the private engine was told may be shared, once it was told
+    /// of any private ones (until then its events are the opaque engine's).
+    shareable: Option<HashSet<u64>>,
+    block_size: usize,
 }
 
 impl Lockstep {
@@ -28,11 +38,25 @@ impl Lockstep {
             })
             .unwrap()
         };
-        Self { itemized: build(false, false), aggregated: build(true, false), opaque: build(false, true) }
+        Self {
+            itemized: build(false, false),
+            aggregated: build(true, false),
+            opaque: build(false, true),
+            private: build(false, true),
+            shareable: None,
+            block_size: config.block_size,
+        }
     }
 
-    /// Submits `request` to both.
-    pub fn submit(&mut self, request: Request) -> Result<(), TestCaseError> {
+    /// Submits `request` to all; the private engine learns that its blocks from
+    /// `shareable` on are never looked up by another request (the caller's promise).
+    pub fn submit(&mut self, request: Request, shareable: Option<usize>) -> Result<(), TestCaseError> {
+        if let Some(n) = shareable {
+            let hashes = PromptHashes::of(&request.tokens, self.block_size).sequence;
+            self.shareable.get_or_insert_default().extend(&hashes[..n.min(hashes.len())]);
+        }
+        let private = Request { shareable_blocks: shareable, ..request.clone() };
+        self.private.submit(private).map_err(|e| TestCaseError::fail(e.to_string()))?;
         self.itemized.submit(request.clone()).map_err(|e| TestCaseError::fail(e.to_string()))?;
         self.opaque.submit(request.clone()).map_err(|e| TestCaseError::fail(e.to_string()))?;
         self.aggregated.submit(request).map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -44,6 +68,7 @@ impl Lockstep {
         let removed = self.itemized.cancel(uuid);
         prop_assert_eq!(removed, self.aggregated.cancel(uuid));
         prop_assert_eq!(removed, self.opaque.cancel(uuid));
+        prop_assert_eq!(removed, self.private.cancel(uuid));
         Ok(())
     }
 
@@ -80,7 +105,25 @@ impl Lockstep {
             "pass {} events (opaque)",
             pass_no
         );
+        let opaque_events = match &self.shareable {
+            Some(set) => shareable_events(&c.kv_events, set),
+            None => c.kv_events.iter().map(|e| e.data.clone()).collect(),
+        };
+        let d = self.private.step(now);
+        prop_assert_eq!(a.end_ns, d.end_ns, "pass {} end (private)", pass_no);
+        prop_assert_eq!(&a.outputs, &d.outputs, "pass {} outputs (private)", pass_no);
+        prop_assert_eq!(&a.steady, &d.steady, "pass {} steady (private)", pass_no);
+        prop_assert_eq!(&a.admissions, &d.admissions, "pass {} admissions (private)", pass_no);
+        prop_assert_eq!(a.metrics, d.metrics, "pass {} metrics (private)", pass_no);
+        prop_assert_eq!(
+            opaque_events,
+            d.kv_events.iter().map(|e| e.data.clone()).collect::<Vec<_>>(),
+            "pass {} events (private): the opaque engine's minus private blocks",
+            pass_no
+        );
         prop_assert_eq!(self.itemized.metrics(), self.opaque.metrics(), "engine metrics (opaque)");
+        prop_assert_eq!(self.itemized.metrics(), self.private.metrics(), "engine metrics (private)");
+        self.private.check_invariants().map_err(TestCaseError::fail)?;
         self.opaque.check_invariants().map_err(TestCaseError::fail)?;
         prop_assert_eq!(
             self.itemized.metrics(),
@@ -101,6 +144,26 @@ fn event_shape(events: &[KvEvent]) -> Vec<(u8, usize)> {
             KvEventData::Stored { blocks, .. } => (0, blocks.len()),
             KvEventData::Removed { block_hashes } => (1, block_hashes.len()),
             KvEventData::Cleared => (2, 0),
+        })
+        .collect()
+}
+
+/// The payloads of `events` restricted to blocks in `shareable` (events left empty go).
+fn shareable_events(events: &[KvEvent], shareable: &HashSet<u64>) -> Vec<KvEventData> {
+    events
+        .iter()
+        .filter_map(|e| match &e.data {
+            KvEventData::Stored { parent_hash, blocks } => {
+                let blocks: Vec<_> =
+                    blocks.iter().filter(|b| shareable.contains(&b.block_hash)).cloned().collect();
+                (!blocks.is_empty()).then_some(KvEventData::Stored { parent_hash: *parent_hash, blocks })
+            }
+            KvEventData::Removed { block_hashes } => {
+                let block_hashes: Vec<u64> =
+                    block_hashes.iter().copied().filter(|h| shareable.contains(h)).collect();
+                (!block_hashes.is_empty()).then_some(KvEventData::Removed { block_hashes })
+            }
+            KvEventData::Cleared => Some(KvEventData::Cleared),
         })
         .collect()
 }

@@ -26,6 +26,17 @@ pub struct RouteRequest<'a> {
     pub isl: usize,
     /// Sequence hashes of the prompt's complete blocks.
     pub hashes: &'a [u64],
+    /// How many leading blocks another request may share; later ones are private to this
+    /// request (`mocker_core::Request::shareable_blocks`), so no walk can reach them and
+    /// the router counts them without indexing them.
+    pub shareable: usize,
+}
+
+impl<'a> RouteRequest<'a> {
+    /// A request whose blocks may all be shared.
+    pub fn shared(isl: usize, hashes: &'a [u64]) -> Self {
+        Self { isl, hashes, shareable: hashes.len() }
+    }
 }
 
 /// Where the router put a request.
@@ -43,8 +54,10 @@ pub struct Placement {
 struct Live {
     worker: u32,
     prefill_tokens: u64,
-    /// Slots of the prompt's blocks in the index, acquired on `worker`.
+    /// Slots of the prompt's shareable blocks in the index, acquired on `worker`.
     slots: Vec<u32>,
+    /// Its private blocks, counted as active on `worker` but not indexed.
+    private_blocks: u64,
 }
 
 /// The KV-aware router.
@@ -130,7 +143,8 @@ impl KvRouter {
     pub fn route(&mut self, req: RouteRequest<'_>) -> Placement {
         let cfg = self.cfg;
         let held = cfg.router_assume_kv_reuse.then_some(&mut self.held_overlap[..]);
-        self.index.prefix_overlaps(req.hashes, &mut self.overlap, held, &mut self.found);
+        let shareable = &req.hashes[..req.shareable.min(req.hashes.len())];
+        self.index.prefix_overlaps(shareable, &mut self.overlap, held, &mut self.found);
         let n = req.hashes.len() as f64;
         let bs = self.block_size as f64;
         let credit_scale = if cfg.prefill_load_scale == 0.0 { 0.0 } else { cfg.overlap_score_credit };
@@ -203,9 +217,10 @@ impl KvRouter {
     fn admit(&mut self, w: usize, req: RouteRequest<'_>, overlap_blocks: u32) -> RouteId {
         let mut slots = self.spare.pop().unwrap_or_default();
         slots.clear();
-        slots.reserve(req.hashes.len());
+        let shareable = &req.hashes[..req.shareable.min(req.hashes.len())];
+        slots.reserve(shareable.len());
         // The route's walk found the prefix's slots; only the blocks beyond need a probe.
-        for (i, &h) in req.hashes.iter().enumerate() {
+        for (i, &h) in shareable.iter().enumerate() {
             let (slot, first) = match self.found.get(i) {
                 Some(&s) => (s, self.index.acquire_slot(s, w)),
                 None => self.index.acquire(h, w),
@@ -215,11 +230,14 @@ impl KvRouter {
                 self.active_blocks[w] += 1;
             }
         }
+        // No other request holds a private block, so each is a first holder's new block.
+        let private_blocks = (req.hashes.len() - shareable.len()) as u64;
+        self.active_blocks[w] += private_blocks;
         let cached = overlap_blocks as usize * self.block_size;
         let prefill_tokens = req.isl.saturating_sub(cached) as u64;
         self.active_prefill_tokens[w] += prefill_tokens;
         self.active_requests[w] += 1;
-        let live = Live { worker: w as u32, prefill_tokens, slots };
+        let live = Live { worker: w as u32, prefill_tokens, slots, private_blocks };
         match self.free_ids.pop() {
             Some(id) => {
                 self.live[id as usize] = live;
@@ -249,6 +267,7 @@ impl KvRouter {
                 self.active_blocks[w] -= 1;
             }
         }
+        self.active_blocks[w] -= l.private_blocks;
         self.active_requests[w] -= 1;
         self.spare.push(l.slots);
         self.free_ids.push(id);
@@ -348,17 +367,17 @@ mod tests {
     fn costs_match_the_reference_examples() {
         let mut r = KvRouter::new(KvRouterConfig::default(), 2, 64, 8192);
         let a = hashes(1, 10);
-        let p1 = r.route(RouteRequest { isl: 640, hashes: &a });
+        let p1 = r.route(RouteRequest::shared(640, &a));
         assert_eq!(r.last_costs(), &[20.0, 20.0]);
         let b = hashes(2, 10);
-        let p2 = r.route(RouteRequest { isl: 640, hashes: &b });
+        let p2 = r.route(RouteRequest::shared(640, &b));
         assert_ne!(p1.worker, p2.worker, "the loaded worker costs more");
         // Third request on a worker holding one 640-token prefill: (640+640)/64 + 10 + 10.
         let c = hashes(3, 10);
-        r.route(RouteRequest { isl: 640, hashes: &c });
+        r.route(RouteRequest::shared(640, &c));
         assert_eq!(r.last_costs(), &[40.0, 40.0]);
         // A repeat of a live prompt adds no decode blocks on its worker.
-        let p4 = r.route(RouteRequest { isl: 640, hashes: &a });
+        let p4 = r.route(RouteRequest::shared(640, &a));
         let w = p1.worker;
         let on_w = r.last_costs()[w];
         assert!(on_w == 30.0 + 20.0 || on_w == 20.0 + 10.0, "cost {on_w}");
@@ -367,7 +386,7 @@ mod tests {
         // Cached half prompt on an idle worker: max(0, 10 - 5) + 10 = 15.
         let mut r = KvRouter::new(KvRouterConfig::default(), 2, 64, 8192);
         r.apply_events(1, &[stored(&a[..5])]);
-        let p = r.route(RouteRequest { isl: 640, hashes: &a });
+        let p = r.route(RouteRequest::shared(640, &a));
         assert_eq!((p.worker, p.overlap_blocks), (1, 5));
         assert_eq!(r.last_costs(), &[20.0, 15.0]);
         r.free(p.id);
@@ -389,9 +408,9 @@ mod tests {
             let cfg = KvRouterConfig { overlap_score_credit_decay: decay, ..Default::default() };
             let mut r = KvRouter::new(cfg, 2, 64, 8192);
             r.apply_events(1, &[stored(&a[..5])]);
-            let p = r.route(RouteRequest { isl: 640, hashes: &a });
+            let p = r.route(RouteRequest::shared(640, &a));
             assert_eq!((p.worker, r.last_costs()), (1, &[20.0, 15.0][..]), "no excess load yet");
-            r.route(RouteRequest { isl: 640, hashes: &b });
+            r.route(RouteRequest::shared(640, &b));
             let c = r.last_costs();
             assert_eq!(c[0], 20.0);
             assert!((c[1] - w1).abs() < 1e-9, "decay {decay}: {} vs {w1}", c[1]);
@@ -403,7 +422,7 @@ mod tests {
             ..Default::default()
         };
         let mut r = KvRouter::new(cfg, 2, 64, 8192);
-        r.route(RouteRequest { isl: 640, hashes: &a });
+        r.route(RouteRequest::shared(640, &a));
         assert_eq!(r.last_costs(), &[10.0, 10.0]);
     }
 
@@ -413,7 +432,7 @@ mod tests {
         let mut costs = Vec::new();
         for i in 0..4 {
             let h = hashes(i + 1, 15);
-            r.route(RouteRequest { isl: 1000, hashes: &h });
+            r.route(RouteRequest::shared(1000, &h));
             costs.push(r.last_costs().iter().copied().fold(f64::INFINITY, f64::min));
         }
         assert_eq!(costs, vec![30.625, 30.625, 61.25, 61.25]);
@@ -427,7 +446,7 @@ mod tests {
             let h = hashes(1, 4);
             (0..8)
                 .map(|_| {
-                    let p = r.route(RouteRequest { isl: 256, hashes: &h });
+                    let p = r.route(RouteRequest::shared(256, &h));
                     r.free(p.id);
                     p.worker
                 })
@@ -442,10 +461,10 @@ mod tests {
         let cfg = KvRouterConfig { router_queue_threshold: Some(0.5), ..Default::default() };
         let mut r = KvRouter::new(cfg, 2, 64, 1000);
         let h = hashes(1, 10);
-        let a = r.route(RouteRequest { isl: 640, hashes: &h });
+        let a = r.route(RouteRequest::shared(640, &h));
         assert!(!r.all_busy());
         let h2 = hashes(2, 10);
-        r.route(RouteRequest { isl: 640, hashes: &h2 });
+        r.route(RouteRequest::shared(640, &h2));
         assert!(r.all_busy());
         r.prefill_done(a.id);
         assert!(!r.all_busy());
