@@ -132,6 +132,28 @@ impl Engine {
         dispatch!(mut self, s => s.step(now_ns))
     }
 
+    /// Turns the last pass into a run of the passes that would follow it back to back, as
+    /// long as each only counts the steady tokens of every running request, nothing waits
+    /// and the run ends by `max_end_ns`: a discrete-event shell then handles one event for
+    /// many passes. The engine is left as if stepped through each pass (the last pass
+    /// describes the run, see `Pass::run_ends`); [`Self::truncate_steady_run`] undoes the
+    /// passes a submission would have preceded. Needs `aggregate_steady_tokens`; SGLang
+    /// engines make no runs. Returns the passes added.
+    pub fn extend_steady_run(&mut self, max_end_ns: u64) -> u32 {
+        match &mut self.core {
+            Core::Vllm(s) => s.extend_steady_run(max_end_ns),
+            Core::Sglang(_) => 0,
+        }
+    }
+
+    /// Drops the passes of the current run that start at or after `t_ns` (a request
+    /// arrives then, and the pass starting then must see it); the first pass stays.
+    pub fn truncate_steady_run(&mut self, t_ns: u64) {
+        if let Core::Vllm(s) = &mut self.core {
+            s.truncate_steady_run(t_ns);
+        }
+    }
+
     /// The most recent pass; its outputs are valid until the next `step`, so a shell can
     /// deliver them at the pass end without copying.
     pub fn last_pass(&self) -> &Pass {

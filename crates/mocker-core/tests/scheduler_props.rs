@@ -375,6 +375,126 @@ fn run_optimised_beside_plain(
     Ok(())
 }
 
+/// Steps `specs` on two counting engines: `single` one pass at a time, `runs` turning
+/// every pass it can into a run (`extend_steady_run`), ended by a random limit and cut
+/// by random truncations, after which the next arrival is submitted at once, as a
+/// discrete-event driver would when a request arrives mid-run. `single` then steps
+/// through the run's passes, which must be pure steady passes with the run's ends and
+/// gaps, and the engines must agree on everything after every run.
+fn run_runs_beside_single(
+    config: EngineConfig,
+    specs: &[Spec],
+    cuts: &[(u64, bool)],
+) -> Result<usize, TestCaseError> {
+    let build = || {
+        Engine::new(EngineOptions {
+            config: config.clone(),
+            record_kv_events: true,
+            aggregate_steady_tokens: true,
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let (mut single, mut runs) = (build(), build());
+    let mut order: Vec<usize> = (0..specs.len()).collect();
+    order.sort_by_key(|&i| specs[i].arrival);
+    let mut pending = order.into_iter().peekable();
+    let (mut now, mut passes, mut extra) = (0u64, 0usize, 0usize);
+    let submit_next = |single: &mut Engine, runs: &mut Engine, i: usize| -> Result<(), TestCaseError> {
+        let request = Request {
+            uuid: i as u128 + 1,
+            tokens: prompt_tokens(i, &specs[i]),
+            max_output_tokens: specs[i].output,
+            ..Default::default()
+        };
+        single.submit(request.clone()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        runs.submit(request).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        Ok(())
+    };
+    let mut early = false;
+    loop {
+        while let Some(&i) = pending.peek() {
+            if specs[i].arrival > passes && runs.has_work() && !early {
+                break;
+            }
+            submit_next(&mut single, &mut runs, i)?;
+            pending.next();
+            passes = passes.max(specs[i].arrival);
+            early = false;
+        }
+        if !runs.has_work() {
+            break;
+        }
+        prop_assert!(passes < MAX_PASSES, "engine did not drain within {} passes", MAX_PASSES);
+        passes += 1;
+        let a = single.step(now);
+        let (a_end, a_outputs, a_steady, a_admissions, a_events, a_metrics) = (
+            a.end_ns,
+            a.outputs.clone(),
+            a.steady_tokens(),
+            a.admissions.clone(),
+            a.kv_events.clone(),
+            a.metrics,
+        );
+        let b = runs.step(now);
+        prop_assert_eq!(a_end, b.end_ns, "pass {} end", passes);
+        prop_assert_eq!(&a_outputs, &b.outputs, "pass {} outputs", passes);
+        prop_assert_eq!(a_steady, b.steady_tokens(), "pass {} steady", passes);
+        prop_assert_eq!(&a_admissions, &b.admissions, "pass {} admissions", passes);
+        prop_assert_eq!(&a_events, &b.kv_events, "pass {} events", passes);
+        prop_assert_eq!(a_metrics, b.metrics, "pass {} metrics", passes);
+        let (span, cut) = cuts[passes % cuts.len()];
+        let limit = if span == 0 { u64::MAX } else { a_end + span };
+        if runs.extend_steady_run(limit) > 0 {
+            if cut {
+                // A request arrives inside the run: passes starting from then must see it.
+                let ends = runs.last_pass().run_ends.clone();
+                let t = ends[0] + span % (ends[ends.len() - 1] - ends[0] + 1);
+                runs.truncate_steady_run(t);
+                early = pending.peek().is_some();
+                let kept = &runs.last_pass().run_ends;
+                // Passes kept past the first start before t; the first dropped one does not.
+                prop_assert!(
+                    kept.len() < 2 || kept[kept.len() - 2] < t,
+                    "a kept pass starts at or after {}",
+                    t
+                );
+                let n = kept.len().max(1);
+                prop_assert!(n == ends.len() || ends[n - 1] >= t, "a pass starting before {} was dropped", t);
+            }
+            let run = runs.last_pass();
+            let gaps: Vec<(usize, u64)> = run.steady_runs().collect();
+            prop_assert_eq!(gaps.len(), run.run_ends.len().max(1));
+            let (ends, metrics) = (run.run_ends.clone(), run.metrics);
+            for (k, &end) in ends.iter().enumerate().skip(1) {
+                let p = single.step(ends[k - 1]);
+                prop_assert_eq!(p.end_ns, end, "run pass {} end", k);
+                prop_assert!(p.outputs.is_empty() && p.admissions.is_empty() && p.kv_events.is_empty());
+                prop_assert_eq!(p.steady_tokens(), gaps[k], "run pass {} steady tokens", k);
+                if k == ends.len() - 1 {
+                    prop_assert_eq!(p.metrics, metrics, "metrics of the run's last pass");
+                }
+                extra += 1;
+            }
+        }
+        now = runs.last_pass().end_ns;
+        prop_assert_eq!(single.last_pass().end_ns, now);
+        prop_assert_eq!(single.metrics(), runs.metrics(), "engine metrics after pass {}", passes);
+        runs.check_invariants().map_err(TestCaseError::fail)?;
+    }
+    prop_assert_eq!(single.has_work(), false);
+    Ok(extra)
+}
+
+#[test]
+fn runs_cover_many_passes_of_a_steady_workload() {
+    let config = EngineConfig { block_size: 64, num_gpu_blocks: 1000, ..Default::default() };
+    let specs: Vec<Spec> =
+        (0..6).map(|i| Spec { prompt: 100 + i, output: 300, arrival: 0, group: None }).collect();
+    let extra = run_runs_beside_single(config, &specs, &[(0, false)]).unwrap();
+    assert!(extra > 200, "only {extra} passes ran inside runs");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 160, failure_persistence: None, ..ProptestConfig::default() })]
 
@@ -394,6 +514,17 @@ proptest! {
         cancel in (0..400usize, 0..40usize),
     ) {
         run_optimised_beside_plain(config, &specs, cancel)?;
+    }
+
+    /// Runs of steady passes, limited and truncated at random, are the passes a one-pass
+    /// engine steps, and leave the engine where that one is.
+    #[test]
+    fn steady_runs_step_like_single_passes(
+        config in config(),
+        specs in prop::collection::vec(spec(), 1..30),
+        cuts in prop::collection::vec((prop_oneof![Just(0u64), 1..200_000_000u64], any::<bool>()), 1..8),
+    ) {
+        run_runs_beside_single(config, &specs, &cuts)?;
     }
 
     #[test]

@@ -2,7 +2,10 @@
 //! to event (arrivals, pass ends, delayed turns) and never sleeps.
 //!
 //! Pass ends sit in a heap and only workers that got work or finished a pass are looked
-//! at, so an event costs O(log W), not O(W), with many workers.
+//! at, so an event costs O(log W), not O(W), with many workers. A worker whose requests
+//! all decode steadily with nothing waiting runs many passes as one event (a steady run,
+//! see `Engine::extend_steady_run`): nobody else can observe those passes, and a request
+//! routed to it mid-run truncates the run to the passes that started before it arrived.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -42,6 +45,11 @@ pub struct Hooks<'a> {
 struct Worker {
     engine: Engine,
     busy: bool,
+    /// Bumped when the worker's pending heap entry is replaced (a truncated run): entries
+    /// carrying an older value are stale.
+    generation: u32,
+    /// The `drain` iteration in which its pending pass (a run's first) started.
+    iteration: u32,
     /// Whether the worker is listed in `Sim::dirty`.
     dirty: bool,
     /// Owner of the request in each engine slot.
@@ -65,6 +73,9 @@ struct Queued {
     turn: PlannedTurn,
 }
 
+/// A pending pass end: (end, start, drain iteration at the start, worker, generation).
+type PassKey = (u64, u64, u32, usize, u32);
+
 struct Sim {
     workers: Vec<Worker>,
     feed: SessionFeed,
@@ -77,10 +88,13 @@ struct Sim {
     in_flight: usize,
     finished: usize,
     block_size: usize,
-    pass_seq: u64,
     speedup: f64,
-    /// Pass ends: (end, start order, worker).
-    passes: BinaryHeap<Reverse<(u64, u64, usize)>>,
+    /// Runs end by this (the `max_sim_time` cap), so none spans a pass the cap drops.
+    max_end_ns: u64,
+    /// Pass ends: (end, start, drain iteration at the start, worker, generation). Passes
+    /// ending together complete in the order they started, as (start, iteration, worker)
+    /// orders them: workers start passes in index order within an iteration of `drain`.
+    passes: BinaryHeap<Reverse<PassKey>>,
     /// Workers that may be idle with work, to look at in index order.
     dirty: Vec<usize>,
     /// Sessions whose next turn is due at a future time: (due, tie-break, session).
@@ -162,7 +176,14 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
             opaque_output_blocks: !outputs_reappear,
             ..Default::default()
         })?;
-        workers.push(Worker { engine, busy: false, dirty: false, owners: Vec::new() });
+        workers.push(Worker {
+            engine,
+            busy: false,
+            generation: 0,
+            iteration: 0,
+            dirty: false,
+            owners: Vec::new(),
+        });
     }
     let queue = (router.wants_kv_events() && options.router_config.router_queue_threshold.is_some())
         .then(|| RouterQueue::new(options.router_config.router_queue_policy));
@@ -192,8 +213,8 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
         in_flight: 0,
         finished: 0,
         block_size: engine.block_size,
-        pass_seq: 0,
         speedup: options.arrival_speedup_ratio,
+        max_end_ns: options.max_sim_time_ms.map_or(u64::MAX, ms_to_ns),
         passes: BinaryHeap::new(),
         dirty: Vec::new(),
         delayed: BinaryHeap::new(),
@@ -247,13 +268,24 @@ impl Sim {
                 Some(_) => None,
             };
             let next_delayed = self.delayed.peek().map(|Reverse((t, _, _))| *t);
-            let next_pass = self.passes.peek().map(|Reverse((t, _, _))| *t);
+            let next_pass = self.next_pass_end();
             match [next_arrival, next_delayed, next_pass].into_iter().flatten().min() {
                 Some(t) if cap.is_some_and(|c| t > c) => return Ok(()),
                 Some(t) => now = t.max(now),
                 None => return Err(ReplayError::DeadEnd(self.in_flight)),
             }
         }
+    }
+
+    /// End of the earliest pending pass, dropping stale heap entries on the way.
+    fn next_pass_end(&mut self) -> Option<u64> {
+        while let Some(&Reverse((t, _, _, w, generation))) = self.passes.peek() {
+            if generation == self.workers[w].generation {
+                return Some(t);
+            }
+            self.passes.pop();
+        }
+        None
     }
 
     fn done(&self) -> bool {
@@ -275,14 +307,18 @@ impl Sim {
     /// Processes everything that can happen at `now`, until nothing changes.
     fn drain(&mut self, now: u64) -> Result<(), ReplayError> {
         let mut dirty = Vec::new();
+        let mut iteration = 0u32;
         loop {
             let mut changed = false;
             // 1. Pass completions, in (end, start order).
-            while let Some(&Reverse((t, _, w))) = self.passes.peek() {
+            while let Some(&Reverse((t, _, _, w, generation))) = self.passes.peek() {
                 if t > now {
                     break;
                 }
                 self.passes.pop();
+                if generation != self.workers[w].generation {
+                    continue;
+                }
                 self.workers[w].busy = false;
                 self.deliver(w, now);
                 self.mark_dirty(w);
@@ -301,12 +337,16 @@ impl Sim {
                 if worker.busy || !worker.engine.has_work() {
                     continue;
                 }
-                let pass = worker.engine.step(now);
-                if pass.end_ns > now {
-                    self.pass_seq += 1;
+                let end = worker.engine.step(now).end_ns;
+                if end > now {
+                    worker.engine.extend_steady_run(self.max_end_ns);
+                    let pass = worker.engine.last_pass();
                     worker.busy = true;
-                    self.passes.push(Reverse((pass.end_ns, self.pass_seq, w)));
-                } else if pass.had_effect() {
+                    worker.iteration = iteration;
+                    // A run's last pass starts at the first iteration of its start time.
+                    let at = if pass.run_ends.is_empty() { iteration } else { 0 };
+                    self.passes.push(Reverse((pass.end_ns, pass.last_start_ns(), at, w, worker.generation)));
+                } else if worker.engine.last_pass().had_effect() {
                     self.deliver(w, now);
                     self.mark_dirty(w);
                 } else {
@@ -315,6 +355,7 @@ impl Sim {
                 changed = true;
             }
             dirty.clear();
+            iteration += 1;
             if !changed {
                 return Ok(());
             }
@@ -335,13 +376,14 @@ impl Sim {
                 pass.start_ns,
             );
         }
-        let (steady, steady_itl_ns) = pass.steady_tokens();
-        if steady > 0 {
-            self.collector.on_gaps(steady_itl_ns, steady as u64);
-            if self.collector.logs_requests() {
-                for o in &pass.steady {
-                    self.collector.on_steady_token(worker.owners[o.key.0 as usize].record, t);
-                }
+        for (steady, itl_ns) in pass.steady_runs() {
+            if steady > 0 {
+                self.collector.on_gaps(itl_ns, steady as u64);
+            }
+        }
+        if self.collector.logs_requests() {
+            for o in &pass.steady {
+                self.collector.on_steady_token(worker.owners[o.key.0 as usize].record, t);
             }
         }
         let mut lifecycle = false;
@@ -392,7 +434,7 @@ impl Sim {
         }
         self.open_gates(t);
         if lifecycle {
-            self.release_queued();
+            self.release_queued(t);
         }
     }
 
@@ -435,14 +477,14 @@ impl Sim {
     }
 
     /// Places router-queued turns while some worker has room.
-    fn release_queued(&mut self) {
+    fn release_queued(&mut self, now: u64) {
         loop {
             let Router::Kv(r) = &self.router else { return };
             if r.all_busy() {
                 return;
             }
             let Some(q) = self.queue.as_mut().and_then(RouterQueue::pop) else { return };
-            self.place(q.sid, q.record, q.turn);
+            self.place(q.sid, q.record, q.turn, now);
         }
     }
 
@@ -513,12 +555,12 @@ impl Sim {
                 return Ok(());
             }
         }
-        self.place(sid, rec, turn);
+        self.place(sid, rec, turn, arrival_ns);
         Ok(())
     }
 
-    /// Routes and submits a turn whose record exists.
-    fn place(&mut self, sid: SessionId, rec: RecordId, turn: PlannedTurn) {
+    /// Routes and submits a turn whose record exists, at `now`.
+    fn place(&mut self, sid: SessionId, rec: RecordId, turn: PlannedTurn, now: u64) {
         let hashes = turn.block_hashes.as_ref().map_or(&[][..], |h| &h.sequence[..]);
         let p = self.router.route(RouteRequest {
             isl: turn.tokens.len(),
@@ -526,6 +568,27 @@ impl Sim {
             shareable: turn.shareable_blocks.unwrap_or(hashes.len()),
         });
         self.collector.set_worker(rec, p.worker);
+        let worker = &mut self.workers[p.worker];
+        if worker.busy {
+            // Passes of its run that start from now on must see this request.
+            let end = worker.engine.last_pass().end_ns;
+            worker.engine.truncate_steady_run(now);
+            let pass = worker.engine.last_pass();
+            if pass.end_ns != end {
+                worker.generation += 1;
+                if pass.end_ns <= now {
+                    // Its last pass ends now: it completes before this arrival, and the
+                    // worker starts its next pass in this iteration, with the request.
+                    worker.busy = false;
+                    self.deliver(p.worker, now);
+                    self.mark_dirty(p.worker);
+                } else {
+                    let at = if pass.run_ends.is_empty() { worker.iteration } else { 0 };
+                    let key = (pass.end_ns, pass.last_start_ns(), at, p.worker, worker.generation);
+                    self.passes.push(Reverse(key));
+                }
+            }
+        }
         let worker = &mut self.workers[p.worker];
         let key = worker
             .engine

@@ -79,6 +79,12 @@ impl RunEntry {
         self.steady_until > pass_id
     }
 
+    /// The first pass that is not steady for the request (0 when not in a run).
+    #[inline]
+    pub fn steady_until_pass(&self) -> u64 {
+        self.steady_until
+    }
+
     /// Whether the request is in a run (steady now, or its run ends at this pass and its
     /// `Seq` must be caught up before use).
     #[inline]
@@ -144,8 +150,12 @@ pub struct Pass {
     pub admissions: Vec<Admission>,
     /// KV events, visible at pass end.
     pub kv_events: Vec<KvEvent>,
-    /// The pass's shape and cost.
+    /// The pass's shape and cost (of the run's last pass, for a run).
     pub metrics: ForwardPassMetrics,
+    /// For a run of steady passes (see `Engine::extend_steady_run`), the end of each pass
+    /// of the run in order, this one first and `end_ns` last; empty for a single pass.
+    /// Every pass of a run only counts `steady_count` steady tokens, back to back.
+    pub run_ends: Vec<u64>,
 }
 
 impl Pass {
@@ -163,6 +173,21 @@ impl Pass {
     pub fn steady_tokens(&self) -> (usize, u64) {
         let itl = self.steady.first().map_or(self.steady_itl_ns, |o| o.itl_ns);
         (self.steady.len() + self.steady_count, itl)
+    }
+
+    /// Start of the last pass: of the run's last, for a run.
+    pub fn last_start_ns(&self) -> u64 {
+        match self.run_ends.len() {
+            0 | 1 => self.start_ns,
+            n => self.run_ends[n - 2],
+        }
+    }
+
+    /// Steady tokens and their gap, per pass of the run (one entry for a single pass).
+    pub fn steady_runs(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        let first = std::iter::once(self.steady_tokens());
+        let count = self.steady_count;
+        first.chain(self.run_ends.windows(2).map(move |w| (count, w[1] - w[0])))
     }
 
     /// Whether the pass changed anything (a pass that did not cannot be repeated usefully).
@@ -186,6 +211,7 @@ impl Pass {
         self.admissions.clear();
         self.kv_events.clear();
         self.metrics = ForwardPassMetrics::default();
+        self.run_ends.clear();
     }
 }
 
