@@ -143,6 +143,14 @@ fn identity_seed(uuid: u128) -> u64 {
     splitmix64(splitmix64(uuid as u64) ^ (uuid >> 64) as u64)
 }
 
+/// Folds `value` into `acc`: a cheap, order-sensitive mix for identities that stay in the
+/// process (as [`extend_unique_identities`]) and are built from what a block holds, so
+/// that they are equal exactly when the folded values are (up to 64-bit collisions).
+#[inline]
+pub fn mix_identity(acc: u64, value: u64) -> u64 {
+    splitmix64(acc ^ splitmix64(value))
+}
+
 /// SplitMix64's finaliser: a cheap bijective mix of 64 bits.
 #[inline]
 fn splitmix64(x: u64) -> u64 {

@@ -26,6 +26,27 @@ pub struct Request {
     /// makes the request look them up again. Their `block_hashes` entries need only be
     /// identities unique to the request, and `local` may stop at this count.
     pub shareable_blocks: Option<usize>,
+    /// The prompt's length when `tokens` is left empty. A caller that supplies
+    /// `block_hashes` for every full prompt block and never needs the prompt's token ids
+    /// back (no planned output, an engine with `opaque_output_blocks` and without KV token
+    /// ids) may skip materialising prompts; an engine refuses such a request otherwise.
+    /// Ignored when `tokens` is not empty.
+    pub prompt_len: Option<usize>,
+}
+
+impl Request {
+    /// Prompt length: `tokens`, or `prompt_len` when they were left out.
+    pub fn prompt_len(&self) -> usize {
+        match self.prompt_len {
+            Some(n) if self.tokens.is_empty() => n,
+            _ => self.tokens.len(),
+        }
+    }
+
+    /// Whether the prompt's token ids were left out.
+    pub fn tokenless(&self) -> bool {
+        self.tokens.is_empty() && self.prompt_len.is_some_and(|n| n > 0)
+    }
 }
 
 /// The engine's handle for a submitted request, valid until the pass after its terminal

@@ -160,3 +160,37 @@ fn prefix_cache_reset_clears_only_an_idle_cache() {
     engine.submit(req(2)).unwrap();
     assert_eq!(engine.step(now).admissions[0].reused_tokens, 0);
 }
+
+/// A request without tokens (`prompt_len`) is taken only where no token is ever read.
+#[test]
+fn tokenless_requests_need_hashes_and_opaque_output_blocks() {
+    use mocker_core::hashing::PromptHashes;
+    use mocker_core::{config::Backend, EngineError, SubmitError};
+    let config = EngineConfig { block_size: 4, ..Default::default() };
+    let engine = |opaque: bool, backend: Backend| {
+        let config = EngineConfig { backend, ..config.clone() };
+        Engine::new(EngineOptions { config, opaque_output_blocks: opaque, ..Default::default() }).unwrap()
+    };
+    let tokens: Vec<u32> = (1..=10).collect();
+    let tokenless = Request {
+        uuid: 7,
+        max_output_tokens: 3,
+        prompt_len: Some(10),
+        block_hashes: Some(PromptHashes::of(&tokens, 4)),
+        ..Default::default()
+    };
+    let missing =
+        |r: Result<_, EngineError>| matches!(r, Err(EngineError::Submit(SubmitError::MissingTokens(7))));
+    assert!(engine(true, Backend::Vllm).submit(tokenless.clone()).is_ok());
+    assert!(missing(engine(false, Backend::Vllm).submit(tokenless.clone())), "outputs hashed by content");
+    assert!(missing(engine(true, Backend::Sglang).submit(tokenless.clone())));
+    let unhashed = Request { block_hashes: None, ..tokenless.clone() };
+    assert!(missing(engine(true, Backend::Vllm).submit(unhashed)));
+    let planned = Request { output_token_ids: Some(vec![1, 2]), ..tokenless.clone() };
+    assert!(missing(engine(true, Backend::Vllm).submit(planned)));
+    let empty = Request { prompt_len: Some(0), ..tokenless };
+    assert!(matches!(
+        engine(true, Backend::Vllm).submit(empty),
+        Err(EngineError::Submit(SubmitError::EmptyPrompt(7)))
+    ));
+}

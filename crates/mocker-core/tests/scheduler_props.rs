@@ -198,6 +198,7 @@ fn run(config: EngineConfig, specs: &[Spec], record: bool) -> Result<(), TestCas
                     output_token_ids: None,
                     block_hashes: None,
                     shareable_blocks: None,
+                    prompt_len: None,
                 })
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             seen.insert(uuid, Seen::default());

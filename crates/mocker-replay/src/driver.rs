@@ -195,8 +195,16 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     };
     // Blocks no other request can share stay out of the engines' indexes, their KV events
     // and the router's: nobody but their own request could ever look them up.
-    let feed_options =
-        FeedOptions { block_size: engine.block_size, hashing, private_tails: !outputs_reappear };
+    let feed_options = FeedOptions {
+        block_size: engine.block_size,
+        hashing,
+        private_tails: !outputs_reappear,
+        // Trace prompts are only hashed, and vLLM-style engines with opaque output blocks
+        // need no tokens beside the hashes (SGLang's radix cache reads them).
+        tokenless_traces: !outputs_reappear
+            && engine.backend != mocker_core::config::Backend::Sglang
+            && !engine.emit_kv_token_ids,
+    };
     let started = Instant::now();
     let mut collector = Collector::with_sla(options.sla);
     if hooks.request_ended.is_some() {
@@ -445,7 +453,7 @@ impl Sim {
             if !ok {
                 // Every remaining turn ends unfinished; it counts only in num_requests.
                 while let Some(turn) = self.sessions.next_turn(sid) {
-                    let rec = self.collector.on_arrival(now, turn.tokens.len());
+                    let rec = self.collector.on_arrival(now, turn.input_length);
                     self.collector.on_rejected(rec);
                     self.finished += 1;
                     deps.fire(turn.uuid, DepTrigger::Dispatch, now, false);
@@ -531,14 +539,14 @@ impl Sim {
             self.sessions.end(sid);
             return Ok(());
         };
-        let rec = self.collector.on_arrival(arrival_ns, turn.tokens.len());
+        let rec = self.collector.on_arrival(arrival_ns, turn.input_length);
         self.in_flight += 1;
         if let Some(d) = &mut self.deps {
             d.fire(turn.uuid, DepTrigger::Dispatch, arrival_ns, true);
             self.open_gates(arrival_ns);
         }
-        if turn.max_output_tokens == 0 || turn.tokens.is_empty() {
-            return Err(mocker_core::EngineError::Submit(if turn.tokens.is_empty() {
+        if turn.max_output_tokens == 0 || turn.input_length == 0 {
+            return Err(mocker_core::EngineError::Submit(if turn.input_length == 0 {
                 mocker_core::SubmitError::EmptyPrompt(turn.uuid)
             } else {
                 mocker_core::SubmitError::NoOutput(turn.uuid)
@@ -550,7 +558,7 @@ impl Sim {
                 let bs = self.block_size;
                 let hashes = turn.block_hashes.get_or_insert_with(|| PromptHashes::of(&turn.tokens, bs));
                 let best = r.best_cached_tokens(&hashes.sequence);
-                let isl = turn.tokens.len();
+                let isl = turn.input_length;
                 q.push(Queued { sid, record: rec, turn }, arrival_ns as f64 / 1e9, isl, best);
                 return Ok(());
             }
@@ -563,7 +571,7 @@ impl Sim {
     fn place(&mut self, sid: SessionId, rec: RecordId, turn: PlannedTurn, now: u64) {
         let hashes = turn.block_hashes.as_ref().map_or(&[][..], |h| &h.sequence[..]);
         let p = self.router.route(RouteRequest {
-            isl: turn.tokens.len(),
+            isl: turn.input_length,
             hashes,
             shareable: turn.shareable_blocks.unwrap_or(hashes.len()),
         });
@@ -599,6 +607,7 @@ impl Sim {
                 output_token_ids: None,
                 block_hashes: turn.block_hashes,
                 shareable_blocks: turn.shareable_blocks,
+                prompt_len: Some(turn.input_length),
             })
             .expect("prompt and output lengths were checked at dispatch");
         let slot = key.0 as usize;

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::thread::JoinHandle;
 
-use mocker_core::hashing::{extend_hashes, extend_unique_identities, PromptHashes};
+use mocker_core::hashing::{chain_hash, extend_hashes, extend_unique_identities, mix_identity, PromptHashes};
 
 use crate::options::Workload;
 use crate::trace_source::TraceSource;
@@ -17,8 +17,10 @@ use crate::workload::SyntheticSource;
 pub struct PlannedTurn {
     /// Request id.
     pub uuid: u128,
-    /// Prompt tokens.
+    /// Prompt tokens; empty with [`FeedOptions::tokenless_traces`] (trace turns).
     pub tokens: Vec<u32>,
+    /// Prompt length.
+    pub input_length: usize,
     /// Output tokens.
     pub max_output_tokens: usize,
     /// Hashes of the prompt's full blocks (when prefix caching or the KV router needs
@@ -57,6 +59,12 @@ pub struct FeedOptions {
     /// identities instead of hashes, for engines told they are private. Only sound when
     /// no later prompt contains earlier outputs (not for delta traces).
     pub private_tails: bool,
+    /// Leave trace prompts unmaterialised (`PlannedTurn::tokens` empty): their block
+    /// identities come from the trace's block ids, folded so that they are equal exactly
+    /// when the content hashes of the synthesised tokens would be. Only for engines that
+    /// accept token-less requests (`mocker_core::Request::prompt_len`), and with
+    /// `private_tails` (identities never leave the process). Delta traces keep tokens.
+    pub tokenless_traces: bool,
 }
 
 /// Prompt tokens below which a helper thread costs more than it saves.
@@ -160,6 +168,7 @@ impl Planner {
                         uuid: t.uuid,
                         block_hashes,
                         shareable_blocks: shareable,
+                        input_length: t.tokens.len(),
                         tokens: t.tokens,
                         max_output_tokens: t.max_output_tokens,
                         delay_ms: if turns.is_empty() { 0.0 } else { delay },
@@ -178,12 +187,24 @@ impl Planner {
                         Some(n) if self.keys.private_tails => Some(n / bs),
                         _ => None,
                     };
-                    let block_hashes =
-                        self.keys.prompt_hashes(t.uuid, &t.tokens, t.max_output_tokens, None, shareable);
+                    let block_hashes = if t.tokens.is_empty() && t.input_length > 0 {
+                        let tbs = source.trace_block_size();
+                        self.keys.id_hashes(
+                            t.uuid,
+                            &t.ids,
+                            tbs,
+                            t.input_length,
+                            t.max_output_tokens,
+                            shareable,
+                        )
+                    } else {
+                        self.keys.prompt_hashes(t.uuid, &t.tokens, t.max_output_tokens, None, shareable)
+                    };
                     turns.push_back(PlannedTurn {
                         uuid: t.uuid,
                         block_hashes,
                         shareable_blocks: shareable,
+                        input_length: t.input_length,
                         tokens: t.tokens,
                         max_output_tokens: t.max_output_tokens,
                         delay_ms: t.delay_ms,
@@ -197,6 +218,49 @@ impl Planner {
 }
 
 impl KeyMaker {
+    /// [`prompt_hashes`](Self::prompt_hashes) of a token-less trace prompt of `len` tokens
+    /// made of trace blocks `ids` of `tbs` tokens each. A block's content is its trace
+    /// ids and where it starts within the first of them; two prompts' blocks at one index
+    /// hold the same tokens exactly when those agree (an id's tokens are its own), so
+    /// folding them and chaining gives keys equal exactly when the content hashes are.
+    fn id_hashes(
+        &mut self,
+        uuid: u128,
+        ids: &[u32],
+        tbs: usize,
+        len: usize,
+        max_output: usize,
+        shareable: Option<usize>,
+    ) -> Option<PromptHashes> {
+        let bs = self.block_size;
+        let with_local = match self.hashing {
+            PromptHashing::Off => return None,
+            PromptHashing::Sequence => false,
+            PromptHashing::WithLocal => true,
+        };
+        let blocks = len / bs;
+        let hashed = shareable.map_or(blocks, |n| n.min(blocks));
+        let mut h = PromptHashes {
+            sequence: Vec::with_capacity((len + max_output).div_ceil(bs)),
+            local: Vec::with_capacity(if with_local { hashed } else { 0 }),
+        };
+        let mut parent = None;
+        for k in 0..hashed {
+            let (start, end) = (k * bs, (k + 1) * bs);
+            let local = ids[start / tbs..=(end - 1) / tbs]
+                .iter()
+                .fold(mix_identity(0, (start % tbs) as u64), |acc, &id| mix_identity(acc, u64::from(id)));
+            let seq = parent.map_or(local, |p| chain_hash(p, local));
+            h.sequence.push(seq);
+            if with_local {
+                h.local.push(local);
+            }
+            parent = Some(seq);
+        }
+        extend_unique_identities(uuid, hashed as u32..blocks as u32, &mut h.sequence);
+        Some(h)
+    }
+
     /// The hashes of a turn's prompt: the first `group.1` blocks from the group's cache,
     /// hashes up to `shareable` blocks (all when `None`), fresh identities after that.
     fn prompt_hashes(
@@ -249,7 +313,7 @@ pub struct SessionFeed {
 impl SessionFeed {
     /// A feed of `workload`, prompts prepared as `options` say.
     pub fn new(workload: &Workload, options: FeedOptions) -> Self {
-        let FeedOptions { block_size, hashing, private_tails } = options;
+        let FeedOptions { block_size, hashing, private_tails, tokenless_traces } = options;
         let (source, remaining, total_prompt_tokens) = match workload {
             Workload::Synthetic(w) => (
                 Generator::Synthetic(SyntheticSource::new(w.clone(), block_size), w.inter_turn_delay_ms),
@@ -258,6 +322,7 @@ impl SessionFeed {
             ),
             Workload::Trace(t) => {
                 let source = TraceSource::new(t);
+                let source = if tokenless_traces { source.tokenless() } else { source };
                 let per_copy: usize =
                     t.trace.sessions.iter().flat_map(|s| &s.turns).map(|t| t.input_length as usize).sum();
                 let remaining = source.sessions_remaining();
@@ -344,7 +409,7 @@ mod tests {
     use crate::workload::SyntheticWorkload;
 
     fn opts(block_size: usize, hashing: PromptHashing, private_tails: bool) -> FeedOptions {
-        FeedOptions { block_size, hashing, private_tails }
+        FeedOptions { block_size, hashing, private_tails, tokenless_traces: false }
     }
 
     fn collect(w: &SyntheticWorkload) -> Vec<PlannedSession> {
@@ -489,6 +554,63 @@ mod tests {
         let firsts: Vec<_> =
             std::iter::from_fn(|| feed.start_session()).map(|s| s.turns[0].shareable_blocks).collect();
         assert_eq!(firsts, vec![Some(4), Some(4), Some(6), Some(0)]);
+    }
+
+    /// Token-less trace turns: identities folded from the trace ids behave like the content
+    /// hashes of the synthesised prompts (a bijection over every block of the run), with
+    /// the same lengths and shareable counts, whether engine blocks split trace blocks,
+    /// straddle them or span several.
+    #[test]
+    fn tokenless_trace_identities_act_as_content_hashes() {
+        let text = "{\"timestamp\": 0, \"output_length\": 2, \"hash_ids\": [1, 2, 3, 4]}\n\
+                    {\"timestamp\": 1, \"output_length\": 2, \"hash_ids\": [1, 2, 6], \"input_length\": 10}\n\
+                    {\"timestamp\": 2, \"output_length\": 2, \"hash_ids\": [1, 5, 5, 7]}\n\
+                    {\"timestamp\": 3, \"output_length\": 2, \"hash_ids\": [1, 5, 5, 9, 2]}\n\
+                    {\"timestamp\": 4, \"output_length\": 2, \"hash_ids\": [1, 2, 3, 4, 8], \"input_length\": 19}\n\
+                    {\"timestamp\": 5, \"output_length\": 2, \"hash_ids\": [8]}";
+        let trace = std::sync::Arc::new(
+            crate::trace::parse_trace(text, crate::trace::TraceFormat::Mooncake, Some(4)).unwrap(),
+        );
+        for repeat in [1, 2] {
+            let w = Workload::Trace(crate::options::TraceWorkload {
+                trace: trace.clone(),
+                concurrency: None,
+                repeat,
+            });
+            for bs in [1, 2, 3, 4, 5, 8] {
+                for hashing in [PromptHashing::Sequence, PromptHashing::WithLocal] {
+                    let plain =
+                        FeedOptions { block_size: bs, hashing, private_tails: true, tokenless_traces: false };
+                    let mut with_tokens = SessionFeed::new(&w, plain);
+                    let mut tokenless = SessionFeed::new(&w, FeedOptions { tokenless_traces: true, ..plain });
+                    let (mut by_hash, mut by_id) = (FxHashMap::default(), FxHashMap::default());
+                    let mut shared = 0;
+                    while let Some(a) = with_tokens.start_session() {
+                        let b = tokenless.start_session().unwrap();
+                        let (a, b) = (&a.turns[0], &b.turns[0]);
+                        assert!(b.tokens.is_empty());
+                        assert_eq!(
+                            (a.input_length, a.shareable_blocks),
+                            (b.input_length, b.shareable_blocks)
+                        );
+                        let ids = b.block_hashes.as_ref().unwrap();
+                        let hashes = PromptHashes::sequence_only(&a.tokens, bs).sequence;
+                        assert_eq!(ids.sequence.len(), hashes.len(), "at {bs}");
+                        let shareable = b.shareable_blocks.unwrap_or(usize::MAX).min(hashes.len());
+                        if hashing == PromptHashing::WithLocal {
+                            assert_eq!(ids.local.len(), shareable, "locals of the shareable blocks");
+                        }
+                        for (&h, &id) in hashes.iter().zip(&ids.sequence) {
+                            shared += usize::from(by_hash.contains_key(&h));
+                            assert_eq!(*by_hash.entry(h).or_insert(id), id, "at {bs}, repeat {repeat}");
+                            assert_eq!(*by_id.entry(id).or_insert(h), h, "at {bs}, repeat {repeat}");
+                        }
+                    }
+                    assert!(tokenless.start_session().is_none());
+                    assert!(shared > 0, "rows share blocks at {bs}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -14,8 +14,13 @@ use crate::trace::{expand_prompt, Trace, TraceFormat};
 pub struct SourcedTurn {
     /// Request id: the row's line number, plus the copy number in the high bits.
     pub uuid: u128,
-    /// Prompt tokens.
+    /// Prompt tokens; empty from a [`TraceSource::tokenless`] source.
     pub tokens: Vec<u32>,
+    /// Prompt length.
+    pub input_length: usize,
+    /// From a [`TraceSource::tokenless`] source, the trace block ids the prompt is made of
+    /// (each covers the trace's block size, the last possibly in part); empty otherwise.
+    pub ids: Vec<u32>,
     /// Tokens to generate.
     pub max_output_tokens: usize,
     /// Delay after the previous turn completes (ms, before the speedup ratio).
@@ -54,6 +59,8 @@ pub struct TraceSource {
     /// a single replay of a format whose rows list their whole prompt. Repeats share every
     /// id between copies, and delta rows list only new blocks.
     id_uses: Option<Vec<u8>>,
+    /// Hand out block ids instead of synthesised tokens.
+    tokenless: bool,
 }
 
 impl TraceSource {
@@ -97,7 +104,30 @@ impl TraceSource {
             ids.for_each(|id| uses[id as usize] = uses[id as usize].saturating_add(1));
             uses
         });
-        Self { trace, order, span_ms, origin_ms, repeat: w.repeat, copy: 0, pos: 0, id_uses }
+        Self {
+            trace,
+            order,
+            span_ms,
+            origin_ms,
+            repeat: w.repeat,
+            copy: 0,
+            pos: 0,
+            id_uses,
+            tokenless: false,
+        }
+    }
+
+    /// Turns carry their trace block ids instead of synthesised prompt tokens (a prompt's
+    /// tokens are a function of its ids), for callers that only need block identities.
+    /// Delta traces, whose prompts also hold earlier outputs, keep their tokens.
+    pub fn tokenless(mut self) -> Self {
+        self.tokenless = self.trace.format != TraceFormat::MooncakeDelta;
+        self
+    }
+
+    /// The trace's block size (tokens per id).
+    pub fn trace_block_size(&self) -> usize {
+        self.trace.block_size
     }
 
     /// Sessions not started yet.
@@ -133,25 +163,32 @@ impl TraceSource {
         let mut turns = Vec::with_capacity(session.turns.len());
         for t in &session.turns {
             let uuid = (copy << 32) | u128::from(t.line);
-            let tokens = if delta {
+            let input_length = t.input_length as usize;
+            let (tokens, ids) = if self.tokenless {
+                let used = input_length.div_ceil(bs).min(t.ids.len());
+                (Vec::new(), t.ids[..used].to_vec())
+            } else if delta {
                 expand_prompt(&t.ids, t.input_length as usize, bs, &mut history);
                 let prompt = history.clone();
                 // The engine's deterministic output tokens join the history of later turns.
                 history.extend((0..u64::from(t.output_length)).map(|k| deterministic_output_token(uuid, k)));
-                prompt
+                (prompt, Vec::new())
             } else {
-                let mut v = Vec::with_capacity(t.input_length as usize);
-                expand_prompt(&t.ids, t.input_length as usize, bs, &mut v);
-                v
+                let mut v = Vec::with_capacity(input_length);
+                expand_prompt(&t.ids, input_length, bs, &mut v);
+                (v, Vec::new())
             };
+            let input_length = if delta { tokens.len() } else { input_length };
             let shareable_tokens = self
                 .id_uses
                 .as_ref()
                 .and_then(|uses| t.ids.iter().position(|&id| uses[id as usize] == 1))
-                .map(|j| (j * bs).min(tokens.len()));
+                .map(|j| (j * bs).min(input_length));
             turns.push(SourcedTurn {
                 uuid,
                 tokens,
+                input_length,
+                ids,
                 max_output_tokens: t.output_length as usize,
                 delay_ms: t.delay_ms,
                 not_before_ms: t.not_before_ms.zip(shift).map(|(nb, d)| nb + d),

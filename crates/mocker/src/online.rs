@@ -112,6 +112,7 @@ pub async fn replay_online(options: &ReplayOptions) -> Result<ReplayOutcome, Onl
                 },
                 // Live engines publish every block's KV events.
                 private_tails: false,
+                tokenless_traces: false,
             },
         ),
         sessions: Vec::new(),
@@ -295,6 +296,7 @@ impl Driver<'_> {
             output_token_ids: None,
             block_hashes: turn.block_hashes,
             shareable_blocks: None,
+            prompt_len: None,
         })?;
         let engine = self.workers[worker].clone();
         self.acks.push(Box::pin(async move { engine.submit_prepared(registration).await }));

@@ -12,7 +12,7 @@ use crate::request::{Admission, Output, Request, SeqKey};
 /// The checks every backend makes at submit: a prompt, and at least one output token
 /// (planned tokens fix the length). Returns the requested output length.
 pub(crate) fn requested_output(request: &Request) -> Result<usize, SubmitError> {
-    if request.tokens.is_empty() {
+    if request.prompt_len() == 0 {
         return Err(SubmitError::EmptyPrompt(request.uuid));
     }
     match request.output_token_ids.as_ref().map_or(request.max_output_tokens, Vec::len) {
@@ -232,6 +232,10 @@ pub enum SubmitError {
     /// Nothing to generate.
     #[error("request {0:#x}: max_output_tokens must be at least 1")]
     NoOutput(u128),
+    /// The prompt's token ids were left out (`Request::prompt_len`) where the engine needs
+    /// them: its block hashes are missing, or tokens must be read back.
+    #[error("request {0:#x}: prompt tokens are required here (block hashes missing, planned output, KV token ids, or output blocks hashed by content)")]
+    MissingTokens(u128),
 }
 
 /// Options of a scheduler beyond its engine configuration.

@@ -202,7 +202,7 @@ impl VllmScheduler {
     /// Queues a request; it is considered for admission by the next pass.
     pub fn submit(&mut self, request: Request) -> Result<SeqKey, SubmitError> {
         let mut max_output = super::requested_output(&request)?;
-        let prompt_len = request.tokens.len();
+        let prompt_len = request.prompt_len();
         if let Some(m) = self.max_model_len {
             // Generation stops when the sequence reaches the model length; a prompt that
             // already does is rejected at admission (the cap is kept at >= 1 for that).
@@ -225,11 +225,25 @@ impl VllmScheduler {
         };
         // Locals are read only for announced (shareable) blocks.
         let locals_needed = prompt_blocks.min(private_from as usize);
+        if request.tokenless() {
+            // Tokens are read for hashing, token ids in events and generated blocks hashed
+            // by content: none of that may happen.
+            let hashed = !self.prefix_caching
+                || request.block_hashes.as_ref().is_some_and(|h| {
+                    h.sequence.len() == prompt_blocks && (!record || h.local.len() >= locals_needed)
+                });
+            let reads_back =
+                request.output_token_ids.is_some() || !self.opaque_output_blocks || self.kv_token_ids;
+            if !hashed || reads_back {
+                return Err(SubmitError::MissingTokens(request.uuid));
+            }
+        }
         let (hashes, local_hashes) = match request.block_hashes {
             _ if !self.prefix_caching => (Vec::new(), Vec::new()),
             Some(h) if h.sequence.len() == prompt_blocks && (!record || h.local.len() >= locals_needed) => {
                 debug_assert!(
                     !record
+                        || request.tokens.is_empty()
                         || h.sequence[..locals_needed]
                             == PromptHashes::of(&request.tokens[..locals_needed * bs], bs).sequence
                 );

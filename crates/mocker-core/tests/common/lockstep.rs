@@ -3,7 +3,9 @@
 //! generated blocks (`opaque_output_blocks`), and one that is also told which blocks are
 //! private to their request (`Request::shareable_blocks`). All are optimisations only, so
 //! every pass must match, except for the hash values of generated blocks in KV events and,
-//! for the private engine, the events of private blocks, which it leaves out.
+//! for the private engine, the events of private blocks, which it leaves out. The private
+//! engine also gets its vLLM-style requests without tokens (`Request::prompt_len`), only
+//! their block hashes.
 
 use std::collections::HashSet;
 
@@ -23,6 +25,8 @@ pub struct Lockstep {
     /// of any private ones (until then its events are the opaque engine's).
     shareable: Option<HashSet<u64>>,
     block_size: usize,
+    /// Whether the private engine can take requests without tokens.
+    tokenless: bool,
 }
 
 impl Lockstep {
@@ -45,6 +49,7 @@ impl Lockstep {
             private: build(false, true),
             shareable: None,
             block_size: config.block_size,
+            tokenless: config.backend != mocker_core::config::Backend::Sglang && !config.emit_kv_token_ids,
         }
     }
 
@@ -55,7 +60,12 @@ impl Lockstep {
             let hashes = PromptHashes::of(&request.tokens, self.block_size).sequence;
             self.shareable.get_or_insert_default().extend(&hashes[..n.min(hashes.len())]);
         }
-        let private = Request { shareable_blocks: shareable, ..request.clone() };
+        let mut private = Request { shareable_blocks: shareable, ..request.clone() };
+        if self.tokenless && private.output_token_ids.is_none() {
+            private.block_hashes = Some(PromptHashes::of(&request.tokens, self.block_size));
+            private.prompt_len = Some(request.tokens.len());
+            private.tokens = Vec::new();
+        }
         self.private.submit(private).map_err(|e| TestCaseError::fail(e.to_string()))?;
         self.itemized.submit(request.clone()).map_err(|e| TestCaseError::fail(e.to_string()))?;
         self.opaque.submit(request.clone()).map_err(|e| TestCaseError::fail(e.to_string()))?;

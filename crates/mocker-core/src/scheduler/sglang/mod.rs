@@ -143,6 +143,10 @@ impl SglangScheduler {
     /// could never be admitted or never finish in this pool is rejected by that pass.
     pub fn submit(&mut self, request: Request) -> Result<SeqKey, SubmitError> {
         let mut max_output = super::requested_output(&request)?;
+        if request.tokenless() {
+            // Its radix cache hashes pages and KV events from tokens.
+            return Err(SubmitError::MissingTokens(request.uuid));
+        }
         let prompt_len = request.tokens.len();
         let mut reject = false;
         if let Some(m) = self.max_model_len {
