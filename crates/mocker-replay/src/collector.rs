@@ -1,8 +1,9 @@
 //! Per-request latency bookkeeping during a replay, folded into report inputs.
 //! Live requests hold a small record; completed ones leave only their scalar samples.
 
+use crate::gaps::GapStats;
 use crate::options::Sla;
-use crate::report::{ExactDistribution, GoodputInputs, SketchDistribution, SummaryInputs};
+use crate::report::{ExactDistribution, GoodputInputs, SummaryInputs};
 use crate::request_log::{RequestLog, RequestRecord};
 
 /// Index of a live request's record.
@@ -38,8 +39,8 @@ pub struct Collector {
     ttst: ExactDistribution,
     tpot: ExactDistribution,
     e2e: ExactDistribution,
-    itl: SketchDistribution,
-    per_user: SketchDistribution,
+    /// ITL and per-user throughput.
+    gaps: GapStats,
     /// Gaps of one pass are usually identical: batch them into one sketch update.
     run_gap_ns: u64,
     run_len: u64,
@@ -55,7 +56,13 @@ pub struct Collector {
 impl Collector {
     /// An empty collector.
     pub fn new() -> Self {
-        Self { itl: SketchDistribution::new(), per_user: SketchDistribution::new(), ..Default::default() }
+        Self::default()
+    }
+
+    /// Builds the ITL distributions on a helper thread (for long replays).
+    pub fn with_gap_thread(mut self) -> Self {
+        self.gaps = GapStats::threaded();
+        self
     }
 
     /// An empty collector that also counts goodput under `sla` (when any threshold is set).
@@ -180,11 +187,7 @@ impl Collector {
         if self.run_len == 0 {
             return;
         }
-        let gap_ms = self.run_gap_ns as f64 / 1e6;
-        self.itl.add_n(gap_ms, self.run_len);
-        if self.run_gap_ns > 0 {
-            self.per_user.add_n(1000.0 / gap_ms, self.run_len);
-        }
+        self.gaps.add(self.run_gap_ns, self.run_len);
         self.run_len = 0;
     }
 
@@ -243,6 +246,7 @@ impl Collector {
     /// Folds everything into report inputs; the caller fills in engine-side totals.
     pub fn finish(mut self) -> SummaryInputs {
         self.flush_gaps();
+        let (itl, per_user) = std::mem::take(&mut self.gaps).finish();
         SummaryInputs {
             num_requests: self.num_requests,
             completed_requests: self.completed,
@@ -255,8 +259,8 @@ impl Collector {
             ttst_ms: self.ttst,
             tpot_ms: self.tpot,
             e2e_latency_ms: self.e2e,
-            itl_ms: self.itl,
-            output_token_throughput_per_user: self.per_user,
+            itl_ms: itl,
+            output_token_throughput_per_user: per_user,
             goodput: self
                 .sla
                 .any()

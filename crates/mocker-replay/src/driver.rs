@@ -73,6 +73,10 @@ struct Queued {
     turn: PlannedTurn,
 }
 
+/// Requests from which the ITL sketches are built on a helper thread: below, starting
+/// it costs more than the logarithms it takes off the simulation's thread.
+const GAP_THREAD_MIN_REQUESTS: usize = 2_000;
+
 /// A pending pass end: (end, start, drain iteration at the start, worker, generation).
 type PassKey = (u64, u64, u32, usize, u32);
 
@@ -209,6 +213,9 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     let mut collector = Collector::with_sla(options.sla);
     if hooks.request_ended.is_some() {
         collector = collector.with_request_log();
+    }
+    if options.workload.total_requests() >= GAP_THREAD_MIN_REQUESTS {
+        collector = collector.with_gap_thread();
     }
     let mut sim = Sim {
         workers,

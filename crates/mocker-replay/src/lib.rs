@@ -7,6 +7,7 @@ pub mod collector;
 mod deps;
 pub mod driver;
 pub mod feed;
+pub mod gaps;
 pub mod options;
 pub mod report;
 pub mod request_log;

@@ -102,6 +102,8 @@ pub struct BlockPool {
     lineage: Vec<Lineage>,
     leaf_head: u32,
     leaf_tail: u32,
+    /// The blocks of the hits `allocate` checked, so pinning them needs no second probe.
+    hit_ids: Vec<BlockId>,
 }
 
 impl BlockPool {
@@ -152,6 +154,7 @@ impl BlockPool {
             lineage: Vec::new(),
             leaf_head: NIL,
             leaf_tail: NIL,
+            hit_ids: Vec::new(),
         }
     }
 
@@ -236,12 +239,11 @@ impl BlockPool {
         let hits = hits.get(prev..hits.len().min(target)).unwrap_or(&[]);
         let hit_end = prev + hits.len();
         let mut inactive_hits = 0;
+        self.hit_ids.clear();
         for &h in hits {
-            match self.resident(h) {
-                Some(id) if self.blocks[id as usize].refcount == 0 => inactive_hits += 1,
-                Some(_) => {}
-                None => return false,
-            }
+            let Some(id) = self.resident(h) else { return false };
+            inactive_hits += usize::from(self.blocks[id as usize].refcount == 0);
+            self.hit_ids.push(id);
         }
         let fresh = target - hit_end;
         let shortfall = fresh.saturating_sub(self.num_free());
@@ -249,8 +251,8 @@ impl BlockPool {
             return false;
         }
         owned.reserve(target - prev);
-        for &h in hits {
-            let id = self.resident(h).expect("hit checked above");
+        for i in 0..self.hit_ids.len() {
+            let id = self.hit_ids[i];
             let b = &mut self.blocks[id as usize];
             if b.refcount == 0 {
                 self.lru_unlink(id);
