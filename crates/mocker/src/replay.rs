@@ -290,6 +290,9 @@ fn report_path(path: &Path) -> PathBuf {
 /// Runs `mocker replay`.
 pub fn run(args: ReplayArgs) -> Result<(), UsageError> {
     let options = args.options()?;
+    if matches!(options.workload, Workload::Trace(_)) {
+        crate::avoid_huge_pages();
+    }
     let outcome = match args.mode {
         Mode::Offline => run_offline(&options, args.report_jsonl.as_deref(), args.plot.as_deref())?,
         Mode::Online if args.report_jsonl.is_some() || args.plot.is_some() => {
