@@ -206,12 +206,20 @@ impl BlockPool {
 
     /// Walks `hashes` from the root while each block is resident.
     pub fn match_prefix(&self, hashes: &[u64]) -> PrefixMatch {
+        self.match_prefix_into(hashes, &mut Vec::new())
+    }
+
+    /// [`match_prefix`](Self::match_prefix), also leaving the matched blocks in `ids`, for
+    /// an [`allocate_matched`](Self::allocate_matched) that follows.
+    pub fn match_prefix_into(&self, hashes: &[u64], ids: &mut Vec<BlockId>) -> PrefixMatch {
         let mut m = PrefixMatch::default();
+        ids.clear();
         if self.index.is_empty() {
             return m;
         }
         for &h in hashes {
             let Some(id) = self.resident(h) else { break };
+            ids.push(id);
             m.blocks += 1;
             if self.blocks[id as usize].refcount > 0 {
                 m.active_blocks += 1;
@@ -232,6 +240,21 @@ impl BlockPool {
         hits: &[u64],
         evicted: &mut Vec<u64>,
     ) -> bool {
+        self.allocate_matched(owned, target, hits, &[], evicted)
+    }
+
+    /// [`allocate`](Self::allocate) where `matched` holds the blocks a
+    /// [`match_prefix_into`](Self::match_prefix_into) of the same hashes found (indexed
+    /// like them): each is checked to still be its hash's resident block instead of
+    /// looked up again.
+    pub fn allocate_matched(
+        &mut self,
+        owned: &mut Vec<BlockId>,
+        target: usize,
+        hits: &[u64],
+        matched: &[BlockId],
+        evicted: &mut Vec<u64>,
+    ) -> bool {
         let prev = owned.len();
         if target <= prev {
             return true;
@@ -240,8 +263,12 @@ impl BlockPool {
         let hit_end = prev + hits.len();
         let mut inactive_hits = 0;
         self.hit_ids.clear();
-        for &h in hits {
-            let Some(id) = self.resident(h) else { return false };
+        for (i, &h) in hits.iter().enumerate() {
+            let known = matched.get(prev + i).copied().filter(|&id| {
+                let b = &self.blocks[id as usize];
+                b.registered && b.primary && b.hash == h
+            });
+            let Some(id) = known.or_else(|| self.resident(h)) else { return false };
             inactive_hits += usize::from(self.blocks[id as usize].refcount == 0);
             self.hit_ids.push(id);
         }

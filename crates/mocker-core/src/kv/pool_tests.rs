@@ -280,3 +280,32 @@ fn private_blocks_are_invisible_until_published_and_never_reported() {
         pool.check_invariants().unwrap();
     }
 }
+
+/// Blocks a match found are trusted only while they still hold their hashes: once evicted
+/// and reused for other content, the allocation looks the hashes up (and misses).
+#[test]
+fn matched_blocks_are_checked_before_they_are_pinned() {
+    let mut pool = BlockPool::new(2);
+    let mut ev = Vec::new();
+    let mut a = Vec::new();
+    assert!(pool.allocate(&mut a, 2, &[], &mut ev));
+    pool.register(a[0], 1, None);
+    pool.register(a[1], 2, Some(a[0]));
+    pool.release(&mut a);
+    let mut matched = Vec::new();
+    assert_eq!(pool.match_prefix_into(&[1, 2], &mut matched).blocks, 2);
+    let mut fresh = Vec::new();
+    let mut b = Vec::new();
+    assert!(pool.allocate_matched(&mut b, 1, &[1], &matched, &mut ev), "a still valid match");
+    assert_eq!(b, vec![matched[0]]);
+    pool.release(&mut b);
+    // Both blocks evicted and registered again under other hashes.
+    assert!(pool.allocate(&mut fresh, 2, &[], &mut ev));
+    pool.register(fresh[0], 7, None);
+    pool.register(fresh[1], 8, Some(fresh[0]));
+    pool.release(&mut fresh);
+    let mut c = Vec::new();
+    assert!(!pool.allocate_matched(&mut c, 2, &[1, 2], &matched, &mut ev), "stale matches are not hits");
+    assert!(c.is_empty());
+    pool.check_invariants().unwrap();
+}

@@ -137,6 +137,8 @@ pub struct VllmScheduler {
     evicted: Vec<u64>,
     rejected: Vec<SeqKey>,
     scratch_tokens: Vec<u32>,
+    /// The blocks the last `prefill_cost` found resident, for the allocation after it.
+    matched: Vec<BlockId>,
     pass: Pass,
 }
 
@@ -195,6 +197,7 @@ impl VllmScheduler {
             evicted: Vec::new(),
             rejected: Vec::new(),
             scratch_tokens: Vec::new(),
+            matched: Vec::new(),
             pass: Pass::default(),
         }
     }
@@ -637,13 +640,16 @@ impl VllmScheduler {
         let bs = self.block_size as usize;
         while self.running.len() < self.max_num_seqs {
             let Some(&key) = self.waiting.front() else { break };
+            let mut matched = std::mem::take(&mut self.matched);
             let seq = self.seq(key);
             if self.never_fits(seq) {
                 self.waiting.pop_front();
                 self.reject(key, pass);
                 continue;
             }
-            let cost = self.prefill_cost(seq);
+            let cost = self.prefill_cost(seq, &mut matched);
+            self.matched = matched;
+            let seq = self.seq(key);
             let reused_blocks = cost.active_cached as usize / bs;
             let free_capacity = self.num_gpu_blocks - self.pool.num_active();
             let (needed, available) = if self.trtllm {
@@ -701,11 +707,13 @@ impl VllmScheduler {
     }
 
     /// Prefix lookup for a waiting request, with vLLM's recompute rule.
-    fn prefill_cost(&self, seq: &Seq) -> PrefillCost {
+    /// The matched blocks go to `matched` (emptied when there is no lookup).
+    fn prefill_cost(&self, seq: &Seq, matched: &mut Vec<BlockId>) -> PrefillCost {
+        matched.clear();
         if !self.prefix_caching || seq.num_computed != 0 {
             return PrefillCost::default();
         }
-        let m = self.pool.match_prefix(&seq.hashes);
+        let m = self.pool.match_prefix_into(&seq.hashes, matched);
         if m.blocks == 0 {
             return PrefillCost::default();
         }
@@ -753,7 +761,9 @@ impl VllmScheduler {
             let target = (before + want).div_ceil(bs) as usize;
             let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
             let hits = &seq.hashes[..reusable.min(seq.hashes.len())];
-            if self.pool.allocate(&mut seq.blocks, target, hits, &mut self.evicted) {
+            // Only an admission's cost matched this request's blocks.
+            let matched = if cost.is_some() { &self.matched[..] } else { &[] };
+            if self.pool.allocate_matched(&mut seq.blocks, target, hits, matched, &mut self.evicted) {
                 seq.num_computed = before + want;
                 break;
             }
