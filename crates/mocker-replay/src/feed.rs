@@ -47,6 +47,17 @@ pub struct PlannedSession {
     pub gate: Option<u64>,
 }
 
+impl PromptHashing {
+    /// Whether local hashes are wanted too; `None` when no hashes are.
+    fn with_local(self) -> Option<bool> {
+        match self {
+            Self::Off => None,
+            Self::Sequence => Some(false),
+            Self::WithLocal => Some(true),
+        }
+    }
+}
+
 /// How a [`SessionFeed`] prepares prompts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FeedOptions {
@@ -233,11 +244,7 @@ impl KeyMaker {
         shareable: Option<usize>,
     ) -> Option<PromptHashes> {
         let bs = self.block_size;
-        let with_local = match self.hashing {
-            PromptHashing::Off => return None,
-            PromptHashing::Sequence => false,
-            PromptHashing::WithLocal => true,
-        };
+        let with_local = self.hashing.with_local()?;
         let blocks = len / bs;
         let hashed = shareable.map_or(blocks, |n| n.min(blocks));
         let mut h = PromptHashes {
@@ -272,11 +279,7 @@ impl KeyMaker {
         shareable: Option<usize>,
     ) -> Option<PromptHashes> {
         let bs = self.block_size;
-        let with_local = match self.hashing {
-            PromptHashing::Off => return None,
-            PromptHashing::Sequence => false,
-            PromptHashing::WithLocal => true,
-        };
+        let with_local = self.hashing.with_local()?;
         let blocks = tokens.len() / bs;
         let hashed = shareable.map_or(blocks, |n| n.min(blocks));
         let mut h = match group {

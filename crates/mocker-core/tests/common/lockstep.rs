@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use mocker_core::config::EngineConfig;
 use mocker_core::events::{KvEvent, KvEventData};
 use mocker_core::hashing::PromptHashes;
-use mocker_core::{Engine, EngineOptions, Request};
+use mocker_core::{Engine, EngineOptions, Pass, Request};
 use proptest::prelude::*;
 
 /// The engine pair.
@@ -104,11 +104,7 @@ impl Lockstep {
         prop_assert_eq!(a.metrics, b.metrics, "pass {} metrics", pass_no);
         let (end, counted) = (a.end_ns, b.steady_count);
         let c = self.opaque.step(now);
-        prop_assert_eq!(a.end_ns, c.end_ns, "pass {} end (opaque)", pass_no);
-        prop_assert_eq!(&a.outputs, &c.outputs, "pass {} outputs (opaque)", pass_no);
-        prop_assert_eq!(&a.steady, &c.steady, "pass {} steady (opaque)", pass_no);
-        prop_assert_eq!(&a.admissions, &c.admissions, "pass {} admissions (opaque)", pass_no);
-        prop_assert_eq!(a.metrics, c.metrics, "pass {} metrics (opaque)", pass_no);
+        same_pass(a, c, pass_no, "opaque")?;
         prop_assert_eq!(
             event_shape(&a.kv_events),
             event_shape(&c.kv_events),
@@ -120,11 +116,7 @@ impl Lockstep {
             None => c.kv_events.iter().map(|e| e.data.clone()).collect(),
         };
         let d = self.private.step(now);
-        prop_assert_eq!(a.end_ns, d.end_ns, "pass {} end (private)", pass_no);
-        prop_assert_eq!(&a.outputs, &d.outputs, "pass {} outputs (private)", pass_no);
-        prop_assert_eq!(&a.steady, &d.steady, "pass {} steady (private)", pass_no);
-        prop_assert_eq!(&a.admissions, &d.admissions, "pass {} admissions (private)", pass_no);
-        prop_assert_eq!(a.metrics, d.metrics, "pass {} metrics (private)", pass_no);
+        same_pass(a, d, pass_no, "private")?;
         prop_assert_eq!(
             opaque_events,
             d.kv_events.iter().map(|e| e.data.clone()).collect::<Vec<_>>(),
@@ -144,6 +136,16 @@ impl Lockstep {
         self.aggregated.check_invariants().map_err(TestCaseError::fail)?;
         Ok((end, counted))
     }
+}
+
+/// The itemized pass `a` and pass `x` of engine `name` agree on everything but KV events.
+fn same_pass(a: &Pass, x: &Pass, pass_no: usize, name: &str) -> Result<(), TestCaseError> {
+    prop_assert_eq!(a.end_ns, x.end_ns, "pass {} end ({})", pass_no, name);
+    prop_assert_eq!(&a.outputs, &x.outputs, "pass {} outputs ({})", pass_no, name);
+    prop_assert_eq!(&a.steady, &x.steady, "pass {} steady ({})", pass_no, name);
+    prop_assert_eq!(&a.admissions, &x.admissions, "pass {} admissions ({})", pass_no, name);
+    prop_assert_eq!(a.metrics, x.metrics, "pass {} metrics ({})", pass_no, name);
+    Ok(())
 }
 
 /// What KV events say apart from hash values: kind and block count of each.
