@@ -44,7 +44,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Replay a synthetic workload offline, as fast as the CPU allows, and report latencies.
+    /// Replay a trace or a synthetic workload offline, as fast as the CPU allows, and report latencies.
     Replay(replay::ReplayArgs),
     /// Run the fixed benchmark suite and print wall time per workload.
     Bench(bench::BenchArgs),

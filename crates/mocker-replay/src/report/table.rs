@@ -128,6 +128,19 @@ pub fn render_table(summary: &Summary, report_path: Option<&str>) -> String {
         "First Admission Prefix Cache Reused Ratio: {}",
         format_number(summary.first_admission_prefix_cache_reused_ratio)
     );
+    // The reference prints no goodput at all; a line after its table keeps the table
+    // itself diffable against the reference's while the SLA outcome is readable at a glance.
+    if let (Some(good), Some(rps)) =
+        (summary.goodput_completed_requests, summary.goodput_request_throughput_rps)
+    {
+        let _ = writeln!(
+            out,
+            "Goodput (requests/sec): {} ({} of {} completed requests within the SLA)",
+            format_number(rps),
+            good,
+            summary.completed_requests
+        );
+    }
     if let Some(path) = report_path {
         let _ = writeln!(out, "Saved full report to: {path}");
     }
@@ -224,6 +237,23 @@ mod tests {
         // Every table line (borders, header, rows) has the same display width.
         let width = lines[1].chars().count();
         assert!(lines[1..13].iter().all(|l| l.chars().count() == width));
+    }
+
+    /// With an SLA the goodput follows the reuse lines and the table is unchanged.
+    #[test]
+    fn goodput_line_only_with_an_sla() {
+        let mut s = sample_summary();
+        s.goodput_completed_requests = Some(1000);
+        s.goodput_request_throughput_rps = Some(13.4174);
+        let text = render_table(&s, Some("/tmp/report.json"));
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[..16], SNAPSHOT[..16]);
+        assert_eq!(
+            lines[16],
+            "Goodput (requests/sec): 13.42 (1000 of 1187 completed requests within the SLA)"
+        );
+        assert_eq!(lines[17], SNAPSHOT[16]);
+        assert!(!render_table(&sample_summary(), None).contains("Goodput"));
     }
 
     #[test]
