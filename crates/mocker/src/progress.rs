@@ -37,8 +37,10 @@ impl Progress {
             self.bar = Some(bar);
         }
         if let Some(bar) = &self.bar {
-            bar.set_position(done as u64);
+            // The message first: a position change may draw, and the first frame would
+            // otherwise show no simulated time.
             bar.set_message(format!("{:.1} s", sim_ms / 1e3));
+            bar.set_position(done as u64);
         }
     }
 
