@@ -10,6 +10,8 @@ The reference's kv_router is not deterministic, so it runs `--runs` times and it
 every run). Wall times on this kind of shared VM drift by tens of percent from run to run, so both
 simulators run `--runs` times, interleaved, and two speedups are printed: the ratio of the median
 wall times, and a conservative "worst" one, the fastest reference run over the slowest mocker run.
+Both are the simulators' own `wall_time_ms` (the replay itself); "process" is the ratio of median
+whole-process times (start-up, trace loading and report included), what `time` shows a user.
 Each simulator runs in its own process (the reference's runtime threads slow a child process down
 if it is started from the same one).
 """
@@ -20,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 ENGINE = {"block_size": 64, "num_gpu_blocks": 16384, "max_num_seqs": 256, "max_num_batched_tokens": 8192}
 HEADLINE = ["duration_ms", "mean_ttft_ms", "mean_itl_ms", "prefix_cache_reused_ratio"]
@@ -37,21 +40,28 @@ print(json.dumps(r.summary))
 
 def run_reference(trace, workers, router):
     # Its per-request INFO log goes to stderr; discarding it keeps the terminal out of its time.
+    t = time.perf_counter()
     out = subprocess.check_output(
         [sys.executable, "-c", REF_SNIPPET, trace, str(workers), REF_ROUTER[router], json.dumps(ENGINE)],
         stderr=subprocess.DEVNULL)
-    return json.loads(out.decode().strip().splitlines()[-1])
+    summary = json.loads(out.decode().strip().splitlines()[-1])
+    summary["process_s"] = time.perf_counter() - t
+    return summary
 
 
 def run_mocker(binary, trace, workers, router):
     with tempfile.TemporaryDirectory() as d:
         report = os.path.join(d, "r.json")
+        t = time.perf_counter()
         subprocess.check_call(
             [binary, "replay", trace, "--trace-format", "mooncake", "--trace-block-size", "512",
              "--num-workers", str(workers), "--router", router, "--engine-args", json.dumps(ENGINE),
              "--report-json", report], stdout=subprocess.DEVNULL)
+        elapsed = time.perf_counter() - t
         with open(report) as f:
-            return json.load(f)
+            summary = json.load(f)
+        summary["process_s"] = elapsed
+        return summary
 
 
 def main():
@@ -64,7 +74,7 @@ def main():
     args = ap.parse_args()
     traces = sorted(f for f in os.listdir(args.traces) if f.endswith(".jsonl"))
     print(f"{'trace':<34} {'router':<12} {'ref s (min..max)':>18} {'mocker s (min..max)':>14} "
-          f"{'median':>7} {'worst':>6}  "
+          f"{'median':>7} {'worst':>6} {'process':>8}  "
           + "  ".join(f"{k}: ref min..max / mocker" for k in HEADLINE))
     for name in traces:
         path = os.path.join(args.traces, name)
@@ -82,8 +92,10 @@ def main():
                 cells.append(f"{k}: {min(vals):.4f}..{max(vals):.4f} / {m[k]:.4f}")
             median = statistics.median(walls) / statistics.median(mwalls)
             worst = min(walls) / max(mwalls)
+            process = (statistics.median(r["process_s"] for r in runs)
+                       / statistics.median(r["process_s"] for r in mocker_runs))
             print(f"{name:<34} {router:<12} {min(walls):>8.2f}..{max(walls):<8.2f} "
-                  f"{min(mwalls):>6.3f}..{max(mwalls):<6.3f} {median:>6.1f}x {worst:>5.1f}x  "
+                  f"{min(mwalls):>6.3f}..{max(mwalls):<6.3f} {median:>6.1f}x {worst:>5.1f}x {process:>7.1f}x  "
                   + "  ".join(cells), flush=True)
 
 
