@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod request;
 pub mod scheduler;
 pub mod timing;
+pub mod transfer;
 
 pub use engine::{Engine, EngineError, EngineOptions};
 pub use request::{Admission, Output, OutputToken, Request, SeqKey};

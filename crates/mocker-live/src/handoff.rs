@@ -63,13 +63,12 @@ impl HandoffTransferTiming {
     /// tokens are the full prompt, or in `destination_missing` mode the destination's
     /// `missing` tokens when known. `None` when a figure is missing or bandwidth ≤ 0.
     pub fn delay_ms(&self, missing: Option<usize>) -> Option<f64> {
-        let bytes = self.kv_bytes_per_token?;
-        let bw = self.bandwidth_gb_s.filter(|b| *b > 0.0)?;
-        let tokens = match (self.mode, missing) {
-            (KvTransferTimingMode::DestinationMissing, Some(m)) => m,
-            _ => self.full_prompt_tokens,
+        let transfer = mocker_core::transfer::KvTransfer {
+            mode: self.mode,
+            bytes_per_token: self.kv_bytes_per_token,
+            bandwidth_gb_s: self.bandwidth_gb_s,
         };
-        Some(tokens as f64 * bytes / (bw * 1e9) * 1000.0)
+        transfer.delay_ms(self.full_prompt_tokens, missing)
     }
 }
 

@@ -143,6 +143,23 @@ impl Collector {
         r.reused_max = r.reused_max.max(reused);
     }
 
+    /// Disaggregated: the request's prefill finished at `t_ns` and `decode_worker` reserved
+    /// its prompt blocks (only the per-request log keeps handoff times).
+    pub fn on_handoff_reserved(&mut self, id: RecordId, decode_worker: usize, t_ns: u64) {
+        if let Some(log) = &mut self.log {
+            log.reserved(id, decode_worker as u32, t_ns);
+        }
+    }
+
+    /// Disaggregated: the request's KV arrived at its decode worker at `t_ns`, which
+    /// already cached `reused` of its prompt tokens. The report's reuse stays the prefill
+    /// pool's, as the reference counts it.
+    pub fn on_handoff_activated(&mut self, id: RecordId, reused: u32, t_ns: u64) {
+        if let Some(log) = &mut self.log {
+            log.activated(id, reused, t_ns);
+        }
+    }
+
     /// The request received its token number `index` at `t_ns`, `itl_ns` after its
     /// previous one.
     #[inline]

@@ -11,17 +11,21 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::Instant;
 
+use mocker_core::config::{Backend, LaunchConfig};
 use mocker_core::hashing::PromptHashes;
 use mocker_core::{Engine, EngineOptions, Request};
 
 use crate::collector::{Collector, RecordId};
 use crate::deps::{Deps, SessionId};
 use crate::feed::{FeedOptions, PlannedSession, PlannedTurn, PromptHashing, SessionFeed};
-use crate::options::{ms_to_ns, ReplayError, ReplayOptions, Workload};
+use crate::options::{ms_to_ns, Cluster, ReplayError, ReplayOptions, Workload};
 use crate::report::Summary;
 use crate::request_log::RequestRecord;
 use crate::router::{RouteId, RouteRequest, Router, RouterQueue};
 use crate::trace::DepTrigger;
+
+mod handoff;
+use handoff::{Disagg, HandoffId};
 
 /// A finished replay.
 #[derive(Debug, Clone)]
@@ -42,8 +46,20 @@ pub struct Hooks<'a> {
     pub request_ended: Option<&'a mut dyn FnMut(RequestRecord)>,
 }
 
+/// What a worker does with the requests it gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// Prefills and decodes.
+    Aggregated,
+    /// Prefills, then holds the KV for the handoff (its token is not the user's).
+    Prefill,
+    /// Decodes requests whose KV it received.
+    Decode,
+}
+
 struct Worker {
     engine: Engine,
+    role: Role,
     busy: bool,
     /// Bumped when the worker's pending heap entry is replaced (a truncated run): entries
     /// carrying an older value are stale.
@@ -64,6 +80,8 @@ struct SlotOwner {
     route: RouteId,
     /// First token not seen yet (the router still counts its prefill).
     prefilling: bool,
+    /// Its handoff, on a prefill worker.
+    handoff: HandoffId,
 }
 
 /// A turn held in the router queue.
@@ -81,12 +99,16 @@ const GAP_THREAD_MIN_REQUESTS: usize = 2_000;
 type PassKey = (u64, u64, u32, usize, u32);
 
 struct Sim {
+    /// The aggregated or prefill pool (indices from 0), then the decode pool.
     workers: Vec<Worker>,
     feed: SessionFeed,
     sessions: SessionTable,
     collector: Collector,
+    /// Router of the aggregated or prefill pool.
     router: Router,
     queue: Option<RouterQueue<Queued>>,
+    /// The decode pool and the handoffs to it (disaggregated replays).
+    disagg: Option<Disagg>,
     concurrency: Option<usize>,
     /// Dispatched and not finished, router-queued included.
     in_flight: usize,
@@ -108,6 +130,8 @@ struct Sim {
     delayed_seq: u64,
     /// Agentic traces: dependency gates (and failure cascades).
     deps: Option<Deps>,
+    /// Requests that ended in the pass being delivered: (session, id, rejected).
+    ended: Vec<(SessionId, u128, bool)>,
 }
 
 /// Started sessions and their remaining turns.
@@ -158,41 +182,69 @@ pub fn run_synthetic(options: &ReplayOptions) -> Result<ReplayOutcome, ReplayErr
 /// Runs a replay offline, reporting through `hooks`.
 pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<ReplayOutcome, ReplayError> {
     options.validate("offline")?;
-    let engine = &options.launch.engine;
+    let entry = options.cluster.entry();
+    let block_size = entry.launch.engine.block_size;
+    let disaggregated = options.cluster.decode().is_some();
+    // A disaggregated cluster routes each pool as the reference derives it.
+    let entry_router_config =
+        if disaggregated { options.router_config.for_prefill_pool() } else { options.router_config };
     let router = Router::new(
         options.router,
-        options.router_config,
-        options.num_workers,
-        engine.block_size,
-        engine.max_num_batched_tokens,
+        entry_router_config,
+        entry.workers,
+        block_size,
+        entry.launch.engine.max_num_batched_tokens,
     );
     // Only delta traces put earlier outputs into later prompts; everywhere else a generated
     // block is never looked up by another request, and KV events stay with our router.
     let outputs_reappear = matches!(&options.workload,
         Workload::Trace(t) if t.trace.format == crate::trace::TraceFormat::MooncakeDelta);
-    let mut workers = Vec::with_capacity(options.num_workers);
-    for _ in 0..options.num_workers {
+    let new_worker = |launch: &LaunchConfig, role: Role, record_kv_events: bool| {
         let engine = Engine::new(EngineOptions {
-            config: engine.clone(),
-            record_kv_events: router.wants_kv_events(),
+            config: launch.engine.clone(),
+            record_kv_events,
             // Per-request logs need every token's time; aggregate reports only counts.
             aggregate_steady_tokens: hooks.request_ended.is_none(),
             opaque_output_blocks: !outputs_reappear,
             ..Default::default()
         })?;
-        workers.push(Worker {
+        Ok::<_, ReplayError>(Worker {
             engine,
+            role,
             busy: false,
             generation: 0,
             iteration: 0,
             dirty: false,
             owners: Vec::new(),
-        });
+        })
+    };
+    let entry_role = if disaggregated { Role::Prefill } else { Role::Aggregated };
+    let mut workers = Vec::with_capacity(options.cluster.total_workers());
+    for _ in 0..entry.workers {
+        workers.push(new_worker(&entry.launch, entry_role, router.wants_kv_events())?);
     }
+    let disagg = match options.cluster.decode() {
+        None => None,
+        Some(decode) => {
+            // The decode pool's router balances load only: it reads no KV events.
+            for _ in 0..decode.workers {
+                workers.push(new_worker(&decode.launch, Role::Decode, false)?);
+            }
+            let router = Router::new(
+                options.router,
+                options.router_config.for_decode_pool(),
+                decode.workers,
+                block_size,
+                decode.launch.engine.max_num_batched_tokens,
+            );
+            Some(Disagg::new(entry.workers, decode.workers, router, &entry.launch.engine))
+        }
+    };
     let queue = (router.wants_kv_events() && options.router_config.router_queue_threshold.is_some())
         .then(|| RouterQueue::new(options.router_config.router_queue_policy));
+    let engines = || options.cluster.pools().map(|p| &p.launch.engine);
     // The KV router makes the engines record events, whose Stored blocks carry locals.
-    let hashing = match (router.wants_kv_events(), engine.enable_prefix_caching) {
+    let hashing = match (router.wants_kv_events(), engines().any(|e| e.enable_prefix_caching)) {
         (true, _) => PromptHashing::WithLocal,
         (false, true) => PromptHashing::Sequence,
         (false, false) => PromptHashing::Off,
@@ -200,14 +252,13 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     // Blocks no other request can share stay out of the engines' indexes, their KV events
     // and the router's: nobody but their own request could ever look them up.
     let feed_options = FeedOptions {
-        block_size: engine.block_size,
+        block_size,
         hashing,
         private_tails: !outputs_reappear,
         // Trace prompts are only hashed, and vLLM-style engines with opaque output blocks
         // need no tokens beside the hashes (SGLang's radix cache reads them).
         tokenless_traces: !outputs_reappear
-            && engine.backend != mocker_core::config::Backend::Sglang
-            && !engine.emit_kv_token_ids,
+            && engines().all(|e| e.backend != Backend::Sglang && !e.emit_kv_token_ids),
     };
     let started = Instant::now();
     let mut collector = Collector::with_sla(options.sla);
@@ -224,10 +275,11 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
         collector,
         router,
         queue,
+        disagg,
         concurrency: options.workload.concurrency(),
         in_flight: 0,
         finished: 0,
-        block_size: engine.block_size,
+        block_size,
         speedup: options.arrival_speedup_ratio,
         max_end_ns: options.max_sim_time_ms.map_or(u64::MAX, ms_to_ns),
         passes: BinaryHeap::new(),
@@ -239,6 +291,7 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
             Workload::Trace(t) => Deps::new(&t.trace, options.arrival_speedup_ratio),
             Workload::Synthetic(_) => None,
         },
+        ended: Vec::new(),
     };
     let total = options.workload.total_requests();
     let cap = options.max_sim_time_ms.map(ms_to_ns);
@@ -247,15 +300,27 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
 
     let committed: u64 = sim.workers.iter().map(|w| w.engine.metrics().prompt_tokens_computed_total).sum();
     let mut worker_tokens = sim.collector.worker_tokens().to_vec();
-    worker_tokens.resize(options.num_workers, (0, 0));
+    worker_tokens.resize(entry.workers, (0, 0));
     let mut inputs = sim.collector.finish();
     let duration_s = (inputs.duration_ms / 1000.0).max(1e-9);
     inputs.committed_prefill_tokens = committed;
     inputs.wall_time_ms = wall_ms;
-    inputs.decode_worker_seconds = options.num_workers as f64 * duration_s;
-    inputs.decode_gpus_per_worker = (options.launch.tensor_parallel_size * options.launch.dp_size) as u64;
+    let gpus = |l: &LaunchConfig| (l.tensor_parallel_size * l.dp_size) as u64;
+    match &options.cluster {
+        // Aggregated workers count as decode workers, as the reference reports them.
+        Cluster::Aggregated(pool) => {
+            inputs.decode_worker_seconds = pool.workers as f64 * duration_s;
+            inputs.decode_gpus_per_worker = gpus(&pool.launch);
+        }
+        Cluster::Disaggregated { prefill, decode } => {
+            inputs.prefill_worker_seconds = prefill.workers as f64 * duration_s;
+            inputs.prefill_gpus_per_worker = gpus(&prefill.launch);
+            inputs.decode_worker_seconds = decode.workers as f64 * duration_s;
+            inputs.decode_gpus_per_worker = gpus(&decode.launch);
+        }
+    }
     let mut summary = Summary::from_inputs(inputs);
-    summary.kv_eviction_policy = engine.eviction_policy.as_str().to_string();
+    summary.kv_eviction_policy = entry.launch.engine.eviction_policy.as_str().to_string();
     Ok(ReplayOutcome { summary, worker_tokens })
 }
 
@@ -284,7 +349,8 @@ impl Sim {
             };
             let next_delayed = self.delayed.peek().map(|Reverse((t, _, _))| *t);
             let next_pass = self.next_pass_end();
-            match [next_arrival, next_delayed, next_pass].into_iter().flatten().min() {
+            let next_handoff = self.disagg.as_ref().and_then(Disagg::next_due);
+            match [next_arrival, next_delayed, next_pass, next_handoff].into_iter().flatten().min() {
                 Some(t) if cap.is_some_and(|c| t > c) => return Ok(()),
                 Some(t) => now = t.max(now),
                 None => return Err(ReplayError::DeadEnd(self.in_flight)),
@@ -339,6 +405,8 @@ impl Sim {
                 self.mark_dirty(w);
                 changed = true;
             }
+            // KV transfers that end now (after the passes, as the reference orders them).
+            changed |= self.activate_due(now);
             // 2. Arrivals.
             changed |= self.release_arrivals(now)?;
             // 3. Idle workers with work run one pass, in worker order.
@@ -348,13 +416,21 @@ impl Sim {
                 self.workers[w].dirty = false;
             }
             for &w in &dirty {
+                // A decode worker takes up waiting reservations as a pass starts.
+                let reserving = self.workers[w].role == Role::Decode && !self.workers[w].busy;
+                if reserving && self.reserve_pending(w, now) {
+                    changed = true;
+                }
                 let worker = &mut self.workers[w];
                 if worker.busy || !worker.engine.has_work() {
                     continue;
                 }
                 let end = worker.engine.step(now).end_ns;
                 if end > now {
-                    worker.engine.extend_steady_run(self.max_end_ns);
+                    // Each pass start takes up one reservation: no run while some wait.
+                    if !reserving || self.disagg.as_ref().is_none_or(|d| d.inbox_empty(w)) {
+                        worker.engine.extend_steady_run(self.max_end_ns);
+                    }
                     let pass = worker.engine.last_pass();
                     worker.busy = true;
                     worker.iteration = iteration;
@@ -380,16 +456,27 @@ impl Sim {
     /// Hands worker `w`'s last pass outputs to the collector and router, stamped at `t`.
     fn deliver(&mut self, w: usize, t: u64) {
         let worker = &mut self.workers[w];
+        let role = worker.role;
         let pass = worker.engine.last_pass();
-        if let Router::Kv(r) = &mut self.router {
-            r.apply_events(w, &pass.kv_events);
+        let mut handoffs = self.disagg.as_mut().map(|d| std::mem::take(&mut d.started));
+        // Each pool has its own router; a decode worker's index there is its place in its pool.
+        let (router, rw) = match (role, self.disagg.as_mut()) {
+            (Role::Decode, Some(d)) => (&mut d.router, w - d.first_decode),
+            _ => (&mut self.router, w),
+        };
+        if let Router::Kv(r) = router {
+            r.apply_events(rw, &pass.kv_events);
         }
-        for a in &pass.admissions {
-            self.collector.on_admission(
-                worker.owners[a.key.0 as usize].record,
-                a.reused_tokens,
-                pass.start_ns,
-            );
+        // A decode worker's admissions are its activations (recorded then) and their
+        // re-admissions; the report's reuse is the prefill pool's.
+        if role != Role::Decode {
+            for a in &pass.admissions {
+                self.collector.on_admission(
+                    worker.owners[a.key.0 as usize].record,
+                    a.reused_tokens,
+                    pass.start_ns,
+                );
+            }
         }
         for (steady, itl_ns) in pass.steady_runs() {
             if steady > 0 {
@@ -404,15 +491,24 @@ impl Sim {
         let mut lifecycle = false;
         for o in &pass.outputs {
             let owner = &mut worker.owners[o.key.0 as usize];
-            let SlotOwner { record: rec, session: sid, route, .. } = *owner;
+            let SlotOwner { record: rec, session: sid, route, handoff, .. } = *owner;
             if o.rejected {
                 self.collector.on_rejected(rec);
+                if let (Role::Prefill, Some(h)) = (role, handoffs.as_mut()) {
+                    h.push((handoff, false));
+                }
+            } else if role == Role::Prefill {
+                // The prefill's one token is not the user's: the decode worker's first is.
+                router.free(route);
+                lifecycle = true;
+                handoffs.as_mut().expect("prefill workers are disaggregated").push((handoff, true));
+                continue;
             } else {
                 if o.has_token() {
                     self.collector.on_token(rec, t, o.index, o.itl_ns);
                     if owner.prefilling {
                         owner.prefilling = false;
-                        self.router.prefill_done(route);
+                        router.prefill_done(route);
                         lifecycle = true;
                     }
                 }
@@ -421,36 +517,50 @@ impl Sim {
                 }
             }
             if o.completed {
-                self.router.free(route);
+                router.free(route);
                 lifecycle = true;
-                self.in_flight -= 1;
-                self.finished += 1;
-                if let Some(d) = &mut self.deps {
-                    d.fire(o.uuid, DepTrigger::Completion, t, !o.rejected);
-                    if o.rejected {
-                        // The session's later turns depend on this one: they fail too.
-                        d.opened.push((sid, t, false));
-                        continue;
-                    }
-                }
-                match self.sessions.next_delay_ms(sid) {
-                    None => self.sessions.end(sid),
-                    Some((0.0, None)) => self.ready.push_back(sid),
-                    Some((d, not_before)) => {
-                        let mut due = t + ms_to_ns(d / self.speedup);
-                        if let Some(nb) = not_before {
-                            due = due.max(ms_to_ns(nb / self.speedup));
-                        }
-                        self.delayed_seq += 1;
-                        self.delayed.push(Reverse((due, self.delayed_seq, sid)));
-                    }
-                }
+                self.ended.push((sid, o.uuid, o.rejected));
             }
         }
-        self.open_gates(t);
+        if let Some(started) = handoffs {
+            self.start_handoffs(started, t);
+        }
+        self.end_requests(t);
         if lifecycle {
             self.release_queued(t);
         }
+    }
+
+    /// Ends the requests the last delivered pass finished (or rejected) at `t`: their
+    /// sessions go on, their dependents are released.
+    fn end_requests(&mut self, t: u64) {
+        for i in 0..self.ended.len() {
+            let (sid, uuid, rejected) = self.ended[i];
+            self.in_flight -= 1;
+            self.finished += 1;
+            if let Some(d) = &mut self.deps {
+                d.fire(uuid, DepTrigger::Completion, t, !rejected);
+                if rejected {
+                    // The session's later turns depend on this one: they fail too.
+                    d.opened.push((sid, t, false));
+                    continue;
+                }
+            }
+            match self.sessions.next_delay_ms(sid) {
+                None => self.sessions.end(sid),
+                Some((0.0, None)) => self.ready.push_back(sid),
+                Some((d, not_before)) => {
+                    let mut due = t + ms_to_ns(d / self.speedup);
+                    if let Some(nb) = not_before {
+                        due = due.max(ms_to_ns(nb / self.speedup));
+                    }
+                    self.delayed_seq += 1;
+                    self.delayed.push(Reverse((due, self.delayed_seq, sid)));
+                }
+            }
+        }
+        self.ended.clear();
+        self.open_gates(t);
     }
 
     /// Releases (or fails) the sessions whose gates opened, at `now` or later.
@@ -583,45 +693,62 @@ impl Sim {
             shareable: turn.shareable_blocks.unwrap_or(hashes.len()),
         });
         self.collector.set_worker(rec, p.worker);
+        self.interrupt_run(p.worker, now);
         let worker = &mut self.workers[p.worker];
-        if worker.busy {
-            // Passes of its run that start from now on must see this request.
-            let end = worker.engine.last_pass().end_ns;
-            worker.engine.truncate_steady_run(now);
-            let pass = worker.engine.last_pass();
-            if pass.end_ns != end {
-                worker.generation += 1;
-                if pass.end_ns <= now {
-                    // Its last pass ends now: it completes before this arrival, and the
-                    // worker starts its next pass in this iteration, with the request.
-                    worker.busy = false;
-                    self.deliver(p.worker, now);
-                    self.mark_dirty(p.worker);
-                } else {
-                    let at = if pass.run_ends.is_empty() { worker.iteration } else { 0 };
-                    let key = (pass.end_ns, pass.last_start_ns(), at, p.worker, worker.generation);
-                    self.passes.push(Reverse(key));
-                }
-            }
-        }
+        let request = Request {
+            uuid: turn.uuid,
+            tokens: turn.tokens,
+            max_output_tokens: turn.max_output_tokens,
+            output_token_ids: None,
+            block_hashes: turn.block_hashes,
+            shareable_blocks: turn.shareable_blocks,
+            prompt_len: Some(turn.input_length),
+        };
+        let (key, handoff) = if worker.role == Role::Prefill {
+            // The prefill worker computes the prompt and samples one token; its KV stays
+            // held until the decode worker has it.
+            let prefill = Request { max_output_tokens: 1, ..request.clone() };
+            let key = worker.engine.submit_held(prefill).expect("prompt length was checked at dispatch");
+            let d = self.disagg.as_mut().expect("prefill workers are disaggregated");
+            (key, d.open(request, rec, sid, p.worker, key))
+        } else {
+            let key =
+                worker.engine.submit(request).expect("prompt and output lengths were checked at dispatch");
+            (key, HandoffId::default())
+        };
         let worker = &mut self.workers[p.worker];
-        let key = worker
-            .engine
-            .submit(Request {
-                uuid: turn.uuid,
-                tokens: turn.tokens,
-                max_output_tokens: turn.max_output_tokens,
-                output_token_ids: None,
-                block_hashes: turn.block_hashes,
-                shareable_blocks: turn.shareable_blocks,
-                prompt_len: Some(turn.input_length),
-            })
-            .expect("prompt and output lengths were checked at dispatch");
         let slot = key.0 as usize;
         if worker.owners.len() <= slot {
             worker.owners.resize(slot + 1, SlotOwner::default());
         }
-        worker.owners[slot] = SlotOwner { record: rec, session: sid, route: p.id, prefilling: true };
+        worker.owners[slot] = SlotOwner { record: rec, session: sid, route: p.id, prefilling: true, handoff };
         self.mark_dirty(p.worker);
+    }
+
+    /// A request joins worker `w` at `now`: the passes of its steady run that start from
+    /// now on must see it, so the run is cut back to those that started before.
+    fn interrupt_run(&mut self, w: usize, now: u64) {
+        let worker = &mut self.workers[w];
+        if !worker.busy {
+            return;
+        }
+        let end = worker.engine.last_pass().end_ns;
+        worker.engine.truncate_steady_run(now);
+        let pass = worker.engine.last_pass();
+        if pass.end_ns == end {
+            return;
+        }
+        worker.generation += 1;
+        if pass.end_ns <= now {
+            // Its last pass ends now: it completes before this arrival, and the worker
+            // starts its next pass in this iteration, with the request.
+            worker.busy = false;
+            self.deliver(w, now);
+            self.mark_dirty(w);
+        } else {
+            let at = if pass.run_ends.is_empty() { worker.iteration } else { 0 };
+            let key = (pass.end_ns, pass.last_start_ns(), at, w, worker.generation);
+            self.passes.push(Reverse(key));
+        }
     }
 }

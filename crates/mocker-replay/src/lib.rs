@@ -18,7 +18,7 @@ pub mod trace_source;
 pub mod workload;
 
 pub use driver::{run_replay, run_synthetic, Hooks, ReplayOutcome};
-pub use options::{ReplayError, ReplayOptions, RouterMode, Sla, TraceWorkload, Workload};
+pub use options::{Cluster, Pool, ReplayError, ReplayOptions, RouterMode, Sla, TraceWorkload, Workload};
 pub use request_log::RequestRecord;
 pub use trace::{load_trace, Trace, TraceError, TraceFormat, DEFAULT_TRACE_BLOCK_SIZE};
 pub use workload::{Load, SyntheticWorkload};

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use mocker_core::config::LaunchConfig;
+use mocker_core::config::{LaunchConfig, WorkerType};
 use mocker_core::EngineError;
 
 use crate::router::KvRouterConfig;
@@ -130,13 +130,143 @@ impl Sla {
     }
 }
 
+/// Identical workers: one engine configuration and how many engines run it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pool {
+    /// Engine configuration of every worker in the pool.
+    pub launch: LaunchConfig,
+    /// Workers (engines).
+    pub workers: usize,
+}
+
+impl Default for Pool {
+    fn default() -> Self {
+        Self { launch: LaunchConfig::default(), workers: 1 }
+    }
+}
+
+/// The simulated workers of a replay.
+#[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)] // one per replay, read at setup only
+pub enum Cluster {
+    /// Workers that prefill and decode their own requests.
+    Aggregated(Pool),
+    /// Prefill workers compute each prompt and hand its KV to a decode worker, which
+    /// generates the output (`worker_type` prefill and decode).
+    Disaggregated {
+        /// Workers that run prefills.
+        prefill: Pool,
+        /// Workers that receive the KV and decode.
+        decode: Pool,
+    },
+}
+
+impl Default for Cluster {
+    fn default() -> Self {
+        Self::Aggregated(Pool::default())
+    }
+}
+
+impl Cluster {
+    /// `workers` aggregated engines configured by `launch`.
+    pub fn aggregated(launch: LaunchConfig, workers: usize) -> Self {
+        Self::Aggregated(Pool { launch, workers })
+    }
+
+    /// The pool arrivals are routed to first (the aggregated or the prefill pool).
+    pub fn entry(&self) -> &Pool {
+        match self {
+            Self::Aggregated(p) | Self::Disaggregated { prefill: p, .. } => p,
+        }
+    }
+
+    /// The decode pool of a disaggregated cluster.
+    pub fn decode(&self) -> Option<&Pool> {
+        match self {
+            Self::Aggregated(_) => None,
+            Self::Disaggregated { decode, .. } => Some(decode),
+        }
+    }
+
+    /// Every pool, entry pool first.
+    pub fn pools(&self) -> impl Iterator<Item = &Pool> {
+        std::iter::once(self.entry()).chain(self.decode())
+    }
+
+    /// Engines in all pools.
+    pub fn total_workers(&self) -> usize {
+        self.pools().map(|p| p.workers).sum()
+    }
+
+    fn validate(&self, mode: &str) -> Result<(), ReplayError> {
+        let role = |p: &Pool| p.launch.engine.worker_type;
+        match self {
+            Self::Aggregated(p) => {
+                if p.workers == 0 {
+                    return Err(invalid("num_workers", "must be at least 1 (got 0)".into()));
+                }
+                if role(p) != WorkerType::Aggregated {
+                    return Err(invalid(
+                        "worker_type",
+                        format!(
+                            "{mode} replay only supports aggregated workers here, got {} (a disaggregated \
+                             replay takes prefill and decode engine args instead)",
+                            role(p)
+                        ),
+                    ));
+                }
+            }
+            Self::Disaggregated { prefill, decode } => {
+                if mode != "offline" {
+                    return Err(invalid(
+                        "mode",
+                        format!("disaggregated replay only supports replay_mode='offline' (--mode offline), got {mode}"),
+                    ));
+                }
+                for (field, pool, want) in [
+                    ("num_prefill_workers", prefill, WorkerType::Prefill),
+                    ("num_decode_workers", decode, WorkerType::Decode),
+                ] {
+                    if pool.workers == 0 {
+                        return Err(invalid(field, "must be at least 1 (got 0)".into()));
+                    }
+                    if role(pool) != want {
+                        let side = if want == WorkerType::Prefill { "prefill" } else { "decode" };
+                        return Err(invalid(
+                            "worker_type",
+                            format!(
+                                "disaggregated replay requires {side}_engine_args.worker_type={want}, got {}",
+                                role(pool)
+                            ),
+                        ));
+                    }
+                }
+                let (p, d) = (prefill.launch.engine.block_size, decode.launch.engine.block_size);
+                if p != d {
+                    return Err(invalid(
+                        "block_size",
+                        format!("disaggregated replay requires matching prefill/decode block_size, got {p} and {d}"),
+                    ));
+                }
+            }
+        }
+        for p in self.pools() {
+            if p.launch.dp_size != 1 {
+                return Err(invalid(
+                    "dp_size",
+                    format!("{mode} replay supports dp_size 1 only (got {})", p.launch.dp_size),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// What a replay runs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReplayOptions {
-    /// Engine configuration shared by every worker.
-    pub launch: LaunchConfig,
-    /// Workers (engines).
-    pub num_workers: usize,
+    /// The workers and their engine configurations.
+    pub cluster: Cluster,
     /// The workload.
     pub workload: Workload,
     /// First-turn arrival times and inter-turn delays are divided by this (finite, > 0).
@@ -154,8 +284,7 @@ pub struct ReplayOptions {
 impl Default for ReplayOptions {
     fn default() -> Self {
         Self {
-            launch: LaunchConfig::default(),
-            num_workers: 1,
+            cluster: Cluster::default(),
             workload: Workload::default(),
             arrival_speedup_ratio: 1.0,
             router: RouterMode::RoundRobin,
@@ -208,15 +337,7 @@ impl ReplayOptions {
     /// Checks the options every replay mode shares.
     pub fn validate(&self, mode: &str) -> Result<(), ReplayError> {
         self.workload.validate()?;
-        if self.num_workers == 0 {
-            return Err(invalid("num_workers", "must be at least 1 (got 0)".into()));
-        }
-        if self.launch.dp_size != 1 {
-            return Err(invalid(
-                "dp_size",
-                format!("{mode} replay supports dp_size 1 only (got {})", self.launch.dp_size),
-            ));
-        }
+        self.cluster.validate(mode)?;
         let r = self.arrival_speedup_ratio;
         if !(r.is_finite() && r > 0.0) {
             return Err(invalid("arrival_speedup_ratio", format!("must be a finite number > 0 (got {r})")));

@@ -28,8 +28,44 @@ pub struct RequestRecord {
     pub input_tokens: u32,
     /// Output tokens received.
     pub output_tokens: u32,
-    /// Prompt tokens served from the prefix cache (best admission, as the report counts).
+    /// Prompt tokens served from the prefix cache (best admission, as the report counts;
+    /// the prefill pool's in a disaggregated replay).
     pub cached_tokens: u32,
+    /// The prefill-to-decode handoff, in disaggregated replays only.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub handoff: Option<HandoffRecord>,
+}
+
+/// A disaggregated request's handoff, under the reference's per-request field names.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HandoffRecord {
+    /// Prefill worker (index within the prefill pool).
+    pub prefill_worker_idx: u32,
+    /// Decode worker (index within the decode pool), once chosen.
+    pub decode_worker_idx: Option<u32>,
+    /// When the prefill worker admitted it, ms.
+    pub prefill_admit_ms: Option<f64>,
+    /// When its prefill finished and the source started holding the KV, ms.
+    pub source_held_ms: Option<f64>,
+    /// When the decode worker reserved its prompt blocks, ms.
+    pub destination_reserved_ms: Option<f64>,
+    /// When the KV arrived and the decode worker took the request, ms.
+    pub destination_activated_ms: Option<f64>,
+    /// When the decode worker admitted it (its activation), ms.
+    pub decode_admit_ms: Option<f64>,
+    /// When the prefill worker freed the held KV, ms.
+    pub source_released_ms: Option<f64>,
+    /// Prompt tokens the decode worker already cached (not transferred).
+    pub decode_reused_input_tokens: u32,
+}
+
+/// Handoff times of a live request, ns.
+#[derive(Debug, Default, Clone, Copy)]
+struct Handoff {
+    decode_worker: Option<u32>,
+    reserved_ns: Option<u64>,
+    activated_ns: Option<u64>,
+    decode_reused: u32,
 }
 
 #[derive(Debug, Default)]
@@ -38,6 +74,7 @@ struct Live {
     arrival_ns: u64,
     admission_ns: Option<u64>,
     token_ns: Vec<u64>,
+    handoff: Option<Handoff>,
 }
 
 /// Token times of live requests, by collector record id.
@@ -62,7 +99,22 @@ impl RequestLog {
         slot.index = self.next_index;
         slot.arrival_ns = arrival_ns;
         slot.admission_ns = None;
+        slot.handoff = None;
         self.next_index += 1;
+    }
+
+    /// Disaggregated: the prefill finished at `t_ns` and `decode_worker` reserved the blocks.
+    pub(crate) fn reserved(&mut self, id: RecordId, decode_worker: u32, t_ns: u64) {
+        let h = self.live[id as usize].handoff.get_or_insert_with(Handoff::default);
+        h.decode_worker = Some(decode_worker);
+        h.reserved_ns = Some(t_ns);
+    }
+
+    /// Disaggregated: the KV arrived at `t_ns`; `reused` prompt tokens were cached there.
+    pub(crate) fn activated(&mut self, id: RecordId, reused: u32, t_ns: u64) {
+        let h = self.live[id as usize].handoff.get_or_insert_with(Handoff::default);
+        h.activated_ns = Some(t_ns);
+        h.decode_reused = reused;
     }
 
     pub(crate) fn admission(&mut self, id: RecordId, t_ns: u64) {
@@ -79,6 +131,18 @@ impl RequestLog {
     pub(crate) fn end(&mut self, id: RecordId, completed: bool, counts: (u32, u32, u32)) {
         let slot = &self.live[id as usize];
         let (worker, input_tokens, cached_tokens) = counts;
+        let ms = |t: Option<u64>| t.map(|t| t as f64 / MS);
+        let handoff = slot.handoff.map(|h| HandoffRecord {
+            prefill_worker_idx: worker,
+            decode_worker_idx: h.decode_worker,
+            prefill_admit_ms: ms(slot.admission_ns),
+            source_held_ms: ms(h.reserved_ns),
+            destination_reserved_ms: ms(h.reserved_ns),
+            destination_activated_ms: ms(h.activated_ns),
+            decode_admit_ms: ms(h.activated_ns),
+            source_released_ms: ms(h.activated_ns),
+            decode_reused_input_tokens: h.decode_reused,
+        });
         self.ended.push(RequestRecord {
             request_index: slot.index,
             status: if completed { "completed" } else { "rejected" },
@@ -90,6 +154,7 @@ impl RequestLog {
             input_tokens,
             output_tokens: slot.token_ns.len() as u32,
             cached_tokens,
+            handoff,
         });
     }
 

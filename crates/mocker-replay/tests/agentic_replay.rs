@@ -4,8 +4,11 @@
 
 use std::sync::Arc;
 
+use mocker_core::config::LaunchConfig;
 use mocker_replay::trace::parse_trace;
-use mocker_replay::{run_replay, Hooks, ReplayOptions, RequestRecord, TraceFormat, TraceWorkload, Workload};
+use mocker_replay::{
+    run_replay, Cluster, Hooks, ReplayOptions, RequestRecord, TraceFormat, TraceWorkload, Workload,
+};
 
 const HEADER: &str =
     r#"{"schema": "dynamo.agentic_mooncake", "version": 2, "block_size": 64, "hash_id_scope": "local"}"#;
@@ -23,12 +26,13 @@ fn replay(text: &str, num_gpu_blocks: Option<usize>) -> (serde_json::Value, Vec<
     let trace = Arc::new(parse_trace(text, TraceFormat::AgenticMooncake, None).unwrap());
     let mut options = ReplayOptions {
         workload: Workload::Trace(TraceWorkload { trace, concurrency: None, repeat: 1 }),
-        num_workers: 2,
         ..Default::default()
     };
+    let mut launch = LaunchConfig::default();
     if let Some(n) = num_gpu_blocks {
-        options.launch.engine.num_gpu_blocks = n;
+        launch.engine.num_gpu_blocks = n;
     }
+    options.cluster = Cluster::aggregated(launch, 2);
     let mut records = Vec::new();
     let mut sink = |r: RequestRecord| records.push(r);
     let out = run_replay(&options, Hooks { request_ended: Some(&mut sink), ..Default::default() }).unwrap();

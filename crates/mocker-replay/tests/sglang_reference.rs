@@ -2,7 +2,7 @@
 //! (ai-dynamo-runtime 1.6.1 `run_mocker_synthetic_trace_replay`, one worker, offline).
 
 use mocker_core::config::LaunchConfig;
-use mocker_replay::{run_synthetic, Load, ReplayOptions, SyntheticWorkload};
+use mocker_replay::{run_synthetic, Cluster, Load, ReplayOptions, SyntheticWorkload};
 
 struct Want {
     duration_ms: f64,
@@ -14,8 +14,7 @@ struct Want {
 fn check(engine_args: &str, workload: SyntheticWorkload, want: Want) {
     let launch = LaunchConfig::from_json_str(engine_args).expect("engine args");
     let out = run_synthetic(&ReplayOptions {
-        launch,
-        num_workers: 1,
+        cluster: Cluster::aggregated(launch, 1),
         workload: workload.into(),
         ..Default::default()
     })

@@ -5,13 +5,26 @@
 
 use std::sync::Arc;
 
-use mocker_core::config::TimingModelConfig;
+use mocker_core::config::{LaunchConfig, TimingModelConfig};
 use mocker_replay::trace::parse_trace;
 use mocker_replay::{
-    run_replay, Hooks, Load, ReplayOptions, RouterMode, SyntheticWorkload, TraceFormat, TraceWorkload,
-    Workload,
+    run_replay, Cluster, Hooks, Load, ReplayOptions, RouterMode, SyntheticWorkload, TraceFormat,
+    TraceWorkload, Workload,
 };
 use serde_json::Value;
+
+/// Engine args with `block_size` and, when given, a pool size and timing model.
+fn launch(block_size: usize, blocks: Option<usize>, timing: Option<TimingModelConfig>) -> LaunchConfig {
+    let mut launch = LaunchConfig::default();
+    launch.engine.block_size = block_size;
+    if let Some(n) = blocks {
+        launch.engine.num_gpu_blocks = n;
+    }
+    if let Some(t) = timing {
+        launch.engine.timing_model = t;
+    }
+    launch
+}
 
 fn summaries(options: &ReplayOptions) -> (Value, Value) {
     let with_runs = run_replay(options, Hooks::default()).unwrap();
@@ -60,11 +73,10 @@ fn synthetic_arrivals_mid_run_see_the_same_engines() {
         };
         let mut options = ReplayOptions {
             workload: Workload::Synthetic(workload),
-            num_workers: 3,
+            cluster: Cluster::aggregated(launch(16, None, None), 3),
             router,
             ..Default::default()
         };
-        options.launch.engine.block_size = 16;
         check(options.clone());
         // A cap inside the run: runs stop at it, and the pass crossing it is never delivered.
         options.max_sim_time_ms = Some(4_321.0);
@@ -101,16 +113,13 @@ fn trace_arrivals_and_preemption_see_the_same_engines() {
         (RouterMode::Kv, 2_000, fixed.clone()),
         (RouterMode::RoundRobin, 2_000, fixed),
     ] {
-        let mut options = ReplayOptions {
+        let options = ReplayOptions {
             workload: Workload::Trace(TraceWorkload { trace: trace.clone(), concurrency: None, repeat: 1 }),
-            num_workers: 4,
+            // 40 blocks of 16 tokens: requests preempt each other.
+            cluster: Cluster::aggregated(launch(16, Some(blocks), Some(timing)), 4),
             router,
             ..Default::default()
         };
-        // 40 blocks of 16 tokens: requests preempt each other.
-        options.launch.engine.block_size = 16;
-        options.launch.engine.num_gpu_blocks = blocks;
-        options.launch.engine.timing_model = timing;
         check(options);
     }
 }

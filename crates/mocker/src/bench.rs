@@ -4,7 +4,7 @@
 
 use clap::Args;
 use mocker_core::config::LaunchConfig;
-use mocker_replay::{run_synthetic, Load, ReplayOptions, SyntheticWorkload, Workload};
+use mocker_replay::{run_synthetic, Cluster, Load, ReplayOptions, SyntheticWorkload, Workload};
 use serde_json::{json, Value};
 
 use crate::UsageError;
@@ -107,8 +107,7 @@ pub fn run(args: BenchArgs) -> Result<(), UsageError> {
         let launch =
             LaunchConfig::from_value(json!({ "engine": c.engine })).map_err(|e| UsageError(e.to_string()))?;
         let options = ReplayOptions {
-            launch,
-            num_workers: 1,
+            cluster: Cluster::aggregated(launch, 1),
             workload: Workload::Synthetic(SyntheticWorkload {
                 input_tokens: c.isl,
                 output_tokens: c.osl,

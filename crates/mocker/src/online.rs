@@ -81,10 +81,12 @@ pub async fn replay_online(options: &ReplayOptions) -> Result<ReplayOutcome, Onl
         }
         .into());
     }
-    let engine_config = &options.launch.engine;
+    // Validation refused disaggregated clusters: the entry pool is the aggregated one.
+    let pool = options.cluster.entry();
+    let engine_config = &pool.launch.engine;
     let (adm_tx, mut adm_rx) = mpsc::unbounded_channel::<ObservedAdmission>();
-    let mut workers = Vec::with_capacity(options.num_workers);
-    for _ in 0..options.num_workers {
+    let mut workers = Vec::with_capacity(pool.workers);
+    for _ in 0..pool.workers {
         let live = LiveOptions {
             buffering: mocker_live::OutputBuffering::FullResponse,
             admissions: Some(adm_tx.clone()),
@@ -143,8 +145,8 @@ pub async fn replay_online(options: &ReplayOptions) -> Result<ReplayOutcome, Onl
     let duration_s = (inputs.duration_ms / 1000.0).max(1e-9);
     inputs.committed_prefill_tokens = committed;
     inputs.wall_time_ms = wall_ms;
-    inputs.decode_worker_seconds = options.num_workers as f64 * duration_s;
-    inputs.decode_gpus_per_worker = (options.launch.tensor_parallel_size * options.launch.dp_size) as u64;
+    inputs.decode_worker_seconds = pool.workers as f64 * duration_s;
+    inputs.decode_gpus_per_worker = (pool.launch.tensor_parallel_size * pool.launch.dp_size) as u64;
     let mut summary = Summary::from_inputs(inputs);
     summary.kv_eviction_policy = engine_config.eviction_policy.as_str().to_string();
     Ok(ReplayOutcome { summary, worker_tokens: Vec::new() })

@@ -10,7 +10,8 @@ use mocker_replay::report::plot::PlotData;
 use mocker_replay::report::render_table;
 use mocker_replay::router::KvRouterConfig;
 use mocker_replay::{
-    load_trace, Load, ReplayOptions, RouterMode, Sla, SyntheticWorkload, TraceFormat, TraceWorkload, Workload,
+    load_trace, Cluster, Load, Pool, ReplayOptions, RouterMode, Sla, SyntheticWorkload, TraceFormat,
+    TraceWorkload, Workload,
 };
 
 use crate::output::{write_atomically, AtomicFile};
@@ -66,9 +67,23 @@ pub struct ReplayArgs {
     /// Delay between a turn's completion and the next turn, ms.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub inter_turn_delay_ms: f64,
-    /// Simulated workers.
-    #[arg(long, default_value_t = 1)]
-    pub num_workers: usize,
+    /// Simulated aggregated workers (default 1).
+    #[arg(long)]
+    pub num_workers: Option<usize>,
+    /// Disaggregated replay: prefill workers' engine configuration (JSON or @file, with
+    /// `worker_type: prefill`); the KV transfer settings are read from it.
+    #[arg(long)]
+    pub prefill_engine_args: Option<String>,
+    /// Disaggregated replay: decode workers' engine configuration (JSON or @file, with
+    /// `worker_type: decode`).
+    #[arg(long)]
+    pub decode_engine_args: Option<String>,
+    /// Disaggregated replay: prefill workers (default 1).
+    #[arg(long)]
+    pub num_prefill_workers: Option<usize>,
+    /// Disaggregated replay: decode workers (default 1).
+    #[arg(long)]
+    pub num_decode_workers: Option<usize>,
     /// Placement: round-robin, or kv (cost-based on a simulated KV index).
     #[arg(long, visible_alias = "router-mode", default_value = "round-robin")]
     pub router: String,
@@ -220,9 +235,69 @@ impl ReplayArgs {
         }
     }
 
+    /// The workers these flags describe: aggregated, or prefill and decode pools.
+    fn cluster(&self) -> Result<Cluster, UsageError> {
+        let positive = |flag: &str, n: Option<usize>| match n {
+            Some(0) => Err(UsageError(format!("{flag}: must be at least 1 (got 0)"))),
+            _ => Ok(n.unwrap_or(1)),
+        };
+        let (prefill, decode) = match (&self.prefill_engine_args, &self.decode_engine_args) {
+            (None, None) => {
+                for (given, flag) in [
+                    (self.num_prefill_workers.is_some(), "--num-prefill-workers"),
+                    (self.num_decode_workers.is_some(), "--num-decode-workers"),
+                ] {
+                    if given {
+                        return Err(UsageError(format!(
+                            "{flag}: applies to disaggregated replay only (give --prefill-engine-args and \
+                             --decode-engine-args)"
+                        )));
+                    }
+                }
+                let launch =
+                    crate::engine_args::launch_config(self.engine_args.as_deref(), self.engine_type)?;
+                return Ok(Cluster::aggregated(launch, positive("--num-workers", self.num_workers)?));
+            }
+            (Some(p), Some(d)) => (p, d),
+            (Some(_), None) => {
+                return Err(UsageError("--decode-engine-args: required with --prefill-engine-args".into()))
+            }
+            (None, Some(_)) => {
+                return Err(UsageError("--prefill-engine-args: required with --decode-engine-args".into()))
+            }
+        };
+        if self.engine_args.is_some() {
+            return Err(UsageError(
+                "--engine-args, --prefill-engine-args/--decode-engine-args: give either aggregated engine args \
+                 or the two disaggregated ones, not both"
+                    .into(),
+            ));
+        }
+        if self.num_workers.is_some() {
+            return Err(UsageError(
+                "--num-workers: aggregated replay only; a disaggregated replay takes --num-prefill-workers and \
+                 --num-decode-workers"
+                    .into(),
+            ));
+        }
+        let launch = |flag: &str, args: &str| {
+            crate::engine_args::launch_config_for(flag, Some(args), self.engine_type)
+        };
+        Ok(Cluster::Disaggregated {
+            prefill: Pool {
+                launch: launch("--prefill-engine-args", prefill)?,
+                workers: positive("--num-prefill-workers", self.num_prefill_workers)?,
+            },
+            decode: Pool {
+                launch: launch("--decode-engine-args", decode)?,
+                workers: positive("--num-decode-workers", self.num_decode_workers)?,
+            },
+        })
+    }
+
     /// The replay these flags describe.
     pub fn options(&self) -> Result<ReplayOptions, UsageError> {
-        let launch = crate::engine_args::launch_config(self.engine_args.as_deref(), self.engine_type)?;
+        let cluster = self.cluster()?;
         let r = self.arrival_speedup_ratio;
         if !(r.is_finite() && r > 0.0) {
             return Err(UsageError(format!(
@@ -253,20 +328,39 @@ impl ReplayArgs {
                 return Err(UsageError("--max-sim-time-seconds: offline mode only".into()));
             }
         }
-        if self.num_workers == 0 {
-            return Err(UsageError("--num-workers: must be at least 1 (got 0)".into()));
-        }
         let workload = self.workload()?;
-        Ok(ReplayOptions {
-            launch,
-            num_workers: self.num_workers,
+        let options = ReplayOptions {
+            cluster,
             workload,
             arrival_speedup_ratio: r,
             router,
             router_config,
             max_sim_time_ms: self.max_sim_time_seconds.map(|s| s * 1e3),
             sla: Sla { ttft_ms: self.sla_ttft_ms, itl_ms: self.sla_itl_ms, e2e_ms: self.sla_e2e_ms },
-        })
+        };
+        // Worker roles, block sizes and modes are checked before anything runs, under the
+        // flags that set them.
+        let mode = if self.mode == Mode::Online { "online" } else { "offline" };
+        options.validate(mode).map_err(|e| UsageError(cluster_error(&e.to_string(), &options.cluster)))?;
+        Ok(options)
+    }
+}
+
+/// Names the flags behind a cluster validation error (the replay crate names its fields).
+fn cluster_error(message: &str, cluster: &Cluster) -> String {
+    let flags = match cluster {
+        Cluster::Aggregated(_) => "--engine-args",
+        Cluster::Disaggregated { .. } => "--prefill-engine-args/--decode-engine-args",
+    };
+    if message.starts_with("worker_type")
+        || message.starts_with("block_size")
+        || message.starts_with("dp_size")
+    {
+        format!("{flags}: {message}")
+    } else if message.starts_with("mode:") {
+        format!("--mode: {}", message.trim_start_matches("mode: "))
+    } else {
+        message.to_string()
     }
 }
 

@@ -1,11 +1,12 @@
 //! `mocker sweep`: one offline replay per point of a parameter grid (engine args × worker
-//! counts × routers), run in parallel, one summary row per point as CSV and/or JSON.
+//! counts × routers, or prefill × decode worker counts × routers for a disaggregated
+//! cluster), run in parallel, one summary row per point as CSV and/or JSON.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
-use mocker_replay::{ReplayOptions, RouterMode};
+use mocker_replay::{Cluster, ReplayOptions, RouterMode};
 use rayon::prelude::*;
 use serde_json::{Map, Value};
 
@@ -27,6 +28,14 @@ pub struct SweepArgs {
     /// Comma list of worker counts, e.g. 1,2,4 (default: the base --num-workers).
     #[arg(long, value_name = "N,N,...")]
     pub sweep_num_workers: Option<String>,
+    /// Disaggregated sweeps: comma list of prefill worker counts (default: the base
+    /// --num-prefill-workers).
+    #[arg(long, value_name = "N,N,...")]
+    pub sweep_num_prefill_workers: Option<String>,
+    /// Disaggregated sweeps: comma list of decode worker counts (default: the base
+    /// --num-decode-workers).
+    #[arg(long, value_name = "N,N,...")]
+    pub sweep_num_decode_workers: Option<String>,
     /// Comma list of routers: round-robin, kv (default: the base --router); --router-config
     /// applies to the kv points.
     #[arg(long, value_name = "ROUTER,...")]
@@ -45,9 +54,17 @@ pub struct SweepArgs {
 /// One grid point: its coordinates and the replay they describe.
 struct Point {
     engine_args: String,
-    num_workers: usize,
+    /// Worker counts: (aggregated) or (prefill, decode).
+    workers: Workers,
     router: &'static str,
     options: ReplayOptions,
+}
+
+/// A point's worker counts.
+#[derive(Debug, Clone, Copy)]
+enum Workers {
+    Aggregated(usize),
+    Disaggregated(usize, usize),
 }
 
 /// Summary keys copied into each row, named as in the `--report-json` summary.
@@ -77,11 +94,11 @@ fn router_name(mode: RouterMode) -> &'static str {
     }
 }
 
-/// Parses a comma list of worker counts (each ≥ 1).
-fn parse_workers(text: &str) -> Result<Vec<usize>, UsageError> {
+/// Parses `flag`'s comma list of worker counts (each ≥ 1).
+fn parse_workers(flag: &str, text: &str) -> Result<Vec<usize>, UsageError> {
     let bad = |item: &str| {
         UsageError(format!(
-            "--sweep-num-workers: must be a comma list of integers >= 1, e.g. 1,2,4 (got {item:?} in {text:?})"
+            "{flag}: must be a comma list of integers >= 1, e.g. 1,2,4 (got {item:?} in {text:?})"
         ))
     };
     text.split(',')
@@ -109,30 +126,53 @@ impl SweepArgs {
             return Err(UsageError("--jobs: must be at least 1 (got 0)".into()));
         }
         let base = b.options()?;
-        let engine_args: Vec<(String, mocker_core::config::LaunchConfig)> =
-            if self.sweep_engine_args.is_empty() {
-                vec![(b.engine_args.clone().unwrap_or_else(|| "{}".into()), base.launch.clone())]
-            } else {
-                self.sweep_engine_args
-                    .iter()
-                    .enumerate()
-                    .map(|(i, arg)| {
-                        let flag = format!("--sweep-engine-args (value {})", i + 1);
-                        let merged = match &b.engine_args {
-                            Some(base) => {
-                                crate::engine_args::merge_engine_args("--engine-args", base, &flag, arg)?
-                            }
-                            None => arg.clone(),
-                        };
-                        let launch =
-                            crate::engine_args::launch_config_for(&flag, Some(&merged), b.engine_type)?;
-                        Ok((arg.clone(), launch))
-                    })
-                    .collect::<Result<_, UsageError>>()?
-            };
-        let workers = match &self.sweep_num_workers {
-            Some(text) => parse_workers(text)?,
-            None => vec![b.num_workers],
+        let (grid, engine_args) = match &base.cluster {
+            Cluster::Aggregated(pool) => {
+                for (given, flag) in [
+                    (self.sweep_num_prefill_workers.is_some(), "--sweep-num-prefill-workers"),
+                    (self.sweep_num_decode_workers.is_some(), "--sweep-num-decode-workers"),
+                ] {
+                    if given {
+                        return Err(UsageError(format!(
+                            "{flag}: disaggregated sweeps only (give --prefill-engine-args and --decode-engine-args)"
+                        )));
+                    }
+                }
+                let workers = match &self.sweep_num_workers {
+                    Some(text) => parse_workers("--sweep-num-workers", text)?,
+                    None => vec![pool.workers],
+                };
+                (workers.into_iter().map(Workers::Aggregated).collect::<Vec<_>>(), self.engine_args(pool)?)
+            }
+            Cluster::Disaggregated { prefill, decode } => {
+                for (given, flag) in [
+                    (self.sweep_num_workers.is_some(), "--sweep-num-workers"),
+                    (!self.sweep_engine_args.is_empty(), "--sweep-engine-args"),
+                ] {
+                    if given {
+                        return Err(UsageError(format!(
+                            "{flag}: aggregated sweeps only; a disaggregated sweep varies \
+                             --sweep-num-prefill-workers and --sweep-num-decode-workers"
+                        )));
+                    }
+                }
+                let counts = |flag: &str, text: &Option<String>, base: usize| match text {
+                    Some(text) => parse_workers(flag, text),
+                    None => Ok(vec![base]),
+                };
+                let ps =
+                    counts("--sweep-num-prefill-workers", &self.sweep_num_prefill_workers, prefill.workers)?;
+                let ds =
+                    counts("--sweep-num-decode-workers", &self.sweep_num_decode_workers, decode.workers)?;
+                let grid =
+                    ps.iter().flat_map(|&p| ds.iter().map(move |&d| Workers::Disaggregated(p, d))).collect();
+                let text = format!(
+                    "prefill: {}, decode: {}",
+                    b.prefill_engine_args.as_deref().unwrap_or_default(),
+                    b.decode_engine_args.as_deref().unwrap_or_default()
+                );
+                (grid, vec![(text, None)])
+            }
         };
         let routers = match &self.sweep_router {
             Some(text) => {
@@ -150,25 +190,34 @@ impl SweepArgs {
             .collect::<Result<Vec<_>, _>>()?;
         let mut points = Vec::new();
         for (text, launch) in &engine_args {
-            for &num_workers in &workers {
+            for &workers in &grid {
                 for (&router, &router_config) in routers.iter().zip(&configs) {
-                    let options = ReplayOptions {
-                        launch: launch.clone(),
-                        num_workers,
-                        router,
-                        router_config,
-                        ..base.clone()
-                    };
+                    let mut cluster = base.cluster.clone();
+                    match (&mut cluster, workers) {
+                        (Cluster::Aggregated(pool), Workers::Aggregated(n)) => {
+                            pool.workers = n;
+                            if let Some(l) = launch {
+                                pool.launch = l.clone();
+                            }
+                        }
+                        (Cluster::Disaggregated { prefill, decode }, Workers::Disaggregated(p, d)) => {
+                            prefill.workers = p;
+                            decode.workers = d;
+                        }
+                        _ => unreachable!("the grid follows the base cluster"),
+                    }
+                    let options = ReplayOptions { cluster, router, router_config, ..base.clone() };
                     options.validate("offline").map_err(|e| {
                         UsageError(format!(
-                            "point {} (engine args {text}, {num_workers} workers, {}): {e}",
+                            "point {} (engine args {text}, {}, {}): {e}",
                             points.len(),
+                            workers.describe(),
                             router_name(router)
                         ))
                     })?;
                     points.push(Point {
                         engine_args: text.clone(),
-                        num_workers,
+                        workers,
                         router: router_name(router),
                         options,
                     });
@@ -176,6 +225,43 @@ impl SweepArgs {
             }
         }
         Ok(points)
+    }
+
+    /// The engine-args axis of an aggregated sweep: (text, engine config) per value, or
+    /// the base's alone.
+    fn engine_args(
+        &self,
+        pool: &mocker_replay::Pool,
+    ) -> Result<Vec<(String, Option<mocker_core::config::LaunchConfig>)>, UsageError> {
+        let b = &self.base;
+        if self.sweep_engine_args.is_empty() {
+            return Ok(vec![(
+                b.engine_args.clone().unwrap_or_else(|| "{}".into()),
+                Some(pool.launch.clone()),
+            )]);
+        }
+        self.sweep_engine_args
+            .iter()
+            .enumerate()
+            .map(|(i, arg)| {
+                let flag = format!("--sweep-engine-args (value {})", i + 1);
+                let merged = match &b.engine_args {
+                    Some(base) => crate::engine_args::merge_engine_args("--engine-args", base, &flag, arg)?,
+                    None => arg.clone(),
+                };
+                let launch = crate::engine_args::launch_config_for(&flag, Some(&merged), b.engine_type)?;
+                Ok((arg.clone(), Some(launch)))
+            })
+            .collect()
+    }
+}
+
+impl Workers {
+    fn describe(self) -> String {
+        match self {
+            Self::Aggregated(n) => format!("{n} workers"),
+            Self::Disaggregated(p, d) => format!("{p} prefill + {d} decode workers"),
+        }
     }
 }
 
@@ -192,7 +278,15 @@ fn run_point(index: usize, point: &Point, goodput: bool) -> Result<Map<String, V
     let mut row = Map::new();
     row.insert("point".into(), Value::from(index));
     row.insert("engine_args".into(), Value::from(point.engine_args.clone()));
-    row.insert("num_workers".into(), Value::from(point.num_workers));
+    match point.workers {
+        Workers::Aggregated(n) => {
+            row.insert("num_workers".into(), Value::from(n));
+        }
+        Workers::Disaggregated(p, d) => {
+            row.insert("num_prefill_workers".into(), Value::from(p));
+            row.insert("num_decode_workers".into(), Value::from(d));
+        }
+    }
     row.insert("router".into(), Value::from(point.router));
     let goodput_keys: &[&str] = if goodput { &GOODPUT_KEYS } else { &[] };
     for key in SUMMARY_KEYS.iter().chain(goodput_keys) {

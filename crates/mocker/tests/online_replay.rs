@@ -7,14 +7,13 @@ mod online;
 
 use mocker_core::config::LaunchConfig;
 use mocker_replay::report::Summary;
-use mocker_replay::{run_synthetic, Load, ReplayOptions, SyntheticWorkload};
+use mocker_replay::{run_synthetic, Cluster, Load, ReplayOptions, SyntheticWorkload};
 
 fn options(isl: usize, osl: usize, n: usize, load: Load, speedup: f64) -> ReplayOptions {
     let mut launch = LaunchConfig::default();
     launch.engine.speedup_ratio = speedup;
     ReplayOptions {
-        launch,
-        num_workers: 1,
+        cluster: Cluster::aggregated(launch, 1),
         workload: SyntheticWorkload {
             input_tokens: isl,
             output_tokens: osl,
@@ -80,11 +79,10 @@ fn online_on_the_wall_clock_agrees_with_offline() {
 #[test]
 fn online_refuses_what_offline_refuses() {
     let mut opts = options(16, 4, 2, Load::Concurrency(1), 1.0);
-    opts.num_workers = 0;
+    opts.cluster = Cluster::aggregated(LaunchConfig::default(), 0);
     let e = online::run_online(&opts).unwrap_err();
     assert!(e.to_string().contains("num_workers"), "{e}");
-    let mut opts = options(16, 4, 2, Load::Concurrency(0), 1.0);
-    opts.launch.dp_size = 1;
+    let opts = options(16, 4, 2, Load::Concurrency(0), 1.0);
     assert!(online::run_online(&opts).unwrap_err().to_string().contains("concurrency"));
 }
 

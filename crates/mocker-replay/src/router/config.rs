@@ -115,6 +115,23 @@ impl KvRouterConfig {
         Ok(c)
     }
 
+    /// The prefill pool's router in a disaggregated replay (as the reference derives it):
+    /// prefix-aware, without the blocks of live requests, which leave after their prefill.
+    pub fn for_prefill_pool(self) -> Self {
+        Self { router_track_active_blocks: false, ..self }
+    }
+
+    /// The decode pool's router in a disaggregated replay (as the reference derives it):
+    /// pure load balance on held blocks, no prefix or prefill term.
+    pub fn for_decode_pool(self) -> Self {
+        Self {
+            prefill_load_scale: 0.0,
+            router_assume_kv_reuse: false,
+            router_track_prefill_tokens: false,
+            ..self
+        }
+    }
+
     /// Range checks: `(field, message)` of the first bad value.
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
         for (field, v) in [

@@ -1,0 +1,285 @@
+//! Disaggregated prefill/decode in the offline loop (the reference's offline disagg
+//! replay): a request is prefilled on a prefill worker, which keeps its KV held; at the
+//! prefill's end the decode router picks a decode worker, which reserves the prompt's
+//! blocks; after the modelled transfer the destination is activated (it decodes from the
+//! prompt length, its prompt counted as computed) and the source releases its KV.
+//!
+//! Without a transfer delay the decode worker takes the request at once (it joins its
+//! next pass). With one, the handoff waits in the worker's inbox and the worker reserves
+//! one waiting handoff as each pass starts (all of them at once when it is idle); the
+//! transfer runs from that reservation, as in the reference.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+use mocker_core::config::EngineConfig;
+use mocker_core::scheduler::vllm::ReserveError;
+use mocker_core::transfer::KvTransfer;
+use mocker_core::{Request, SeqKey};
+
+use super::{Sim, SlotOwner};
+use crate::collector::RecordId;
+use crate::deps::SessionId;
+use crate::options::ms_to_ns;
+use crate::router::{RouteId, RouteRequest, Router};
+
+/// Index of a live handoff in [`Disagg`].
+pub(super) type HandoffId = u32;
+
+/// One request between its prefill and its activation on a decode worker.
+struct Handoff {
+    /// The request as the decode worker gets it (its whole output).
+    request: Request,
+    record: RecordId,
+    session: SessionId,
+    prefill_worker: usize,
+    /// The held request on the prefill worker.
+    source: SeqKey,
+    /// Decode worker (index into the driver's workers) and its router handle.
+    decode_worker: usize,
+    route: RouteId,
+    /// The reservation on the decode worker, and the prompt tokens it already cached.
+    destination: SeqKey,
+    cached: u32,
+}
+
+/// The decode pool's side of a disaggregated replay.
+pub(super) struct Disagg {
+    /// Index of the first decode worker among the driver's workers.
+    pub(super) first_decode: usize,
+    /// Router of the decode pool (indices within the pool).
+    pub(super) router: Router,
+    /// The prefill side's transfer settings, which set the delay (as in the reference).
+    transfer: KvTransfer,
+    handoffs: Vec<Option<Handoff>>,
+    free: Vec<HandoffId>,
+    /// Transfers in flight: (end, tie-break, handoff).
+    due: BinaryHeap<Reverse<(u64, u64, HandoffId)>>,
+    due_seq: u64,
+    /// Per decode worker, handoffs waiting to be reserved (for a pass start, or for
+    /// room), oldest first.
+    inbox: Vec<VecDeque<HandoffId>>,
+    /// Scratch for `deliver`: handoffs whose prefill ended (`true`) or was rejected.
+    pub(super) started: Vec<(HandoffId, bool)>,
+}
+
+impl Disagg {
+    /// A decode pool of `workers` engines placed after `first_decode` prefill workers.
+    pub(super) fn new(first_decode: usize, workers: usize, router: Router, prefill: &EngineConfig) -> Self {
+        Self {
+            first_decode,
+            router,
+            transfer: KvTransfer::from_config(prefill),
+            handoffs: Vec::new(),
+            free: Vec::new(),
+            due: BinaryHeap::new(),
+            due_seq: 0,
+            inbox: vec![VecDeque::new(); workers],
+            started: Vec::new(),
+        }
+    }
+
+    /// Whether no handoff waits to be reserved on (driver index) worker `w`.
+    pub(super) fn inbox_empty(&self, w: usize) -> bool {
+        self.inbox[w - self.first_decode].is_empty()
+    }
+
+    /// When the next transfer ends.
+    pub(super) fn next_due(&self) -> Option<u64> {
+        self.due.peek().map(|Reverse((t, _, _))| *t)
+    }
+
+    /// Tracks a request just submitted for prefill as `source` on `prefill_worker`.
+    pub(super) fn open(
+        &mut self,
+        request: Request,
+        record: RecordId,
+        session: SessionId,
+        prefill_worker: usize,
+        source: SeqKey,
+    ) -> HandoffId {
+        let h = Handoff {
+            request,
+            record,
+            session,
+            prefill_worker,
+            source,
+            decode_worker: 0,
+            route: 0,
+            destination: SeqKey(0),
+            cached: 0,
+        };
+        match self.free.pop() {
+            Some(id) => {
+                self.handoffs[id as usize] = Some(h);
+                id
+            }
+            None => {
+                self.handoffs.push(Some(h));
+                (self.handoffs.len() - 1) as HandoffId
+            }
+        }
+    }
+
+    fn get(&self, h: HandoffId) -> &Handoff {
+        self.handoffs[h as usize].as_ref().expect("live handoff")
+    }
+
+    fn get_mut(&mut self, h: HandoffId) -> &mut Handoff {
+        self.handoffs[h as usize].as_mut().expect("live handoff")
+    }
+
+    fn close(&mut self, h: HandoffId) -> Handoff {
+        self.free.push(h);
+        self.handoffs[h as usize].take().expect("live handoff")
+    }
+}
+
+impl Sim {
+    fn disagg(&mut self) -> &mut Disagg {
+        self.disagg.as_mut().expect("a disaggregated replay")
+    }
+
+    /// The prefills in `started` ended at `t` (or were rejected): route each to a decode
+    /// worker and reserve there.
+    pub(super) fn start_handoffs(&mut self, mut started: Vec<(HandoffId, bool)>, t: u64) {
+        for &(h, prefilled) in &started {
+            if !prefilled {
+                self.disagg().close(h);
+                continue;
+            }
+            let d = self.disagg();
+            let r = &d.handoffs[h as usize].as_ref().expect("live handoff").request;
+            let hashes = r.block_hashes.as_ref().map_or(&[][..], |x| &x.sequence[..]);
+            let shareable = r.shareable_blocks.unwrap_or(hashes.len());
+            let p = d.router.route(RouteRequest { isl: r.prompt_len(), hashes, shareable });
+            let w = d.first_decode + p.worker;
+            let timed = d.transfer.delay_ms(r.prompt_len(), None).is_some_and(|ms| ms > 0.0);
+            let handoff = d.get_mut(h);
+            handoff.decode_worker = w;
+            handoff.route = p.id;
+            // Reservations are served in order; a timed transfer waits for a pass start.
+            if timed || !d.inbox[p.worker].is_empty() || !self.reserve(h, t) {
+                self.disagg().inbox[p.worker].push_back(h);
+                // The pass starting next must see it: a steady run is cut back to it.
+                self.interrupt_run(w, t);
+                self.mark_dirty(w);
+            }
+        }
+        started.clear();
+        self.disagg().started = started;
+    }
+
+    /// Reserves handoff `h`'s prompt blocks on its decode worker at `t` and starts the
+    /// transfer; false when the worker has no room yet (it retries as blocks free up). A
+    /// prompt the worker could never hold is rejected.
+    fn reserve(&mut self, h: HandoffId, t: u64) -> bool {
+        let d = self.disagg.as_mut().expect("a disaggregated replay");
+        let handoff = d.get(h);
+        let w = handoff.decode_worker;
+        let worker = &mut self.workers[w];
+        match worker.engine.reserve(handoff.request.clone()) {
+            Ok(res) => {
+                let slot = res.key.0 as usize;
+                if worker.owners.len() <= slot {
+                    worker.owners.resize(slot + 1, SlotOwner::default());
+                }
+                worker.owners[slot] = SlotOwner {
+                    record: handoff.record,
+                    session: handoff.session,
+                    route: handoff.route,
+                    prefilling: true,
+                    handoff: h,
+                };
+                let delay =
+                    d.transfer.delay_ms(handoff.request.prompt_len(), Some(res.transferable_prompt_tokens));
+                let record = handoff.record;
+                let handoff = d.get_mut(h);
+                handoff.destination = res.key;
+                handoff.cached = res.cached_tokens as u32;
+                self.collector.on_handoff_reserved(record, w - d.first_decode, t);
+                match delay.map(ms_to_ns) {
+                    Some(ns) if ns > 0 => {
+                        d.due_seq += 1;
+                        d.due.push(Reverse((t + ns, d.due_seq, h)));
+                    }
+                    _ => self.activate(h, t),
+                }
+                true
+            }
+            Err(ReserveError::NoCapacity { needed, .. })
+                if worker.engine.pool().is_some_and(|p| needed <= p.capacity()) =>
+            {
+                false
+            }
+            Err(_) => {
+                // It can never fit there: the request ends, and its source lets go.
+                let handoff = d.close(h);
+                d.router.free(handoff.route);
+                let uuid = handoff.request.uuid;
+                self.workers[handoff.prefill_worker].engine.release_held(handoff.source, uuid);
+                self.mark_dirty(handoff.prefill_worker);
+                self.collector.on_rejected(handoff.record);
+                self.ended.push((handoff.session, uuid, true));
+                true
+            }
+        }
+    }
+
+    /// The transfer of `h` ended at `t`: the decode worker takes the request (it samples
+    /// its first token in its next pass) and the prefill worker frees the held KV.
+    fn activate(&mut self, h: HandoffId, t: u64) {
+        let handoff = self.disagg().close(h);
+        let uuid = handoff.request.uuid;
+        let w = handoff.decode_worker;
+        self.interrupt_run(w, t);
+        let activated = self.workers[w].engine.activate(handoff.destination, uuid);
+        debug_assert!(activated.is_some(), "a reserved destination activates");
+        let released = self.workers[handoff.prefill_worker].engine.release_held(handoff.source, uuid);
+        debug_assert!(released, "the source held its KV until now");
+        self.collector.on_handoff_activated(handoff.record, handoff.cached, t);
+        self.mark_dirty(handoff.prefill_worker);
+        self.mark_dirty(w);
+    }
+
+    /// Activates the destinations whose transfers end by `now`; whether any did.
+    pub(super) fn activate_due(&mut self, now: u64) -> bool {
+        let mut any = false;
+        while let Some(d) = self.disagg.as_mut() {
+            match d.due.peek() {
+                Some(&Reverse((t, _, h))) if t <= now => {
+                    d.due.pop();
+                    self.activate(h, now);
+                    any = true;
+                }
+                _ => break,
+            }
+        }
+        if !self.ended.is_empty() {
+            self.end_requests(now);
+        }
+        any
+    }
+
+    /// Decode worker `w` (idle) starts a pass at `now`: it reserves the oldest waiting
+    /// handoff, and while it has nothing else to do (its passes take no time) the next
+    /// ones too. Whether any was taken up.
+    pub(super) fn reserve_pending(&mut self, w: usize, now: u64) -> bool {
+        let i = w - self.disagg().first_decode;
+        let mut any = false;
+        while let Some(&h) = self.disagg().inbox[i].front() {
+            if !self.reserve(h, now) {
+                break;
+            }
+            self.disagg().inbox[i].pop_front();
+            any = true;
+            if self.workers[w].engine.has_work() || self.workers[w].busy {
+                break;
+            }
+        }
+        if any && !self.ended.is_empty() {
+            self.end_requests(now);
+        }
+        any
+    }
+}
