@@ -25,6 +25,10 @@ fn engine_args_past_the_engines_types_exit_2_naming_key_and_range() {
         // serve refuses before it binds (it used to start and answer 503 to everything).
         assert_exit_2(&["serve", "--port", "0", "--engine-args", args], &[needle]);
     }
+    // A device as an engine-args file would be read forever.
+    let refused = ["/dev/zero", "not a regular file"];
+    assert_exit_2(&["replay", "--engine-args", "@/dev/zero"], &refused);
+    assert_exit_2(&["serve", "--port", "0", "--engine-args", "@/dev/zero"], &refused);
 }
 
 #[test]
