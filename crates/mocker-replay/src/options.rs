@@ -76,14 +76,9 @@ impl Workload {
                 }
                 if t.concurrency.is_none() {
                     if let Some(s) = t.trace.sessions.iter().find(|s| s.first_arrival_ms.is_none()) {
-                        return Err(invalid(
-                            "timestamp",
-                            format!(
-                                "trace mode requires first_arrival_timestamp_ms for session request_{} \
-                                 (give every session's first row a timestamp, or use --concurrency)",
-                                s.turns[0].line
-                            ),
-                        ));
+                        let msg = "missing; trace mode needs a timestamp on every session's first row \
+                                   (or use --concurrency to ignore timestamps)";
+                        return Err(t.trace.error_at(s.turns[0].line, "timestamp", msg.into()).into());
                     }
                 }
                 Ok(())
@@ -312,6 +307,9 @@ pub enum ReplayError {
         /// What is wrong.
         message: String,
     },
+    /// A trace row is unusable for this replay (names file, line and field).
+    #[error(transparent)]
+    Trace(#[from] crate::trace::TraceError),
     /// The simulation cannot make progress.
     #[error("offline replay reached a dead end with {0} in-flight requests remaining")]
     DeadEnd(usize),

@@ -109,6 +109,8 @@ pub struct Trace {
     pub sessions: Vec<TraceSession>,
     /// Sessions whose first turn waits for other requests (agentic traces only).
     pub gates: Vec<TraceGate>,
+    /// The file it was read from (empty for [`parse_trace`]), for errors found later.
+    pub path: PathBuf,
 }
 
 /// A malformed trace: file, 1-based line and field.
@@ -128,19 +130,68 @@ pub struct TraceError {
 /// Tokens per hash id when neither the flag nor the file says.
 pub const DEFAULT_TRACE_BLOCK_SIZE: usize = 512;
 
+// Bounds of a row's values, checked before anything is allocated from them. Each is far
+// above real traces (Mooncake prompts are at most a few hundred thousand tokens) and low
+// enough that a prompt (4 bytes a token) stays within 64 MiB and simulated times stay
+// inside the u64 nanosecond clock.
+
+/// Most tokens in one prompt (`input_length`, the `hash_ids` capacity it defaults to,
+/// and a `mooncake-delta` turn's whole prompt: history plus delta) and in one output.
+pub const MAX_TRACE_TOKENS: usize = 1 << 24;
+/// Largest tokens-per-hash-id (`--trace-block-size`, a v2 header's `block_size`).
+pub const MAX_TRACE_BLOCK_SIZE: usize = 1 << 20;
+/// Latest timestamp (`timestamp`, `created_time`, `not_before_ms`), ms: about the year 2286
+/// as a Unix time, so absolute epoch-millisecond timestamps fit.
+pub const MAX_TIMESTAMP_MS: f64 = 1e13;
+/// Longest delay (`delay`, `delay_ms`, `tool_wait_ms`, a dependency's `delay_ms`), ms:
+/// about 115 days.
+pub const MAX_DELAY_MS: f64 = 1e10;
+
 /// Reads and parses a trace file; `block_size` is the explicit `--trace-block-size`, if
 /// given (a v2 agentic header's `block_size` must then agree with it).
 pub fn load_trace(path: &Path, format: TraceFormat, block_size: Option<usize>) -> Result<Trace, TraceError> {
-    let text = std::fs::read_to_string(path).map_err(|e| TraceError {
+    let fail = |line: usize, field: &str, message: String| TraceError {
         path: path.to_path_buf(),
-        line: 0,
-        field: "trace".into(),
-        message: format!("cannot read: {e}"),
+        line,
+        field: field.into(),
+        message,
+    };
+    // A device (`/dev/zero`, a terminal) would be read forever or block; pipes are fine.
+    let meta = std::fs::metadata(path).map_err(|e| fail(0, "trace", format!("cannot read: {e}")))?;
+    if !(meta.is_file() || is_fifo(&meta)) {
+        return Err(fail(0, "trace", "not a regular file (or a pipe); give a trace file".into()));
+    }
+    let bytes = std::fs::read(path).map_err(|e| fail(0, "trace", format!("cannot read: {e}")))?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        let bytes = e.as_bytes();
+        let at = e.utf8_error().valid_up_to();
+        let line_start = bytes[..at].iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        let line = bytes[..at].iter().filter(|&&b| b == b'\n').count() + 1;
+        fail(line, "row", format!("invalid UTF-8 at byte {} of the line", at - line_start + 1))
     })?;
-    parse_trace(&text, format, block_size).map_err(|mut e| {
+    let mut trace = parse_trace(&text, format, block_size).map_err(|mut e| {
         e.path = path.to_path_buf();
         e
-    })
+    })?;
+    trace.path = path.to_path_buf();
+    Ok(trace)
+}
+
+#[cfg(unix)]
+fn is_fifo(meta: &std::fs::Metadata) -> bool {
+    std::os::unix::fs::FileTypeExt::is_fifo(&meta.file_type())
+}
+
+#[cfg(not(unix))]
+fn is_fifo(_: &std::fs::Metadata) -> bool {
+    false
+}
+
+impl Trace {
+    /// A [`TraceError`] at `line` of this trace's file.
+    pub fn error_at(&self, line: u32, field: &str, message: String) -> TraceError {
+        TraceError { path: self.path.clone(), line: line as usize, field: field.into(), message }
+    }
 }
 
 /// Parses trace text (errors carry an empty path; [`load_trace`] fills it in).
@@ -151,8 +202,9 @@ pub fn parse_trace(text: &str, format: TraceFormat, block_size: Option<usize>) -
         explicit_block_size: block_size.is_some(),
         ..Parser::default()
     };
-    if p.block_size == 0 {
-        return Err(p.err(0, "trace_block_size", "must be at least 1 (got 0)".into()));
+    if !(1..=MAX_TRACE_BLOCK_SIZE).contains(&p.block_size) {
+        let msg = format!("must be in 1..={MAX_TRACE_BLOCK_SIZE} (got {})", p.block_size);
+        return Err(p.err(0, "trace_block_size", msg));
     }
     let mut first = true;
     for (i, line) in text.lines().enumerate() {
@@ -167,7 +219,7 @@ pub fn parse_trace(text: &str, format: TraceFormat, block_size: Option<usize>) -
         }
         p.row(i + 1, &row)?;
     }
-    Ok(Trace { format, block_size: p.block_size, sessions: p.sessions, gates: p.gates })
+    Ok(Trace { format, block_size: p.block_size, sessions: p.sessions, gates: p.gates, path: PathBuf::new() })
 }
 
 /// Where an agentic request sits: its session and turn.
@@ -194,6 +246,9 @@ pub(crate) struct Parser {
     open: FxHashMap<String, (usize, Option<f64>)>,
     /// Agentic request id -> where it was placed.
     pub(crate) requests: FxHashMap<String, Placed>,
+    /// `mooncake-delta`: per session, the tokens its next turn's prompt starts with (earlier
+    /// deltas and outputs).
+    history: Vec<usize>,
 }
 
 /// A row's prompt and output, common to every format.
@@ -227,9 +282,15 @@ impl Parser {
                 if v.is_null() {
                     continue;
                 }
+                // Delays add up along a session; timestamps are absolute.
+                let max = if n.starts_with("delay") || *n == "tool_wait_ms" {
+                    MAX_DELAY_MS
+                } else {
+                    MAX_TIMESTAMP_MS
+                };
                 return match v.as_f64() {
-                    Some(x) if x.is_finite() && x >= 0.0 => Ok(Some(x)),
-                    _ => Err(self.err(line, n, format!("must be a finite number >= 0 (got {v})"))),
+                    Some(x) if x.is_finite() && (0.0..=max).contains(&x) => Ok(Some(x)),
+                    _ => Err(self.err(line, n, format!("must be a number in [0, {max:e}] ms (got {v})"))),
                 };
             }
         }
@@ -275,6 +336,10 @@ impl Parser {
         let output_length = self.count(row, line, &["output_length", "output_tokens"])?.ok_or_else(|| {
             self.err(line, "output_length", format!("trace line {line} is missing output_length"))
         })?;
+        if !(1..=MAX_TRACE_TOKENS).contains(&(output_length as usize)) {
+            let msg = format!("must be in 1..={MAX_TRACE_TOKENS} (got {output_length})");
+            return Err(self.err(line, "output_length", msg));
+        }
         let raw_ids = match row.get("hash_ids") {
             Some(Value::Array(a)) => a,
             Some(v) => {
@@ -293,9 +358,12 @@ impl Parser {
             let next = self.ids.len() as u32;
             ids.push(*self.ids.entry(id).or_insert(next));
         }
-        let capacity = ids.len() * self.block_size;
+        let capacity = ids.len().saturating_mul(self.block_size);
         let input_length = match self.count(row, line, &["input_length", "input_tokens"])? {
-            Some(0) => return Err(self.err(line, "input_length", "must be at least 1 (got 0)".into())),
+            Some(n) if !(1..=MAX_TRACE_TOKENS).contains(&(n as usize)) => {
+                let msg = format!("must be in 1..={MAX_TRACE_TOKENS} (got {n})");
+                return Err(self.err(line, "input_length", msg));
+            }
             Some(n) if n as usize > capacity => {
                 return Err(self.err(
                     line,
@@ -304,7 +372,15 @@ impl Parser {
                 ))
             }
             Some(n) => n,
-            None => capacity.min(u32::MAX as usize) as u32,
+            None if capacity > MAX_TRACE_TOKENS => {
+                let msg = format!(
+                    "missing, and the {} hash_ids cover {capacity} tokens, above the limit \
+                     {MAX_TRACE_TOKENS}; give input_length",
+                    ids.len()
+                );
+                return Err(self.err(line, "input_length", msg));
+            }
+            None => capacity as u32,
         };
         Ok(RowPrompt { ids, input_length, output_length })
     }
@@ -321,6 +397,19 @@ impl Parser {
         let turn =
             TraceTurn { line: line as u32, ids, input_length, output_length, delay_ms, not_before_ms: None };
         let existing = session_key.as_ref().and_then(|k| self.open.get(k).copied());
+        if self.format == TraceFormat::MooncakeDelta {
+            // The turn's prompt is the session's history plus this delta, and its output
+            // joins the history: bound what replay will synthesise.
+            let prior = existing.map_or(0, |(index, _)| self.history[index]);
+            let prompt = prior + input_length as usize;
+            if prompt > MAX_TRACE_TOKENS {
+                let msg = format!(
+                    "the session's prompt reaches {prompt} tokens ({prior} of history plus this \
+                     row's {input_length}), above the limit {MAX_TRACE_TOKENS}"
+                );
+                return Err(self.err(line, "input_length", msg));
+            }
+        }
         let index = match existing {
             Some((index, last_ts)) => {
                 let mut turn = turn;
@@ -337,6 +426,9 @@ impl Parser {
                 self.new_session(timestamp, TraceTurn { delay_ms: 0.0, ..turn }, None)
             }
         };
+        if self.format == TraceFormat::MooncakeDelta {
+            self.history[index] += (input_length + output_length) as usize;
+        }
         if let Some(k) = session_key {
             self.open.insert(k, (index, timestamp));
         }
@@ -369,6 +461,7 @@ impl Parser {
         gate: Option<u32>,
     ) -> usize {
         self.sessions.push(TraceSession { first_arrival_ms, turns: vec![turn], gate });
+        self.history.push(0);
         self.sessions.len() - 1
     }
 }
@@ -458,6 +551,82 @@ mod tests {
         }
         let e = parse_trace("", TraceFormat::Mooncake, Some(0)).unwrap_err();
         assert_eq!(e.field, "trace_block_size");
+    }
+
+    /// Lengths and times are bounded per row before anything is allocated from them.
+    #[test]
+    fn lengths_and_times_out_of_range_name_line_and_field() {
+        let row = |extra: &str| format!("{{\"timestamp\": 0, \"hash_ids\": [1]{extra}}}");
+        let cases = [
+            (row(", \"output_length\": 0"), "output_length", "must be in 1..=16777216 (got 0)"),
+            (row(", \"output_length\": 2147483648"), "output_length", "must be in 1..=16777216"),
+            (row(", \"output_length\": 16777217"), "output_length", "(got 16777217)"),
+            (row(", \"output_length\": 1, \"input_length\": 0"), "input_length", "(got 0)"),
+            (row(", \"output_length\": 1, \"input_length\": 4294967295"), "input_length", "1..=16777216"),
+            (row(", \"output_length\": 1, \"timestamp\": 1e14"), "timestamp", "[0, 1e13]"),
+            (row(", \"output_length\": 1, \"session_id\": 1, \"delay\": 1e11"), "delay", "[0, 1e10]"),
+        ];
+        for (text, field, needle) in cases {
+            let e = parse(&text).unwrap_err();
+            assert_eq!((e.line, e.field.as_str()), (1, field), "{text}: {e}");
+            assert!(e.message.contains(needle), "{text}: {e}");
+        }
+        // 40000 ids of 512 tokens: over the limit when the length must come from them.
+        let ids = vec!["7"; 40_000].join(",");
+        let e =
+            parse(&format!("{{\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": [{ids}]}}")).unwrap_err();
+        assert_eq!(e.field, "input_length", "{e}");
+        assert!(e.message.contains("give input_length"), "{e}");
+        let e = parse_trace("", TraceFormat::Mooncake, Some(usize::MAX)).unwrap_err();
+        assert_eq!(e.field, "trace_block_size");
+        // The bounds themselves are accepted.
+        let ids16 = (0..16).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+        let ok = format!(
+            "{{\"timestamp\": 1e13, \"output_length\": 16777216, \"input_length\": 16777216, \"hash_ids\": [{ids16}]}}"
+        );
+        assert!(parse_trace(&ok, TraceFormat::Mooncake, Some(1 << 20)).is_ok());
+    }
+
+    /// A delta session's prompt is its whole history: bounded as a whole, at the row
+    /// that crosses the limit, before the history is ever synthesised.
+    #[test]
+    fn delta_sessions_are_bounded_by_their_whole_prompt() {
+        let half = MAX_TRACE_TOKENS / 2;
+        let row = |input: usize| {
+            format!(
+                "{{\"session_id\": \"s\", \"timestamp\": 0, \"input_length\": {input}, \"output_length\": 10, \"hash_ids\": [1, 2, 3, 4, 5, 6, 7, 8]}}"
+            )
+        };
+        let text = [row(half), row(half - 10), row(1)].join("\n");
+        let e = parse_trace(&text, TraceFormat::MooncakeDelta, Some(1 << 20)).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (3, "input_length"), "{e}");
+        assert!(e.message.contains("16777227 tokens"), "{e}");
+        // Separate sessions each have their own history; plain Mooncake rows do not add up.
+        let text = [row(half), row(half - 10)].join("\n");
+        assert!(parse_trace(&text, TraceFormat::MooncakeDelta, Some(1 << 20)).is_ok());
+        let text = [row(half), row(half), row(half)].join("\n");
+        assert!(parse_trace(&text, TraceFormat::Mooncake, Some(1 << 20)).is_ok());
+    }
+
+    #[test]
+    fn invalid_utf8_and_devices_are_reported_with_their_place() {
+        let dir = std::env::temp_dir().join(format!("mocker-trace-utf8-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("bad.jsonl");
+        std::fs::write(&path, b"{\"output_length\": 1, \"hash_ids\": [1]}\n{\"output_length\": \xff}\n")
+            .unwrap();
+        let e = load_trace(&path, TraceFormat::Mooncake, None).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (2, "row"), "{e}");
+        assert!(
+            e.to_string().starts_with(&format!("{}:2: row: invalid UTF-8 at byte 19", path.display())),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        #[cfg(unix)]
+        {
+            let e = load_trace(Path::new("/dev/zero"), TraceFormat::Mooncake, None).unwrap_err();
+            assert!(e.to_string().starts_with("/dev/zero:0: trace: not a regular file"), "{e}");
+        }
     }
 
     #[test]

@@ -18,7 +18,9 @@
 
 use serde_json::{Map, Value};
 
-use crate::trace::{DepTrigger, Parser, Placed, RowPrompt, TraceDep, TraceError, TraceGate, TraceTurn};
+use crate::trace::{
+    DepTrigger, Parser, Placed, RowPrompt, TraceDep, TraceError, TraceGate, TraceTurn, MAX_TRACE_BLOCK_SIZE,
+};
 
 /// The schema name a v2 header must carry.
 pub const V2_SCHEMA: &str = "dynamo.agentic_mooncake";
@@ -54,7 +56,10 @@ impl Parser {
             }
         }
         match self.count(row, line, &["block_size"])? {
-            Some(0) => return Err(self.err(line, "block_size", "must be at least 1 (got 0)".into())),
+            Some(n) if !(1..=MAX_TRACE_BLOCK_SIZE).contains(&(n as usize)) => {
+                let msg = format!("must be in 1..={MAX_TRACE_BLOCK_SIZE} (got {n})");
+                return Err(self.err(line, "block_size", msg));
+            }
             Some(n) if self.explicit_block_size && n as usize != self.block_size => {
                 return Err(self.err(
                     line,
@@ -342,7 +347,7 @@ mod tests {
         let cases = [
             (r#"{"schema": "other", "version": 2}"#.to_string(), 1, "schema", "unknown agentic trace schema"),
             (r#"{"schema": "dynamo.agentic_mooncake", "version": 3}"#.into(), 1, "version", "version 3"),
-            (r#"{"schema": "dynamo.agentic_mooncake", "version": 2, "block_size": 0}"#.into(), 1, "block_size", "at least 1"),
+            (r#"{"schema": "dynamo.agentic_mooncake", "version": 2, "block_size": 0}"#.into(), 1, "block_size", "must be in 1..="),
             (
                 r#"{"schema": "dynamo.agentic_mooncake", "version": 2, "hash_id_scope": "weird"}"#.into(),
                 1,

@@ -9,6 +9,10 @@ use xxhash_rust::xxh3::xxh3_64;
 /// word, so its text re-tokenizes to the same count (what client-side token counting needs).
 const BUILTIN_VOCAB: u32 = 32_000;
 
+/// Largest tokenizer file read (256 MiB; real `tokenizer.json` files are a few MB, the
+/// largest vocabularies under 50 MB).
+pub const MAX_TOKENIZER_BYTES: u64 = 256 << 20;
+
 /// How the server turns prompts into tokens and generated tokens into text.
 #[derive(Debug, Clone)]
 pub enum Tokenizer {
@@ -41,11 +45,30 @@ pub enum TokenizerError {
 }
 
 impl Tokenizer {
-    /// Loads `tokenizer.json` from a file or from a model folder that holds one.
+    /// Loads `tokenizer.json` from a file or from a model folder that holds one. Only a
+    /// regular file of at most [`MAX_TOKENIZER_BYTES`] is read: a device such as
+    /// `/dev/zero` or a pipe would be read forever (or until memory runs out).
     pub fn from_path(path: &Path) -> Result<Self, TokenizerError> {
+        use std::io::Read;
         let file = if path.is_dir() { path.join("tokenizer.json") } else { path.to_path_buf() };
-        let mut tokenizer = tokenizers::Tokenizer::from_file(&file)
-            .map_err(|e| TokenizerError::Load { path: file.display().to_string(), message: e.to_string() })?;
+        let load_err = |message: String| TokenizerError::Load { path: file.display().to_string(), message };
+        let handle = std::fs::File::open(&file).map_err(|e| load_err(e.to_string()))?;
+        // Judged on the open handle, so the file cannot be swapped between check and read.
+        let meta = handle.metadata().map_err(|e| load_err(e.to_string()))?;
+        if !meta.is_file() {
+            return Err(load_err("not a regular file; give a tokenizer.json or a folder holding one".into()));
+        }
+        if meta.len() > MAX_TOKENIZER_BYTES {
+            let msg = format!("{} bytes is larger than the {MAX_TOKENIZER_BYTES}-byte limit", meta.len());
+            return Err(load_err(msg));
+        }
+        // A file that grows while being read still stops at the limit.
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        handle.take(MAX_TOKENIZER_BYTES + 1).read_to_end(&mut bytes).map_err(|e| load_err(e.to_string()))?;
+        if bytes.len() as u64 > MAX_TOKENIZER_BYTES {
+            return Err(load_err(format!("larger than the {MAX_TOKENIZER_BYTES}-byte limit")));
+        }
+        let mut tokenizer = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| load_err(e.to_string()))?;
         // Some tokenizer files pad every encoding to a fixed length; prompts must not grow.
         tokenizer.with_padding(None);
         tokenizer.with_truncation(None).map_err(|e| TokenizerError::Codec(e.to_string()))?;

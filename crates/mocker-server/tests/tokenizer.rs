@@ -36,3 +36,25 @@ fn a_missing_file_names_the_path() {
     let err = Tokenizer::from_path(std::path::Path::new("/nonexistent/tok.json")).unwrap_err();
     assert!(err.to_string().contains("/nonexistent/tok.json"), "{err}");
 }
+
+/// `/dev/zero` would be read forever: it is refused at once as not a regular file.
+#[cfg(unix)]
+#[test]
+fn devices_and_pipes_are_refused_without_reading() {
+    let err = Tokenizer::from_path(std::path::Path::new("/dev/zero")).unwrap_err().to_string();
+    assert!(err.contains("/dev/zero") && err.contains("not a regular file"), "{err}");
+}
+
+/// A file above the size limit is refused from its size, before any parsing.
+#[test]
+fn oversized_files_are_refused() {
+    let dir = std::env::temp_dir().join(format!("mocker-tokenizer-big-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tokenizer.json");
+    let f = std::fs::File::create(&path).unwrap();
+    // Sparse: no disk space is used.
+    f.set_len(mocker_server::tokenizer::MAX_TOKENIZER_BYTES + 1).unwrap();
+    let err = Tokenizer::from_path(&dir).unwrap_err().to_string();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(err.contains("limit"), "{err}");
+}

@@ -40,7 +40,7 @@ pub fn launch_config(
 /// The JSON text of an engine-args value: inline, or the contents of `@file`.
 fn read_arg(flag: &str, arg: &str) -> Result<String, UsageError> {
     match arg.strip_prefix('@') {
-        Some(path) => std::fs::read_to_string(path)
+        Some(path) => mocker_core::config::read_args_file(path)
             .map_err(|e| UsageError(format!("{flag}: cannot read file {path:?}: {e}"))),
         None => Ok(arg.to_string()),
     }

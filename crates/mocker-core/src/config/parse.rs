@@ -68,10 +68,40 @@ impl LaunchConfig {
         let Some(path) = arg.strip_prefix('@') else {
             return Self::from_json_str(arg);
         };
-        let text = std::fs::read_to_string(path)
+        let text = read_args_file(path)
             .map_err(|e| ConfigError::new("engine_args", format!("cannot read file {path:?}: {e}")))?;
         Self::from_json_str(&text)
     }
+}
+
+/// Largest engine-args file read (real ones are a few hundred bytes).
+pub const MAX_ARGS_FILE_BYTES: u64 = 16 << 20;
+
+/// Reads an engine-args file of at most [`MAX_ARGS_FILE_BYTES`]; a device such as
+/// `/dev/zero` would otherwise be read forever. Pipes (`@<(...)`) are fine.
+pub fn read_args_file(path: &str) -> std::io::Result<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    let meta = file.metadata()?;
+    let pipe = {
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::FileTypeExt::is_fifo(&meta.file_type())
+        }
+        #[cfg(not(unix))]
+        {
+            false
+        }
+    };
+    if !(meta.is_file() || pipe) {
+        return Err(std::io::Error::other("not a regular file or a pipe"));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_ARGS_FILE_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_ARGS_FILE_BYTES {
+        return Err(std::io::Error::other(format!("larger than {MAX_ARGS_FILE_BYTES} bytes")));
+    }
+    String::from_utf8(bytes).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 /// Sorts flat top-level keys into the nested `engine` / launch / `dynamo` objects, resolving

@@ -282,3 +282,41 @@ fn eviction_policy_in_both_forms_and_omitted_from_canonical_when_lru() {
     }
     assert_eq!(EvictionPolicy::ALL.iter().map(|p| p.as_str()).collect::<Vec<_>>(), ["lru", "lineage"]);
 }
+
+/// Values the engine cannot hold (u32 block ids and token counts, u64 ns) are refused by
+/// name with the allowed range, not truncated or left to panic inside the engine.
+#[test]
+fn numeric_keys_have_upper_bounds_named_in_the_message() {
+    let errors = assert_fields(
+        r#"
+        engine.block_size {"engine":{"block_size":4294967296}}
+        engine.block_size {"engine":{"block_size":4294967297}}
+        engine.block_size {"block_size":65537}
+        engine.num_gpu_blocks {"engine":{"num_gpu_blocks":1099511627776}}
+        engine.max_model_len {"engine":{"max_model_len":1073741825}}
+        engine.max_num_seqs {"engine":{"max_num_seqs":1048577}}
+        engine.max_num_batched_tokens {"engine":{"max_num_batched_tokens":18446744073709551615}}
+        engine.prefill_schedule_interval {"engine":{"prefill_schedule_interval":1048577}}
+        engine.prefill_decode_interval {"engine":{"backend":"sglang","prefill_decode_interval":1048577}}
+        engine.speedup_ratio {"engine":{"speedup_ratio":1e-300}}
+        engine.speedup_ratio {"engine":{"speedup_ratio":1e300}}
+        engine.decode_speedup_ratio {"engine":{"decode_speedup_ratio":1e-9}}
+        engine.kv_transfer_bytes_per_token {"engine":{"kv_transfer_bytes_per_token":1e300}}
+        engine.kv_transfer_bandwidth {"engine":{"kv_transfer_bandwidth":1e-300}}
+        engine.timing_model.prefill_ms {"engine":{"timing_model":{"type":"fixed","prefill_ms":1e300,"decode_ms":1}}}
+        engine.sglang.max_prefill_tokens {"engine":{"backend":"sglang","sglang":{"max_prefill_tokens":1073741825}}}
+        engine.sglang.chunked_prefill_size {"engine":{"backend":"sglang","sglang":{"chunked_prefill_size":2147483648}}}
+        engine.sglang.clip_max_new_tokens {"engine":{"backend":"sglang","sglang":{"clip_max_new_tokens":1073741825}}}
+        engine.sglang.schedule_conservativeness {"engine":{"backend":"sglang","sglang":{"schedule_conservativeness":1e9}}}
+        dp_size {"engine":{},"dp_size":1025}
+        tensor_parallel_size {"engine":{},"tensor_parallel_size":4096}
+        startup_time {"engine":{},"startup_time":1e20}
+        dynamo.handoff_session_timeout_ms {"engine":{},"dynamo":{"handoff_session_timeout_ms":18446744073709551615}}
+        "#,
+    );
+    assert_eq!(errors[0].to_string(), "engine.block_size: must be in 1..=65536 (got 4294967296)");
+    assert_eq!(errors[3].to_string(), "engine.num_gpu_blocks: must be in 1..=1073741824 (got 1099511627776)");
+    // The bounds themselves are accepted.
+    parse(r#"{"engine":{"block_size":65536,"num_gpu_blocks":1073741824,"max_num_seqs":1048576}}"#);
+    parse(r#"{"engine":{"speedup_ratio":0,"decode_speedup_ratio":1e6,"kv_transfer_bandwidth":0}}"#);
+}

@@ -11,14 +11,49 @@ use super::{
 const TIMING_PROVIDERS: [&str; 3] = ["dynamo_profile", "ais", "aic"];
 const ROUTER_QUEUE_POLICIES: [&str; 3] = ["fcfs", "lcfs", "wspt"];
 
+// Upper bounds of the numeric keys. Each is far above any real deployment and low enough
+// that the engine's internal types (u32 token counts and block ids, u64 nanoseconds) and
+// its up-front allocations cannot overflow or exhaust memory, so a bad value is refused
+// here, by name, instead of panicking (or being truncated) inside the engine.
+
+/// Largest `block_size` (vLLM's largest is 256; SGLang pages are 1..=64 in practice).
+const MAX_BLOCK_SIZE: usize = 1 << 16;
+/// Largest `num_gpu_blocks` per rank (block ids are u32 with a sentinel; 2^30 blocks of
+/// 16 tokens are 16 G tokens, about a thousand 8-GPU nodes).
+const MAX_NUM_GPU_BLOCKS: usize = 1 << 30;
+/// Largest token count of a length or budget key (`max_model_len`,
+/// `max_num_batched_tokens`, SGLang's token budgets): sequence lengths are u32 inside.
+const MAX_TOKENS: usize = 1 << 30;
+/// Largest `max_num_seqs`.
+const MAX_NUM_SEQS: usize = 1 << 20;
+/// Largest scheduling interval (`prefill_schedule_interval`, `prefill_decode_interval`).
+const MAX_INTERVAL: usize = 1 << 20;
+/// Largest `dp_size` and `tensor_parallel_size` (each DP rank is a simulated engine).
+const MAX_PARALLEL: usize = 1024;
+/// Range of a non-zero speed-up ratio: outside it a pass takes longer than the u64
+/// nanosecond clock can hold, or no time at all.
+const SPEEDUP_RANGE: (f64, f64) = (1e-3, 1e6);
+/// Largest fixed pass time, ms (an hour).
+const MAX_PASS_MS: f64 = 3.6e6;
+/// Largest `startup_time`, s (a day).
+const MAX_STARTUP_S: f64 = 86_400.0;
+/// Largest `dynamo.handoff_session_timeout_ms` (a day).
+const MAX_TIMEOUT_MS: u64 = 86_400_000;
+/// Largest `kv_transfer_bytes_per_token` (10 MB; large models use 1-2 MB).
+const MAX_KV_BYTES_PER_TOKEN: f64 = 1e7;
+/// Range of a non-zero `kv_transfer_bandwidth`, GB/s.
+const BANDWIDTH_RANGE: (f64, f64) = (1e-3, 1e6);
+/// Largest `sglang.schedule_conservativeness`.
+const MAX_CONSERVATIVENESS: f64 = 1e3;
+
 impl LaunchConfig {
     /// Checks every engine, launch and runtime rule; the constructors call it.
     pub fn validate(&self) -> Result<()> {
         self.engine.validate_at("engine")?;
-        positive("dp_size", self.dp_size)?;
-        positive("tensor_parallel_size", self.tensor_parallel_size)?;
+        int_range("dp_size", self.dp_size, 1, MAX_PARALLEL)?;
+        int_range("tensor_parallel_size", self.tensor_parallel_size, 1, MAX_PARALLEL)?;
         if let Some(t) = self.startup_time {
-            non_negative("startup_time", t)?;
+            float_range("startup_time", t, 0.0, MAX_STARTUP_S)?;
         }
         for (key, frac) in [
             ("gpu_memory_utilization", self.gpu_memory_utilization),
@@ -28,7 +63,7 @@ impl LaunchConfig {
             frac.map_or(Ok(()), |x| fraction(key, x))?;
         }
         let rt = &self.dynamo;
-        positive("dynamo.handoff_session_timeout_ms", rt.handoff_session_timeout_ms)?;
+        int_range("dynamo.handoff_session_timeout_ms", rt.handoff_session_timeout_ms, 1, MAX_TIMEOUT_MS)?;
         if let Some(p) = rt.router_queue_policy.as_deref() {
             if !ROUTER_QUEUE_POLICIES.contains(&p) {
                 return Err(invalid_choice("dynamo.router_queue_policy", p, &ROUTER_QUEUE_POLICIES));
@@ -52,18 +87,19 @@ impl EngineConfig {
                 format!("must be {neutral} for backend={backend} (got {got}); only {owner} supports it");
             ensure(got == neutral || backend == owner, f(key), msg)
         };
-        positive(f("num_gpu_blocks"), self.num_gpu_blocks)?;
-        positive(f("block_size"), bs)?;
+        int_range(f("num_gpu_blocks"), self.num_gpu_blocks, 1, MAX_NUM_GPU_BLOCKS)?;
+        int_range(f("block_size"), bs, 1, MAX_BLOCK_SIZE)?;
         let msg = format!("must be at least 2 for vllm/trtllm (got {bs})");
         ensure(backend == Backend::Sglang || bs >= 2, f("block_size"), msg)?;
         if let Some(len) = self.max_model_len {
-            positive(f("max_model_len"), len)?;
+            int_range(f("max_model_len"), len, 1, MAX_TOKENS)?;
         }
-        positive(f("max_num_seqs"), self.max_num_seqs)?;
-        positive(f("max_num_batched_tokens"), self.max_num_batched_tokens)?;
+        int_range(f("max_num_seqs"), self.max_num_seqs, 1, MAX_NUM_SEQS)?;
+        int_range(f("max_num_batched_tokens"), self.max_num_batched_tokens, 1, MAX_TOKENS)?;
         let psi = self.prefill_schedule_interval;
-        positive(f("prefill_schedule_interval"), psi)?;
+        int_range(f("prefill_schedule_interval"), psi, 1, MAX_INTERVAL)?;
         only_for(Backend::Vllm, "prefill_schedule_interval", psi, 1)?;
+        int_range(f("prefill_decode_interval"), self.prefill_decode_interval, 0, MAX_INTERVAL)?;
         only_for(Backend::Sglang, "prefill_decode_interval", self.prefill_decode_interval, 0)?;
         let ok = self.enable_chunked_prefill || backend != Backend::Sglang;
         let msg = "false is not supported for backend=sglang; expected true";
@@ -72,8 +108,8 @@ impl EngineConfig {
         let ok = self.eviction_policy == EvictionPolicy::Lru || backend != Backend::Sglang;
         let msg = format!("{} is not supported for backend=sglang; expected lru", self.eviction_policy);
         ensure(ok, f("eviction_policy"), msg)?;
-        non_negative(f("speedup_ratio"), self.speedup_ratio)?;
-        non_negative(f("decode_speedup_ratio"), self.decode_speedup_ratio)?;
+        speedup(f("speedup_ratio"), self.speedup_ratio)?;
+        speedup(f("decode_speedup_ratio"), self.decode_speedup_ratio)?;
         if let Some(n) = self.aic_nextn {
             ensure((1..=5).contains(&n), f("aic_nextn"), format!("must be in 1..=5 (got {n})"))?;
             let dsr = self.decode_speedup_ratio;
@@ -89,11 +125,12 @@ impl EngineConfig {
         let ok = self.emit_kv_events || !self.emit_kv_token_ids;
         ensure(ok, f("emit_kv_token_ids"), "true requires emit_kv_events = true")?;
         if let Some(b) = self.kv_transfer_bytes_per_token {
-            let ok = b.is_finite() && b > 0.0;
-            ensure(ok, f("kv_transfer_bytes_per_token"), format!("must be positive (got {b})"))?;
+            let ok = b > 0.0 && b <= MAX_KV_BYTES_PER_TOKEN;
+            let msg = format!("must be positive and at most {MAX_KV_BYTES_PER_TOKEN:e} (got {b})");
+            ensure(ok, f("kv_transfer_bytes_per_token"), msg)?;
         }
         if let Some(bw) = self.kv_transfer_bandwidth {
-            non_negative(f("kv_transfer_bandwidth"), bw)?;
+            zero_or_range(f("kv_transfer_bandwidth"), bw, BANDWIDTH_RANGE)?;
         }
         validate_timing(&self.timing_model, &f("timing_model"))?;
         let policy = &self.trtllm.capacity_scheduler_policy;
@@ -104,12 +141,14 @@ impl EngineConfig {
         // The SGLang block always exists (defaults), so only judge it when it is in use.
         if backend == Backend::Sglang {
             let s = &self.sglang;
-            positive(f("sglang.max_prefill_tokens"), s.max_prefill_tokens)?;
+            int_range(f("sglang.max_prefill_tokens"), s.max_prefill_tokens, 1, MAX_TOKENS)?;
             let chunk = s.chunked_prefill_size;
-            positive(f("sglang.chunked_prefill_size"), chunk)?;
+            int_range(f("sglang.chunked_prefill_size"), chunk, 1, MAX_TOKENS)?;
             let msg = format!("must be a multiple of block_size {bs} (got {chunk})");
             ensure(chunk.is_multiple_of(bs), f("sglang.chunked_prefill_size"), msg)?;
-            non_negative(f("sglang.schedule_conservativeness"), s.schedule_conservativeness)?;
+            int_range(f("sglang.clip_max_new_tokens"), s.clip_max_new_tokens, 0, MAX_TOKENS)?;
+            let sc = s.schedule_conservativeness;
+            float_range(f("sglang.schedule_conservativeness"), sc, 0.0, MAX_CONSERVATIVENESS)?;
         }
         Ok(())
     }
@@ -119,8 +158,8 @@ fn validate_timing(t: &TimingModelConfig, path: &str) -> Result<()> {
     match t {
         TimingModelConfig::Polynomial => Ok(()),
         TimingModelConfig::Fixed { prefill_ms, decode_ms } => {
-            non_negative(join(path, "prefill_ms"), *prefill_ms)?;
-            non_negative(join(path, "decode_ms"), *decode_ms)
+            float_range(join(path, "prefill_ms"), *prefill_ms, 0.0, MAX_PASS_MS)?;
+            float_range(join(path, "decode_ms"), *decode_ms, 0.0, MAX_PASS_MS)
         }
         TimingModelConfig::External { provider, config } => {
             if !TIMING_PROVIDERS.contains(&provider.as_str()) {
@@ -164,15 +203,29 @@ fn ensure(ok: bool, field: impl Into<String>, message: impl Into<String>) -> Res
     }
 }
 
-fn positive<N>(field: impl Into<String>, n: N) -> Result<()>
+/// `n` in `lo..=hi`; the message names the range.
+fn int_range<N>(field: impl Into<String>, n: N, lo: N, hi: N) -> Result<()>
 where
-    N: PartialOrd + Default + std::fmt::Display,
+    N: PartialOrd + std::fmt::Display,
 {
-    ensure(n > N::default(), field, format!("must be positive (got {n})"))
+    ensure(lo <= n && n <= hi, field, format!("must be in {lo}..={hi} (got {n})"))
 }
 
-fn non_negative(field: impl Into<String>, x: f64) -> Result<()> {
-    ensure(x.is_finite() && x >= 0.0, field, format!("must be finite and non-negative (got {x})"))
+/// `x` finite and in `[lo, hi]`.
+fn float_range(field: impl Into<String>, x: f64, lo: f64, hi: f64) -> Result<()> {
+    let ok = x.is_finite() && lo <= x && x <= hi;
+    ensure(ok, field, format!("must be finite and in [{lo}, {hi}] (got {x})"))
+}
+
+/// 0 (the feature's "off" value) or `x` in `[lo, hi]`.
+fn zero_or_range(field: impl Into<String>, x: f64, (lo, hi): (f64, f64)) -> Result<()> {
+    let ok = x == 0.0 || (lo <= x && x <= hi);
+    ensure(ok, field, format!("must be 0 or in [{lo:e}, {hi:e}] (got {x})"))
+}
+
+/// A speed-up ratio: 0 means no scaling.
+fn speedup(field: impl Into<String>, x: f64) -> Result<()> {
+    zero_or_range(field, x, SPEEDUP_RANGE)
 }
 
 fn fraction(field: &str, x: f64) -> Result<()> {

@@ -139,10 +139,13 @@ impl PlotData {
                 line_chart("ITL CDF", "inter-token latency (ms)", "fraction of gaps", &self.itl_ms.cdf())?,
             ),
             ("throughput.svg", line_chart("Output throughput", "simulated time (s)", "tokens/s", &tokens)?),
-            ("queue_depth.svg", line_chart("Queue depth", "simulated time (s)", "requests waiting", &queue)?),
+            (
+                "queue_depth.svg",
+                count_chart("Queue depth", "simulated time (s)", "requests waiting", &queue)?,
+            ),
             (
                 "worker_cache_hit_rate.svg",
-                bar_chart("Prefix-cache hit rate per worker", "worker", "hit rate", &hit)?,
+                bar_chart("Prefix-cache hit rate per worker", "worker", "hit rate (%)", &hit)?,
             ),
         ])
     }
@@ -186,7 +189,43 @@ fn range(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
     lo..hi
 }
 
+/// Most labels on an axis (plotters' own default).
+const MAX_LABELS: usize = 10;
+
+/// Labels an axis only at whole numbers: `v` printed without decimals, other positions blank.
+fn whole(v: &f64) -> String {
+    if v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        String::new()
+    }
+}
+
 fn line_chart(title: &str, x_desc: &str, y_desc: &str, points: &[(f64, f64)]) -> Result<String, String> {
+    let y = range(points.iter().map(|p| p.1));
+    line_chart_in(title, x_desc, y_desc, points, y, None)
+}
+
+/// A line chart of whole counts: the y axis ends at a whole number and is labelled only at
+/// whole numbers (plotters would put ticks at 0.5 steps on a range of a few units).
+fn count_chart(title: &str, x_desc: &str, y_desc: &str, points: &[(f64, f64)]) -> Result<String, String> {
+    let y = range(points.iter().map(|p| p.1));
+    let y = y.start.floor()..y.end.ceil();
+    // A label per unit while that is few enough; plotters' steps above one unit (2, 5,
+    // 10, ...) are whole anyway.
+    let labels = ((y.end - y.start) as usize + 1).min(MAX_LABELS + 1);
+    line_chart_in(title, x_desc, y_desc, points, y, Some(labels))
+}
+
+/// `whole_y_labels`: label the y axis at whole numbers only, with this many labels at most.
+fn line_chart_in(
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    points: &[(f64, f64)],
+    y: std::ops::Range<f64>,
+    whole_y_labels: Option<usize>,
+) -> Result<String, String> {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
@@ -196,9 +235,14 @@ fn line_chart(title: &str, x_desc: &str, y_desc: &str, points: &[(f64, f64)]) ->
             .margin(15)
             .x_label_area_size(45)
             .y_label_area_size(65)
-            .build_cartesian_2d(range(points.iter().map(|p| p.0)), range(points.iter().map(|p| p.1)))
+            .build_cartesian_2d(range(points.iter().map(|p| p.0)), y)
             .map_err(|e| e.to_string())?;
-        chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).draw().map_err(|e| e.to_string())?;
+        let mut mesh = chart.configure_mesh();
+        mesh.x_desc(x_desc).y_desc(y_desc);
+        if let Some(n) = whole_y_labels {
+            mesh.y_labels(n).y_label_formatter(&whole);
+        }
+        mesh.draw().map_err(|e| e.to_string())?;
         chart
             .draw_series(LineSeries::new(points.iter().copied(), BLUE.stroke_width(2)))
             .map_err(|e| e.to_string())?;
@@ -212,7 +256,8 @@ fn bar_chart(title: &str, x_desc: &str, y_desc: &str, values: &[f64]) -> Result<
     {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
         root.fill(&WHITE).map_err(|e| e.to_string())?;
-        let top = values.iter().copied().fold(0.0, f64::max).max(1e-3) * 1.1;
+        // Rates: the whole 0-100% scale, so charts of different runs compare at a glance.
+        let top = 1.0;
         let mut chart = ChartBuilder::on(&root)
             .caption(title, ("sans-serif", 22))
             .margin(15)
@@ -220,7 +265,19 @@ fn bar_chart(title: &str, x_desc: &str, y_desc: &str, values: &[f64]) -> Result<
             .y_label_area_size(65)
             .build_cartesian_2d(-0.5..(values.len() as f64 - 0.5).max(0.5), 0.0..top)
             .map_err(|e| e.to_string())?;
-        chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).draw().map_err(|e| e.to_string())?;
+        // Workers are whole numbers: at most one label per worker (plotters would otherwise
+        // split a short axis at 0.5 steps), and only at whole positions; no vertical grid
+        // lines between bars.
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(values.len().clamp(1, MAX_LABELS))
+            .x_label_formatter(&whole)
+            .y_label_formatter(&|v| format!("{:.0}", v * 100.0))
+            .x_desc(x_desc)
+            .y_desc(y_desc)
+            .draw()
+            .map_err(|e| e.to_string())?;
         chart
             .draw_series(values.iter().enumerate().map(|(i, &v)| {
                 let x = i as f64;
@@ -285,5 +342,41 @@ mod tests {
         }
         // The empty case (nothing finished) still renders.
         assert!(PlotData::new().render(&[]).is_ok());
+    }
+
+    /// The numeric tick labels of a chart as (x, y, text), in drawing order (plotters draws
+    /// the y axis's labels first).
+    fn tick_labels(svg: &str) -> Vec<(String, String, String)> {
+        let flat = svg.replace('\n', "");
+        flat.split("<text x=\"")
+            .skip(1)
+            .filter_map(|t| {
+                let (x, rest) = t.split_once('"')?;
+                let y = rest.split_once("y=\"")?.1.split_once('"')?.0;
+                let text = rest.split_once('>')?.1.split_once('<')?.0.trim();
+                text.parse::<f64>().ok().map(|_| (x.to_string(), y.to_string(), text.to_string()))
+            })
+            .collect()
+    }
+
+    /// Workers and waiting requests are whole numbers, and so are their axis labels, even
+    /// on an axis only a couple of units long (plotters would tick it at halves).
+    #[test]
+    fn counts_are_labelled_with_whole_numbers() {
+        let mut p = PlotData::new();
+        p.add(&record(0.0, 5.0, &[20.0, 25.0, 31.0]));
+        p.add(&record(1.0, 30.0, &[40.0, 44.0]));
+        let charts = p.render(&[(100, 40), (100, 0)]).unwrap();
+        let svg = |name: &str| &charts.iter().find(|c| c.0 == name).unwrap().1;
+        let bars = tick_labels(svg("worker_cache_hit_rate.svg"));
+        let y_axis_x = &bars[0].0;
+        let x_labels: Vec<&str> = bars.iter().filter(|l| &l.0 != y_axis_x).map(|l| l.2.as_str()).collect();
+        assert_eq!(x_labels, ["0", "1"], "{bars:?}");
+        let y_labels: Vec<&str> = bars.iter().filter(|l| &l.0 == y_axis_x).map(|l| l.2.as_str()).collect();
+        assert_eq!(y_labels.first().zip(y_labels.last()), Some((&"0", &"100")), "percent: {bars:?}");
+        let queue = tick_labels(svg("queue_depth.svg"));
+        let y_axis_x = &queue[0].0;
+        let depth: Vec<&str> = queue.iter().filter(|l| &l.0 == y_axis_x).map(|l| l.2.as_str()).collect();
+        assert!(depth.len() >= 2 && depth.iter().all(|d| !d.contains('.')), "{queue:?}");
     }
 }

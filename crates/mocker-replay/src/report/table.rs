@@ -1,9 +1,11 @@
 //! The AIPerf-style table the replay CLI prints to stdout (replay.md §11).
 //!
-//! Users compare this output with the reference CLI by eye and by diff, so layout, glyphs and
-//! number formatting follow the reference's hand-drawn table exactly: heavy `┃` separators on
-//! every row (header and body) and `━` in every horizontal rule, bottom included. This is not
-//! rich's HEAVY_HEAD box (light `│`/`─` in the body), which real AIPerf uses.
+//! Users compare this output with the reference CLI by eye and by diff, so layout and number
+//! formatting follow the reference's hand-drawn table: heavy `┃` separators on every row
+//! (header and body) and `━` in every horizontal rule, bottom included. This is not rich's
+//! HEAVY_HEAD box (light `│`/`─` in the body), which real AIPerf uses. One deliberate
+//! difference: the reference closes the table with light corners and joints on its heavy
+//! rule (`└ ━ ┴ ┘`), a mix that renders as a broken border; ours is all heavy (`┗ ━ ┻ ┛`).
 
 use std::fmt::Write as _;
 
@@ -120,7 +122,7 @@ pub fn render_table(summary: &Summary, report_path: Option<&str>) -> String {
     for row in &body {
         cells(&mut out, &widths, row);
     }
-    rule(&mut out, &widths, ['└', '┴', '┘']);
+    rule(&mut out, &widths, ['┗', '┻', '┛']);
     let _ = writeln!(out, "Wall Time (ms): {}", format_number(summary.wall_time_ms));
     let _ = writeln!(out, "Prefix Cache Reused Ratio: {}", format_number(summary.prefix_cache_reused_ratio));
     let _ = writeln!(
@@ -221,7 +223,7 @@ mod tests {
         "┃ Output Token Throughput (tokens/sec)               ┃  1,592.60 ┃    N/A ┃       N/A ┃       N/A ┃    N/A ┃    N/A ┃    N/A ┃",
         "┃ Request Throughput (requests/sec)                  ┃     15.93 ┃    N/A ┃       N/A ┃       N/A ┃    N/A ┃    N/A ┃    N/A ┃",
         "┃ Request Count (requests)                           ┃  1,187.00 ┃    N/A ┃       N/A ┃       N/A ┃    N/A ┃    N/A ┃    N/A ┃",
-        "└━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┴━━━━━━━━━━━┴━━━━━━━━┴━━━━━━━━━━━┴━━━━━━━━━━━┴━━━━━━━━┴━━━━━━━━┴━━━━━━━━┘",
+        "┗━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┻━━━━━━━━━━━┻━━━━━━━━┻━━━━━━━━━━━┻━━━━━━━━━━━┻━━━━━━━━┻━━━━━━━━┻━━━━━━━━┛",
         "Wall Time (ms): 2,481.50",
         "Prefix Cache Reused Ratio: 0.50",
         "First Admission Prefix Cache Reused Ratio: 0.48",
