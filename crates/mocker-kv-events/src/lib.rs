@@ -31,8 +31,10 @@
 //!   clients served at once (further requests are ignored), and a client that takes
 //!   nothing for 10 s loses its pending replays (see `replay.rs`).
 //!
-//! A peer can still open connections until the process runs out of file descriptors, as
-//! with any TCP listener; keep these ports off untrusted networks where that matters.
+//! Not bounded: connections (a peer can open them until the process runs out of file
+//! descriptors, as with any TCP listener) and the number of frames in one message (libzmq
+//! buffers an unfinished multipart message whole, about 64 bytes per frame however small
+//! its frames are). There is no authentication either: keep these ports on trusted networks.
 
 #![warn(missing_docs)]
 
