@@ -9,22 +9,41 @@
 //!   buffered batch from `start_seq` on as `[seq, payload]`, then the end marker
 //!   `[-1 as i64 BE, empty]`.
 //! * [`KvEventPublisher::publish`] never blocks: a bounded queue feeds a background thread
-//!   that owns the sockets; a full queue drops the batch and counts it.
+//!   that owns the PUB socket; a full queue drops the batch and counts it. Replay runs on a
+//!   thread of its own, so serving a replay never delays live publication.
 //!
-//! ZMQ crate: [`zeromq`](https://crates.io/crates/zeromq) (zmq.rs), a native Rust ZMTP 3
-//! implementation on tokio. It builds with cargo alone (no libzmq, no C++ toolchain, no
-//! Debian `-dev` package), interoperates with libzmq peers (pyzmq, vLLM), is the crate
-//! Dynamo's KV router itself uses to read vLLM's events, and its PUB drops messages for a
-//! slow subscriber (per-subscriber queue of 100 000, vLLM's high-water mark) instead of
-//! blocking the sender. The `zmq` bindings would need a system libzmq or a vendored C++ build.
+//! ZMQ implementation: libzmq 4.3 through the [`zmq`](https://crates.io/crates/zmq)
+//! bindings, whose build script compiles libzmq from source with the `cc` crate (no system
+//! package, no cmake; about 45 s of a clean build on 2 cores). These ports face whatever
+//! can reach them, and libzmq is the implementation vLLM and pyzmq run on such networks; the
+//! pure-Rust `zeromq` 0.7 crate used before could be killed by one 73-byte frame header (it
+//! allocated the declared 2^62 bytes) and deadlocked when a replay peer left mid-reply.
+//! What a peer can make the publisher do is bounded:
+//!
+//! * inbound messages are capped (`ZMQ_MAXMSGSIZE`: 64 KiB on PUB, where peers only send
+//!   subscriptions, 4 KiB on the replay socket); a peer announcing more is disconnected
+//!   before anything is allocated, and one that does not finish its handshake in 10 s too;
+//! * PUB sends never block: each subscriber has a queue of 100 000 messages (vLLM's
+//!   high-water mark) and a subscriber whose queue is full misses batches (replay covers
+//!   them); queued messages share one copy of each payload;
+//! * replay serves every client on its own: a client whose queue in libzmq (128 messages)
+//!   is full is skipped until it reads, with at most 8 requests queued per client and 64
+//!   clients served at once (further requests are ignored), and a client that takes
+//!   nothing for 10 s loses its pending replays (see `replay.rs`).
+//!
+//! Not bounded: connections (a peer can open them until the process runs out of file
+//! descriptors, as with any TCP listener) and the number of frames in one message (libzmq
+//! buffers an unfinished multipart message whole, about 64 bytes per frame however small
+//! its frames are). There is no authentication either: keep these ports on trusted networks.
 
 #![warn(missing_docs)]
 
 mod options;
 mod publisher;
+mod replay;
 pub mod wire;
 mod worker;
 
 pub use options::{offset_endpoint, PublisherOptions};
 pub use publisher::{KvEventPublisher, PublishError, PublisherStats};
-pub use worker::REPLAY_END_SEQ;
+pub use replay::REPLAY_END_SEQ;

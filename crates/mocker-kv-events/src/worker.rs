@@ -1,26 +1,37 @@
-//! The background thread: owns the sockets, encodes batches, numbers them, keeps the replay
-//! buffer and answers replay requests.
+//! The background threads: the publishing thread owns the ZMQ context and the PUB socket,
+//! encodes batches, numbers them and keeps the replay buffer; the replay thread
+//! ([`crate::replay`]) owns the ROUTER socket.
 
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
-use zeromq::{
-    PubSocket, RouterRecvHalf, RouterSendHalf, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage,
-};
 
 use crate::publisher::{BatchPool, PublishError, Stats};
+use crate::replay::{ReplayBuffer, ReplayService, SharedBuffer, REPLAY_SNDHWM};
 use crate::wire::PendingBatch;
 
-/// Sequence value of the replay end marker: -1 as a big-endian i64, as vLLM sends it.
-pub const REPLAY_END_SEQ: [u8; 8] = (-1i64).to_be_bytes();
+/// Messages queued per subscriber before PUB drops for it: vLLM's high-water mark.
+const PUB_SNDHWM: i32 = 100_000;
 
-/// How long the worker keeps running after its queue closes, so the socket tasks can write
-/// the last messages out before the sockets close.
-const LINGER: Duration = Duration::from_millis(50);
+/// Largest inbound message a PUB peer may send (subscriptions are topic prefixes); a peer
+/// that announces a bigger one is disconnected before anything is allocated for it.
+const PUB_MAX_INBOUND_BYTES: i64 = 64 * 1024;
+
+/// Largest inbound message on the replay socket (a request frame is 8 bytes).
+const REPLAY_MAX_INBOUND_BYTES: i64 = 4 * 1024;
+
+/// Inbound messages queued per replay peer before libzmq stops reading from it.
+const REPLAY_RCVHWM: i32 = 256;
+
+/// A peer must finish the ZMTP handshake within this time or is disconnected.
+const HANDSHAKE_MS: i32 = 10_000;
+
+/// How long closing the PUB socket waits for queued messages to reach subscribers.
+const PUB_LINGER_MS: i32 = 100;
 
 /// Queue polling period while batches are flowing: the most a batch waits before it is sent.
 const POLL_TICK: Duration = Duration::from_millis(1);
@@ -30,6 +41,9 @@ const POOL_CAPACITY: usize = 4;
 
 /// Empty polls after which the worker parks until the next batch wakes it.
 const PARK_AFTER_IDLE_TICKS: u32 = 100;
+
+/// The in-process endpoint that tells the replay thread to stop.
+const STOP_ENDPOINT: &str = "inproc://kv-events-replay-stop";
 
 pub(crate) struct WorkerConfig {
     pub endpoint: String,
@@ -49,24 +63,17 @@ pub(crate) struct Bound {
 
 type Ready = std::sync::mpsc::SyncSender<Result<Bound, PublishError>>;
 
-/// The last published batches, oldest first.
-struct ReplayBuffer {
-    entries: VecDeque<(u64, Bytes)>,
-    capacity: usize,
+/// The running replay thread and how to stop it.
+struct Replay {
+    stop: zmq::Socket,
+    thread: JoinHandle<()>,
 }
 
-impl ReplayBuffer {
-    fn push(&mut self, seq: u64, payload: Bytes) {
-        if self.entries.len() == self.capacity {
-            self.entries.pop_front();
-        }
-        self.entries.push_back((seq, payload));
-    }
-
-    /// Every buffered batch with a sequence number of at least `start`.
-    fn since(&self, start: u64) -> Vec<(u64, Bytes)> {
-        let first = self.entries.partition_point(|(s, _)| *s < start);
-        self.entries.range(first..).cloned().collect()
+impl Replay {
+    fn stop(self) {
+        // The thread is parked in poll on the stop socket, so this wakes it at once.
+        let _ = self.stop.send(&b""[..], zmq::DONTWAIT);
+        let _ = self.thread.join();
     }
 }
 
@@ -77,64 +84,33 @@ pub(crate) fn run(
     pool: BatchPool,
     ready: Ready,
 ) {
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
+    let context = zmq::Context::new();
+    let (pub_socket, endpoint) = match bind_pub(&context, &cfg.endpoint) {
+        Ok(bound) => bound,
         Err(e) => {
-            let _ = ready.send(Err(PublishError::Thread(e.to_string())));
+            let _ = ready.send(Err(e));
             return;
         }
     };
-    runtime.block_on(serve(cfg, rx, stats, pool, ready));
-}
-
-async fn serve(
-    cfg: WorkerConfig,
-    mut rx: mpsc::Receiver<PendingBatch>,
-    stats: Arc<Stats>,
-    pool: BatchPool,
-    ready: Ready,
-) {
-    let bind_err = |endpoint: &str, e: zeromq::ZmqError| PublishError::Bind {
-        endpoint: endpoint.to_string(),
-        message: e.to_string(),
-    };
-    let mut pub_socket = PubSocket::new();
-    let endpoint = match pub_socket.bind(&cfg.endpoint).await {
-        Ok(ep) => ep.to_string(),
-        Err(e) => {
-            let _ = ready.send(Err(bind_err(&cfg.endpoint, e)));
-            return;
-        }
-    };
-    let mut replay = None;
-    let mut replay_endpoint = None;
-    if let Some(ep) = &cfg.replay_endpoint {
-        let mut router = RouterSocket::new();
-        match router.bind(ep).await {
-            Ok(bound) => replay_endpoint = Some(bound.to_string()),
-            Err(e) => {
-                let _ = ready.send(Err(bind_err(ep, e)));
-                return;
+    let (buffer, replay, replay_endpoint) = match &cfg.replay_endpoint {
+        None => (None, None, None),
+        Some(ep) => {
+            let buffer = Arc::new(Mutex::new(ReplayBuffer::new(cfg.replay_buffer_steps)));
+            match start_replay(&context, ep, cfg.dp_rank, buffer.clone()) {
+                Ok((replay, bound)) => (Some(buffer), Some(replay), Some(bound)),
+                Err(e) => {
+                    let _ = ready.send(Err(e));
+                    return;
+                }
             }
         }
-        replay = Some(router);
-    }
+    };
     if ready.send(Ok(Bound { endpoint, replay_endpoint })).is_err() {
+        if let Some(r) = replay {
+            r.stop();
+        }
         return;
     }
-
-    let buffer = replay.map(|router| {
-        let buffer = Arc::new(Mutex::new(ReplayBuffer {
-            entries: VecDeque::with_capacity(cfg.replay_buffer_steps.min(1 << 16)),
-            capacity: cfg.replay_buffer_steps,
-        }));
-        let (send, recv) = router.split();
-        // Replays run beside live publishing, so a client that reads slowly delays only
-        // its own replay.
-        tokio::spawn(serve_replays(send, recv, buffer.clone()));
-        buffer
-    });
-
     let mut out = Outbound {
         pub_socket,
         topic: cfg.topic,
@@ -146,68 +122,142 @@ async fn serve(
         stats,
         pool,
     };
-    // While batches keep coming, poll the queue on a short tick instead of being woken per
-    // batch: waking this thread would cost the engine thread a syscall (and often a context
-    // switch) in every `publish`. After a quiet spell, park on the queue until the next one.
+    drain(rx, &mut out);
+    if let Some(r) = replay {
+        r.stop();
+    }
+    // Dropping the PUB socket lingers up to PUB_LINGER_MS for queued messages; dropping the
+    // context then waits for both sockets to be closed.
+    drop(out);
+    drop(context);
+}
+
+/// Sends batches until the queue is closed and empty.
+///
+/// While batches keep coming the queue is polled on a short tick instead of waking this
+/// thread per batch: waking it would cost the engine thread a syscall (and often a context
+/// switch) in every `publish`. After a quiet spell the thread parks on the queue.
+fn drain(mut rx: mpsc::Receiver<PendingBatch>, out: &mut Outbound) {
     let mut idle_ticks = 0;
     loop {
         let mut got = false;
         loop {
             match rx.try_recv() {
                 Ok(batch) => {
-                    out.send(batch).await;
+                    out.send(batch);
                     got = true;
                 }
                 Err(mpsc::error::TryRecvError::Empty) => break,
-                Err(mpsc::error::TryRecvError::Disconnected) => {
-                    tokio::time::sleep(LINGER).await;
-                    return;
-                }
+                Err(mpsc::error::TryRecvError::Disconnected) => return,
             }
         }
         idle_ticks = if got { 0 } else { idle_ticks + 1 };
         if idle_ticks < PARK_AFTER_IDLE_TICKS {
-            tokio::time::sleep(POLL_TICK).await;
+            std::thread::sleep(POLL_TICK);
             continue;
         }
-        match rx.recv().await {
+        match rx.blocking_recv() {
             Some(batch) => {
-                out.send(batch).await;
+                out.send(batch);
                 idle_ticks = 0;
             }
-            None => {
-                tokio::time::sleep(LINGER).await;
-                return;
-            }
+            None => return,
         }
     }
 }
 
+fn bind_error(endpoint: &str, e: zmq::Error) -> PublishError {
+    PublishError::Bind { endpoint: endpoint.to_string(), message: e.to_string() }
+}
+
+/// Options every listening socket gets: a message-size cap enforced before allocation, a
+/// handshake deadline, TCP keepalive (as vLLM's peers set), IPv6 addresses accepted.
+fn harden(socket: &zmq::Socket, max_inbound: i64) -> zmq::Result<()> {
+    socket.set_maxmsgsize(max_inbound)?;
+    socket.set_handshake_ivl(HANDSHAKE_MS)?;
+    socket.set_tcp_keepalive(1)?;
+    socket.set_ipv6(true)
+}
+
+/// Binds `endpoint` and returns the endpoint as bound (with the actual port).
+fn bind(socket: &zmq::Socket, endpoint: &str) -> Result<String, PublishError> {
+    socket.bind(endpoint).map_err(|e| bind_error(endpoint, e))?;
+    match socket.get_last_endpoint() {
+        Ok(Ok(bound)) => Ok(bound),
+        Ok(Err(_)) => Err(bind_error(endpoint, zmq::Error::EINVAL)),
+        Err(e) => Err(bind_error(endpoint, e)),
+    }
+}
+
+fn bind_pub(context: &zmq::Context, endpoint: &str) -> Result<(zmq::Socket, String), PublishError> {
+    let setup = || -> zmq::Result<zmq::Socket> {
+        let socket = context.socket(zmq::PUB)?;
+        harden(&socket, PUB_MAX_INBOUND_BYTES)?;
+        socket.set_sndhwm(PUB_SNDHWM)?;
+        socket.set_linger(PUB_LINGER_MS)?;
+        Ok(socket)
+    };
+    let socket = setup().map_err(|e| bind_error(endpoint, e))?;
+    let bound = bind(&socket, endpoint)?;
+    Ok((socket, bound))
+}
+
+/// Binds the ROUTER and starts the replay thread on it.
+fn start_replay(
+    context: &zmq::Context,
+    endpoint: &str,
+    dp_rank: u32,
+    buffer: SharedBuffer,
+) -> Result<(Replay, String), PublishError> {
+    let setup = || -> zmq::Result<(zmq::Socket, zmq::Socket, zmq::Socket)> {
+        let router = context.socket(zmq::ROUTER)?;
+        harden(&router, REPLAY_MAX_INBOUND_BYTES)?;
+        // Mandatory: a full or vanished client is reported (EAGAIN / EHOSTUNREACH) instead
+        // of its replies being dropped silently, so the service can come back to it.
+        router.set_router_mandatory(true)?;
+        router.set_sndhwm(REPLAY_SNDHWM)?;
+        router.set_rcvhwm(REPLAY_RCVHWM)?;
+        router.set_linger(0)?;
+        let stop_rx = context.socket(zmq::PAIR)?;
+        stop_rx.bind(STOP_ENDPOINT)?;
+        let stop_tx = context.socket(zmq::PAIR)?;
+        stop_tx.set_linger(0)?;
+        stop_tx.connect(STOP_ENDPOINT)?;
+        Ok((router, stop_rx, stop_tx))
+    };
+    let (router, stop_rx, stop_tx) = setup().map_err(|e| bind_error(endpoint, e))?;
+    let bound = bind(&router, endpoint)?;
+    let service = ReplayService::new(router, stop_rx, buffer);
+    let thread = std::thread::Builder::new()
+        .name(format!("kv-replay-dp{dp_rank}"))
+        .spawn(move || service.run())
+        .map_err(|e| PublishError::Thread(e.to_string()))?;
+    Ok((Replay { stop: stop_tx, thread }, bound))
+}
+
 /// The PUB side: numbering, encoding, sending and keeping batches for replay.
 struct Outbound {
-    pub_socket: PubSocket,
+    pub_socket: zmq::Socket,
     topic: Bytes,
     dp_rank: u32,
     block_size: u32,
     seq: u64,
     last_len: usize,
-    buffer: Option<Arc<Mutex<ReplayBuffer>>>,
+    buffer: Option<SharedBuffer>,
     stats: Arc<Stats>,
     pool: BatchPool,
 }
 
 impl Outbound {
-    async fn send(&mut self, batch: PendingBatch) {
+    fn send(&mut self, batch: PendingBatch) {
         let mut encoded = Vec::with_capacity(self.last_len);
         batch.encode(self.dp_rank, self.block_size, &mut encoded);
         self.last_len = encoded.len();
         let payload = Bytes::from(encoded);
-        let seq = Bytes::copy_from_slice(&self.seq.to_be_bytes());
-        let message =
-            ZmqMessage::try_from(vec![self.topic.clone(), seq, payload.clone()]).expect("three frames");
-        // PUB never waits for subscribers (it drops for slow ones), so this returns at once;
-        // an error would only mean no peer got it, which replay covers.
-        let _ = self.pub_socket.send(message).await;
+        let frames: [&[u8]; 3] = [&self.topic, &self.seq.to_be_bytes(), &payload];
+        // PUB never waits: a subscriber whose queue is at the high-water mark misses this
+        // batch (replay covers it), and DONTWAIT makes sure nothing else can block here.
+        let _ = self.pub_socket.send_multipart(frames, zmq::DONTWAIT);
         if let Some(buffer) = &self.buffer {
             buffer.lock().expect("replay buffer lock").push(self.seq, payload);
         }
@@ -218,55 +268,5 @@ impl Outbound {
                 pool.push(batch);
             }
         }
-    }
-}
-
-/// Answers `[identity, empty, start_seq u64 BE]` with `[identity, empty, seq, payload]` for
-/// every buffered batch from `start_seq` on, then `[identity, empty, -1 i64 BE, empty]`.
-/// Malformed requests are ignored, as vLLM does.
-async fn serve_replays(mut send: RouterSendHalf, mut recv: RouterRecvHalf, buffer: Arc<Mutex<ReplayBuffer>>) {
-    loop {
-        let request = match recv.recv().await {
-            Ok(m) => m.into_vec(),
-            Err(_) => {
-                // A peer vanished mid-message; do not spin if that repeats.
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let [identity, _delimiter, start] = <[Bytes; 3]>::try_from(request).unwrap_or_default();
-        let Ok(start) = <[u8; 8]>::try_from(&start[..]) else { continue };
-        let entries = buffer.lock().expect("replay buffer lock").since(u64::from_be_bytes(start));
-        let reply = |seq: Bytes, payload: Bytes| {
-            ZmqMessage::try_from(vec![identity.clone(), Bytes::new(), seq, payload]).expect("four frames")
-        };
-        let mut delivered = true;
-        for (seq, payload) in entries {
-            if send.send(reply(Bytes::copy_from_slice(&seq.to_be_bytes()), payload)).await.is_err() {
-                delivered = false;
-                break;
-            }
-        }
-        if delivered {
-            let _ = send.send(reply(Bytes::from_static(&REPLAY_END_SEQ), Bytes::new())).await;
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn replay_buffer_keeps_the_last_batches_and_serves_from_a_sequence() {
-        let mut b = ReplayBuffer { entries: VecDeque::new(), capacity: 3 };
-        for s in 0..5u64 {
-            b.push(s, Bytes::from(vec![s as u8]));
-        }
-        let seqs = |v: Vec<(u64, Bytes)>| v.into_iter().map(|(s, _)| s).collect::<Vec<_>>();
-        assert_eq!(seqs(b.since(0)), vec![2, 3, 4]);
-        assert_eq!(seqs(b.since(3)), vec![3, 4]);
-        assert_eq!(seqs(b.since(5)), Vec::<u64>::new());
-        assert_eq!(b.since(4)[0].1, Bytes::from(vec![4u8]));
     }
 }
