@@ -178,7 +178,16 @@ impl Sim {
         let handoff = d.get(h);
         let w = handoff.decode_worker;
         let worker = &mut self.workers[w];
-        match worker.engine.reserve(handoff.request.clone()) {
+        // A request the worker could never decode to its end is refused up front (an
+        // aggregated engine rejects it at admission), not left to preempt itself forever.
+        let r = &handoff.request;
+        let peak_blocks = (r.prompt_len() + r.max_output_tokens.max(1) - 1).div_ceil(self.block_size);
+        let reserved = if worker.engine.pool().is_some_and(|p| peak_blocks > p.capacity()) {
+            Err(ReserveError::NoCapacity { uuid: r.uuid, needed: peak_blocks, available: 0 })
+        } else {
+            worker.engine.reserve(handoff.request.clone())
+        };
+        match reserved {
             Ok(res) => {
                 let slot = res.key.0 as usize;
                 if worker.owners.len() <= slot {
