@@ -4,6 +4,9 @@ side by side, and print wall times and headline metrics with reference/mocker ra
 
 Usage: python3 scripts/trace_vs_reference.py [--mocker target/release/mocker]
            [--traces ../shared/traces] [--workers 8] [--runs 5] [--router kv,round-robin]
+           [--disagg 3:5]
+With --disagg P:D both simulators replay a disaggregated cluster instead: P prefill and D
+decode workers, the prefill side transferring 128 KiB per token at 64 GB/s.
 Needs `pip install ai-dynamo-runtime==1.6.1` in the Python that runs it. Not part of CI.
 The reference's kv_router is not deterministic, so it runs `--runs` times and its spread
 (min..max) is printed beside mocker's figure (mocker is deterministic: its metrics are the same on
@@ -28,12 +31,22 @@ ENGINE = {"block_size": 64, "num_gpu_blocks": 16384, "max_num_seqs": 256, "max_n
 HEADLINE = ["duration_ms", "mean_ttft_ms", "mean_itl_ms", "prefix_cache_reused_ratio"]
 REF_ROUTER = {"kv": "kv_router", "round-robin": "round_robin"}
 
+TRANSFER = {"kv_transfer_bytes_per_token": 131072, "kv_transfer_bandwidth": 64}
+
 REF_SNIPPET = """
 import json, sys
 import dynamo._core as c
-path, workers, router = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-r = c.run_mocker_trace_replay([path], extra_engine_args={"engine": json.loads(sys.argv[4])},
-        trace_block_size=512, num_workers=workers, router_mode=router)
+path, workers, router, engine = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+if ":" in workers:
+    p, d = (int(x) for x in workers.split(":"))
+    pre = dict(engine, worker_type="prefill", **json.loads(sys.argv[5]))
+    dec = dict(engine, worker_type="decode")
+    r = c.run_mocker_trace_replay([path], prefill_engine_args={"engine": pre},
+            decode_engine_args={"engine": dec}, num_prefill_workers=p, num_decode_workers=d,
+            trace_block_size=512, router_mode=router)
+else:
+    r = c.run_mocker_trace_replay([path], extra_engine_args={"engine": engine},
+            trace_block_size=512, num_workers=int(workers), router_mode=router)
 print(json.dumps(r.summary))
 """
 
@@ -42,7 +55,8 @@ def run_reference(trace, workers, router):
     # Its per-request INFO log goes to stderr; discarding it keeps the terminal out of its time.
     t = time.perf_counter()
     out = subprocess.check_output(
-        [sys.executable, "-c", REF_SNIPPET, trace, str(workers), REF_ROUTER[router], json.dumps(ENGINE)],
+        [sys.executable, "-c", REF_SNIPPET, trace, str(workers), REF_ROUTER[router], json.dumps(ENGINE),
+         json.dumps(TRANSFER)],
         stderr=subprocess.DEVNULL)
     summary = json.loads(out.decode().strip().splitlines()[-1])
     summary["process_s"] = time.perf_counter() - t
@@ -52,11 +66,17 @@ def run_reference(trace, workers, router):
 def run_mocker(binary, trace, workers, router):
     with tempfile.TemporaryDirectory() as d:
         report = os.path.join(d, "r.json")
+        if ":" in str(workers):
+            p, d = str(workers).split(":")
+            pools = ["--num-prefill-workers", p, "--num-decode-workers", d,
+                     "--prefill-engine-args", json.dumps(dict(ENGINE, worker_type="prefill", **TRANSFER)),
+                     "--decode-engine-args", json.dumps(dict(ENGINE, worker_type="decode"))]
+        else:
+            pools = ["--num-workers", str(workers), "--engine-args", json.dumps(ENGINE)]
         t = time.perf_counter()
         subprocess.check_call(
             [binary, "replay", trace, "--trace-format", "mooncake", "--trace-block-size", "512",
-             "--num-workers", str(workers), "--router", router, "--engine-args", json.dumps(ENGINE),
-             "--report-json", report], stdout=subprocess.DEVNULL)
+             "--router", router, *pools, "--report-json", report], stdout=subprocess.DEVNULL)
         elapsed = time.perf_counter() - t
         with open(report) as f:
             summary = json.load(f)
@@ -71,7 +91,10 @@ def main():
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--runs", "--ref-runs", dest="ref_runs", type=int, default=5)
     ap.add_argument("--router", default="kv,round-robin")
+    ap.add_argument("--disagg", help="P:D prefill and decode workers instead of --workers")
     args = ap.parse_args()
+    if args.disagg:
+        args.workers = args.disagg
     traces = sorted(f for f in os.listdir(args.traces) if f.endswith(".jsonl"))
     print(f"{'trace':<34} {'router':<12} {'ref s (min..max)':>18} {'mocker s (min..max)':>14} "
           f"{'median':>7} {'worst':>6} {'process':>8}  "
