@@ -20,10 +20,19 @@ import json, sys
 import dynamo._core as ref
 case, repeat = json.loads(sys.argv[1]), int(sys.argv[2])
 best, summary = float("inf"), None
+pools = case.get("pools")
+if pools:
+    transfer = {k: pools[k] for k in ("kv_transfer_bytes_per_token", "kv_transfer_bandwidth")}
+    cluster = dict(prefill_engine_args={"engine": dict(case["engine"], worker_type="prefill", **transfer)},
+                   decode_engine_args={"engine": dict(case["engine"], worker_type="decode")},
+                   num_prefill_workers=pools["num_prefill_workers"],
+                   num_decode_workers=pools["num_decode_workers"])
+else:
+    cluster = dict(extra_engine_args={"engine": case["engine"]}, num_workers=1)
 for _ in range(repeat):
     r = ref.run_mocker_synthetic_trace_replay(
         case["input_tokens"], case["output_tokens"], case["request_count"],
-        extra_engine_args={"engine": case["engine"]}, num_workers=1, replay_mode="offline",
+        replay_mode="offline", **cluster,
         shared_prefix_ratio=case["shared_prefix_ratio"], num_prefix_groups=case["num_prefix_groups"],
         **case["load"])
     summary = r.summary

@@ -4,7 +4,7 @@
 
 use clap::Args;
 use mocker_core::config::LaunchConfig;
-use mocker_replay::{run_synthetic, Cluster, Load, ReplayOptions, SyntheticWorkload, Workload};
+use mocker_replay::{run_synthetic, Cluster, Load, Pool, ReplayOptions, SyntheticWorkload, Workload};
 use serde_json::{json, Value};
 
 use crate::UsageError;
@@ -35,7 +35,13 @@ struct Case {
     engine: Value,
     shared_prefix_ratio: f64,
     num_prefix_groups: usize,
+    /// Disaggregated: (prefill, decode) workers, `engine` on both with their worker type,
+    /// the prefill side transferring 128 KiB per token at 64 GB/s.
+    pools: Option<(usize, usize)>,
 }
+
+/// The prefill side's transfer settings in disaggregated cases.
+const TRANSFER: (f64, f64) = (131072.0, 64.0);
 
 fn suite() -> Vec<Case> {
     let c = |name, isl, osl, n, load, engine| Case {
@@ -47,6 +53,7 @@ fn suite() -> Vec<Case> {
         engine,
         shared_prefix_ratio: 0.0,
         num_prefix_groups: 0,
+        pools: None,
     };
     vec![
         c("ref-1k-100-c64", 1000, 100, 1000, Load::Concurrency(64), json!({})),
@@ -70,6 +77,10 @@ fn suite() -> Vec<Case> {
             json!({"backend": "trtllm", "num_gpu_blocks": 1024}),
         ),
         c("D-poisson20-512-128", 512, 128, 200, Load::RequestRate(20.0), json!({})),
+        Case {
+            pools: Some((2, 2)),
+            ..c("P-disagg-2p2d-4k-200", 4000, 200, 2000, Load::Concurrency(64), json!({}))
+        },
     ]
 }
 
@@ -86,6 +97,10 @@ fn case_json(c: &Case) -> Value {
         "name": c.name, "input_tokens": c.isl, "output_tokens": c.osl, "request_count": c.n,
         "load": load_json(c.load), "engine": c.engine,
         "shared_prefix_ratio": c.shared_prefix_ratio, "num_prefix_groups": c.num_prefix_groups,
+        "pools": c.pools.map(|(p, d)| json!({
+            "num_prefill_workers": p, "num_decode_workers": d,
+            "kv_transfer_bytes_per_token": TRANSFER.0, "kv_transfer_bandwidth": TRANSFER.1,
+        })),
     })
 }
 
@@ -104,10 +119,27 @@ pub fn run(args: BenchArgs) -> Result<(), UsageError> {
         );
     }
     for c in &cases {
-        let launch =
-            LaunchConfig::from_value(json!({ "engine": c.engine })).map_err(|e| UsageError(e.to_string()))?;
+        let launch = |extra: Value| {
+            let mut engine = c.engine.clone();
+            engine
+                .as_object_mut()
+                .expect("engine args are an object")
+                .extend(extra.as_object().cloned().unwrap());
+            LaunchConfig::from_value(json!({ "engine": engine })).map_err(|e| UsageError(e.to_string()))
+        };
+        let cluster = match c.pools {
+            None => Cluster::aggregated(launch(json!({}))?, 1),
+            Some((p, d)) => Cluster::Disaggregated {
+                prefill: Pool {
+                    launch: launch(json!({"worker_type": "prefill",
+                        "kv_transfer_bytes_per_token": TRANSFER.0, "kv_transfer_bandwidth": TRANSFER.1}))?,
+                    workers: p,
+                },
+                decode: Pool { launch: launch(json!({"worker_type": "decode"}))?, workers: d },
+            },
+        };
         let options = ReplayOptions {
-            cluster: Cluster::aggregated(launch, 1),
+            cluster,
             workload: Workload::Synthetic(SyntheticWorkload {
                 input_tokens: c.isl,
                 output_tokens: c.osl,
