@@ -118,7 +118,6 @@ fn post(server: &Server, path: &str, auth: Option<&str>, body: &str) -> Response
 /// Starts a streamed completion on a connection that is then never read.
 fn stuck_stream(server: &Server, max_tokens: usize) -> TcpStream {
     let mut s = connect(server);
-    // A small receive buffer, so the server's writes stall early.
     let body = format!(r#"{{"prompt": [1, 2, 3, 4], "max_tokens": {max_tokens}, "stream": true}}"#);
     let req = format!(
         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: \
