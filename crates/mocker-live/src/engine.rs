@@ -350,6 +350,12 @@ impl LiveEngine {
         self.inner.metrics.clone()
     }
 
+    /// Requests of this rank cancelled so far because their reader let the output buffer
+    /// overflow (always 0 with [`OutputBuffering::FullResponse`]).
+    pub fn overflow_cancellations(&self) -> u64 {
+        self.inner.shared.overflow_cancellations.load(Ordering::Relaxed)
+    }
+
     /// Registered requests of this rank (prepared ones included).
     pub fn active_request_count(&self) -> usize {
         self.inner.shared.len()

@@ -2,6 +2,7 @@
 //! request keys to output streams (the hot delivery path: no hashing per token), sinks and
 //! metrics, and how submissions, cancellations and handoff commands apply to them.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use mocker_core::config::EngineConfig;
@@ -229,7 +230,19 @@ impl RankState {
                 // Unregister before the terminal is readable, so the id is free by then.
                 self.shared.remove(&slot.route);
             }
-            let ok = slot.tx.try_send(signal).is_ok();
+            let ok = match slot.tx.try_send(signal) {
+                Ok(()) => true,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    // The reader fell a whole buffer behind: shed it, so one stuck client
+                    // can never make the server buffer without limit.
+                    slot.route.overflowed.store(true, Ordering::Release);
+                    if !o.completed {
+                        self.shared.overflow_cancellations.fetch_add(1, Ordering::Relaxed);
+                    }
+                    false
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+            };
             if held {
                 // The source's KV stays held (slot and id kept) until release or cancel.
                 continue;

@@ -127,6 +127,13 @@ impl LiveRequest {
         Some(s)
     }
 
+    /// Whether the engine cut the stream short because its buffer was full (the reader fell
+    /// a whole buffer behind, see [`crate::OutputBuffering::CancelOnOverflow`]): then `recv`
+    /// ends with `None` before the terminal signal.
+    pub fn overflowed(&self) -> bool {
+        self.route.overflowed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Cancels the request and waits until the scheduler cleaned it up: `Ok(true)` when a
     /// cancellation was applied, `Ok(false)` when there was nothing left to cancel.
     pub async fn cancel(mut self) -> Result<bool, LiveError> {

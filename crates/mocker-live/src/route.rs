@@ -3,7 +3,7 @@
 //! holds the output sender, so the hot delivery path never touches this map.
 
 use std::collections::hash_map::Entry;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rustc_hash::FxHashMap;
@@ -30,11 +30,18 @@ pub(crate) struct Route {
     /// The id the core sees: fresh per submission, never the client id.
     pub sched_id: u128,
     pub state: watch::Sender<RouteState>,
+    /// Set by the actor when the stream's buffer was full and the request was cut short.
+    pub overflowed: AtomicBool,
 }
 
 impl Route {
     pub fn new(client_id: Uuid, sched_id: u128) -> Arc<Self> {
-        Arc::new(Self { client_id, sched_id, state: watch::Sender::new(RouteState::Submitting) })
+        Arc::new(Self {
+            client_id,
+            sched_id,
+            state: watch::Sender::new(RouteState::Submitting),
+            overflowed: AtomicBool::new(false),
+        })
     }
 
     pub fn set(&self, s: RouteState) {
@@ -66,6 +73,8 @@ pub(crate) struct RankShared {
     pub failure: Mutex<Option<crate::error::LiveError>>,
     /// Handoff lifecycle routes.
     pub handoffs: Mutex<crate::handoff::HandoffTable>,
+    /// Requests cancelled because their reader let the output buffer overflow.
+    pub overflow_cancellations: AtomicU64,
 }
 
 impl RankShared {

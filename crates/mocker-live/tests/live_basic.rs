@@ -171,8 +171,11 @@ async fn p09_slow_consumer_is_shed_at_the_same_pass_boundary() {
     let o = timeout(Duration::from_secs(1), fast.recv()).await.unwrap().unwrap();
     assert_eq!((o.token_id, o.completed), (Some(9), true));
     timeout(Duration::from_secs(3), wait_idle(&e)).await.unwrap();
+    assert!(!fast.overflowed());
     assert_eq!(slow.recv().await.unwrap().token_id, Some(1));
     assert!(slow.recv().await.is_none());
+    assert!(slow.overflowed(), "the reader can tell shedding from a normal end");
+    assert_eq!(e.overflow_cancellations(), 1, "one request shed, the finished one not counted");
     assert_eq!(*fpm.lock().unwrap(), 2);
     assert_eq!(e.metrics().borrow().active_blocks, 0);
     e.shutdown().await.unwrap();

@@ -1,6 +1,7 @@
 //! The axum application: shared state, routes, API-key check and body limit.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
@@ -14,6 +15,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
+use crate::auth::{require_api_key, ApiKey};
 use crate::error::ApiError;
 use crate::generate::{generate, Prepared};
 use crate::metrics::ServerMetrics;
@@ -63,14 +65,16 @@ pub struct AppState {
     pub metrics: ServerMetrics,
     /// Context window (`max_model_len`), when configured.
     pub max_model_len: Option<usize>,
-    /// Bearer token required on `/v1/*`, when set.
-    pub api_key: Option<String>,
+    /// Key required on `/v1/*` and state-changing routes, when set.
+    pub api_key: Option<ApiKey>,
     /// Tokens per KV block.
     pub block_size: usize,
     /// KV blocks per rank.
     pub num_gpu_blocks: usize,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
+    /// Longest wait for a request body to arrive in full.
+    pub body_timeout: Duration,
 }
 
 impl AppState {
@@ -87,41 +91,36 @@ impl AppState {
 
 /// Builds the router over `state`.
 pub fn router(state: Arc<AppState>) -> Router {
-    let v1 = Router::new()
+    Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
-    Router::new()
-        .merge(v1)
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/version", get(|| async { axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})) }))
         .route("/metrics", get(metrics))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
-        .fallback(|| async {
-            ApiError { status: StatusCode::NOT_FOUND, message: "Not Found".into(), param: None }
+        .fallback(|request: Request| async move {
+            ApiError {
+                status: StatusCode::NOT_FOUND,
+                message: format!("no route {} {}", request.method(), request.uri().path()),
+                param: None,
+            }
+        })
+        .method_not_allowed_fallback(|request: Request| async move {
+            ApiError {
+                status: StatusCode::METHOD_NOT_ALLOWED,
+                message: format!("method {} is not allowed on {}", request.method(), request.uri().path()),
+                param: None,
+            }
         })
         // The handlers enforce the limit themselves so the client gets a JSON error.
         .layer(DefaultBodyLimit::disable())
+        // Outside the routing, so unknown `/v1` paths need the key too (as in vLLM).
+        .layer(middleware::from_fn_with_state(state.clone(), require_api_key))
         .layer(middleware::from_fn(echo_request_id))
         .with_state(state)
-}
-
-async fn require_api_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    if let Some(key) = &state.api_key {
-        let ok = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|given| given == key);
-        if !ok {
-            return ApiError::unauthorized().into_response();
-        }
-    }
-    next.run(request).await
 }
 
 /// Load clients correlate requests by `x-request-id`; echo it as vLLM does.
@@ -134,11 +133,23 @@ async fn echo_request_id(request: Request, next: Next) -> Response {
     response
 }
 
-/// The body, at most `max_body_bytes`, as a JSON error otherwise.
+/// The body, at most `max_body_bytes` arriving within `body_timeout`, as a JSON error
+/// otherwise.
 async fn body(state: &AppState, request: Request) -> Result<Bytes, ApiError> {
     let limit = state.max_body_bytes;
     let request = request.map(|b| axum::body::Body::new(http_body_util::Limited::new(b, limit)));
-    Bytes::from_request(request, &()).await.map_err(|e| {
+    let read = tokio::time::timeout(state.body_timeout, Bytes::from_request(request, &()));
+    let Ok(read) = read.await else {
+        return Err(ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            message: format!(
+                "the request body did not arrive within {} s (--body-timeout-seconds)",
+                state.body_timeout.as_secs_f64()
+            ),
+            param: None,
+        });
+    };
+    read.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::payload_too_large(limit)
         } else {

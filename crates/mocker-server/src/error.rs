@@ -77,7 +77,12 @@ impl ApiError {
     /// The `type` field, named as the OpenAI Python SDK names its exceptions.
     fn kind(&self) -> &'static str {
         match self.status {
-            StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => "BadRequestError",
+            StatusCode::BAD_REQUEST
+            | StatusCode::PAYLOAD_TOO_LARGE
+            | StatusCode::METHOD_NOT_ALLOWED
+            | StatusCode::REQUEST_TIMEOUT
+            | StatusCode::URI_TOO_LONG
+            | StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => "BadRequestError",
             StatusCode::UNAUTHORIZED => "AuthenticationError",
             StatusCode::NOT_FOUND => "NotFoundError",
             StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",

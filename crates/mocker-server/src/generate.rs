@@ -170,6 +170,18 @@ impl TokenStream {
         had_token
     }
 
+    /// Why the stream ended before its last token.
+    fn cut_short(&self) -> ApiError {
+        if self.live.overflowed() {
+            ApiError::unavailable(
+                "the request was cancelled: its client read the stream too slowly and its output buffer \
+                 (--stream-buffer-tokens) overflowed",
+            )
+        } else {
+            ApiError::unavailable("the engine stopped before the request finished")
+        }
+    }
+
     fn usage(&self) -> Usage {
         Usage::new(self.prompt_tokens, self.generated, self.cached_tokens)
     }
@@ -192,7 +204,7 @@ async fn full_response(
         signal = stream.live.recv().await;
     }
     if !stream.done {
-        return Err(ApiError::unavailable("the engine stopped before the request finished"));
+        return Err(stream.cut_short());
     }
     let text = stream.state.tokenizer.decode(&ids).map_err(|e| ApiError::internal(e.to_string()))?;
     let body = header.body(&text, stream.usage());
@@ -280,7 +292,7 @@ fn sse_response(
             None => st.stream.live.recv().await,
         };
         let Some(signal) = signal else {
-            let err = ApiError::unavailable("the engine stopped before the request finished");
+            let err = st.stream.cut_short();
             out.extend_from_slice(&frame(&err.body()));
             out.extend_from_slice(b"data: [DONE]\n\n");
             st.finished = true;

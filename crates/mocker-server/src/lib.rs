@@ -5,10 +5,13 @@
 #![warn(missing_docs)]
 
 pub mod app;
+pub mod auth;
+mod conn;
 pub mod error;
 pub mod generate;
 pub mod metrics;
 pub mod openai;
+mod raw_errors;
 pub mod server;
 pub mod tokenizer;
 

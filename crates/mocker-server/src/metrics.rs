@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use mocker_core::metrics::EngineMetrics;
+use mocker_live::LiveEngine;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -107,12 +108,14 @@ fn histograms(constructor: fn() -> Histogram) -> Histograms {
 }
 
 impl ServerMetrics {
-    /// A registry for `model_name` over the ranks whose metrics the watches carry.
+    /// A registry for `model_name` over the ranks whose metrics the watches carry;
+    /// `engines` (the same ranks, when live) add their stream-overflow cancellations.
     pub fn new(
         flavor: MetricFlavor,
         model_name: &str,
         block_size: usize,
         ranks: Vec<watch::Receiver<EngineMetrics>>,
+        engines: Vec<LiveEngine>,
     ) -> Self {
         let mut registry = Registry::default();
         let label = ModelLabel { model_name: model_name.to_string() };
@@ -159,6 +162,7 @@ impl ServerMetrics {
             model_name: model_name.to_string(),
             block_size,
             ranks,
+            engines,
         }));
         Self { registry, ..this }
     }
@@ -237,6 +241,7 @@ struct EngineCollector {
     model_name: String,
     block_size: usize,
     ranks: Vec<watch::Receiver<EngineMetrics>>,
+    engines: Vec<LiveEngine>,
 }
 
 impl EngineCollector {
@@ -290,6 +295,23 @@ impl Collector for EngineCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let ranks = self.snapshot();
         let e = &mut encoder;
+        // mocker's own: no engine has it, so it keeps the `mocker:` prefix in both flavors.
+        {
+            let mut shed = e.encode_descriptor(
+                "mocker:stream_overflow_cancellations",
+                "Requests cancelled because their client read the stream too slowly and its output \
+             buffer (--stream-buffer-tokens) overflowed.",
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for engine in &self.engines {
+                let labels = EngineLabels {
+                    model_name: self.model_name.clone(),
+                    engine: engine.dp_rank().to_string(),
+                };
+                ConstCounter::new(engine.overflow_cancellations()).encode(shed.encode_family(&labels)?)?;
+            }
+        }
         match self.flavor {
             MetricFlavor::Vllm => {
                 self.gauge(
@@ -384,7 +406,7 @@ mod tests {
     #[test]
     fn exposes_vllm_names_with_engine_state_read_at_scrape_time() {
         let (tx, rx) = watch::channel(EngineMetrics { total_blocks: 100, ..Default::default() });
-        let metrics = ServerMetrics::new(MetricFlavor::Vllm, "mocker", 64, vec![rx]);
+        let metrics = ServerMetrics::new(MetricFlavor::Vllm, "mocker", 64, vec![rx], Vec::new());
         metrics.observe_first_token(Duration::from_millis(30), 12);
         metrics.observe_finished(Duration::from_millis(90), Duration::from_millis(30), 4);
         tx.send_modify(|m| {
@@ -409,7 +431,7 @@ mod tests {
     #[test]
     fn sglang_flavor_uses_sglang_names() {
         let (_tx, rx) = watch::channel(EngineMetrics { running_requests: 2, ..Default::default() });
-        let text = ServerMetrics::new(MetricFlavor::Sglang, "m", 64, vec![rx]).render();
+        let text = ServerMetrics::new(MetricFlavor::Sglang, "m", 64, vec![rx], Vec::new()).render();
         assert!(text.contains("sglang:num_running_reqs{model_name=\"m\",engine=\"0\"} 2"), "{text}");
         assert!(!text.contains("vllm:"));
     }

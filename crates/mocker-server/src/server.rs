@@ -2,16 +2,18 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use mocker_core::config::{Backend, LaunchConfig};
 use mocker_kv_events::{KvEventPublisher, PublisherOptions};
 use mocker_live::{LiveEngine, LiveOptions, OutputBuffering};
 use tokio::net::TcpListener;
 
 use crate::app::{router, AppState, Ranks};
+use crate::auth::ApiKey;
+use crate::conn::{accept_loop, ConnLimits, Connections};
 use crate::metrics::{MetricFlavor, ServerMetrics};
 use crate::tokenizer::Tokenizer;
 
@@ -26,13 +28,28 @@ pub struct ServerOptions {
     pub launch: LaunchConfig,
     /// Prompt tokenizer.
     pub tokenizer: Tokenizer,
-    /// Bearer token required on `/v1/*`.
+    /// Bearer token required on `/v1/*` and on state-changing routes (see [`crate::auth`]);
+    /// must not be empty.
     pub api_key: Option<String>,
     /// Largest accepted request body in bytes.
     pub max_body_bytes: usize,
-    /// How long in-flight streams may run on after a shutdown signal before the engine is
-    /// stopped and they end with an error event.
+    /// How long in-flight streams may run on after a shutdown signal. Then the engine is
+    /// stopped (open streams end with an error event) and, a moment later, every
+    /// connection still open is closed: the grace period bounds the whole shutdown.
     pub shutdown_grace: Duration,
+    /// A connection is closed when a request's head (request line and headers) is not
+    /// complete this long after the connection opened or its previous response ended; so
+    /// this is also the idle keep-alive timeout.
+    pub header_timeout: Duration,
+    /// A request whose body has not fully arrived this long after its head is answered 408.
+    pub body_timeout: Duration,
+    /// Most open connections; beyond them a new connection is answered 503 and closed.
+    pub max_connections: usize,
+    /// Output tokens buffered per stream for a client that reads slower than the engine
+    /// generates; when a stream's buffer is full the request is cancelled (its KV freed)
+    /// and counted in `mocker:stream_overflow_cancellations_total`. Bounds the memory a
+    /// client that never reads can hold: about 100 bytes per token per stream.
+    pub stream_buffer_tokens: NonZeroUsize,
     /// Publish KV events over ZMQ (vLLM's wire format), one PUB socket per DP rank.
     pub kv_events: Option<KvEventsOptions>,
 }
@@ -68,6 +85,10 @@ impl ServerOptions {
             api_key: None,
             max_body_bytes: 32 * 1024 * 1024,
             shutdown_grace: Duration::from_secs(30),
+            header_timeout: Duration::from_secs(5),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 4096,
+            stream_buffer_tokens: NonZeroUsize::new(8192).expect("8192 > 0"),
             kv_events: None,
         }
     }
@@ -93,6 +114,12 @@ pub enum ServerError {
     /// A KV-event publisher could not start.
     #[error("--kv-events-endpoint: {0}")]
     KvEvents(#[from] mocker_kv_events::PublishError),
+    /// An option is out of range (the message names it).
+    #[error("{0}")]
+    Options(String),
+    /// Shutdown did not complete in order (what was left is named).
+    #[error("shutdown: {0}")]
+    Shutdown(String),
 }
 
 /// A server that is bound and ready: its address is known before it serves.
@@ -100,8 +127,14 @@ pub struct BoundServer {
     listener: TcpListener,
     state: Arc<AppState>,
     grace: Duration,
+    limits: ConnLimits,
     kv_events: Vec<BoundKvEvents>,
 }
+
+/// After the grace period: how long the engine may take to stop, and how long connections
+/// then get to write their streams' closing error events before they are closed.
+const ENGINE_STOP_TIME: Duration = Duration::from_millis(500);
+const FINAL_FLUSH_TIME: Duration = Duration::from_millis(200);
 
 impl BoundServer {
     /// Starts the engine ranks and binds the listener.
@@ -114,8 +147,22 @@ impl BoundServer {
             api_key,
             max_body_bytes,
             shutdown_grace,
+            header_timeout,
+            body_timeout,
+            max_connections,
+            stream_buffer_tokens,
             kv_events,
         } = options;
+        let api_key = match api_key.as_deref() {
+            None => None,
+            Some(key) => Some(
+                ApiKey::new(key)
+                    .ok_or_else(|| ServerError::Options("--api-key: must not be empty".into()))?,
+            ),
+        };
+        if max_connections == 0 {
+            return Err(ServerError::Options("--max-connections: must be at least 1, got 0".into()));
+        }
         let mut engine = launch.engine;
         if kv_events.is_some() {
             // Routers and indexers identify blocks from their token ids.
@@ -151,9 +198,12 @@ impl BoundServer {
         }
         let ranks_options: Vec<LiveOptions> = ranks_options
             .into_iter()
-            // A slow HTTP reader must not be shed mid-answer: TCP back-pressure already
-            // bounds it, and a whole response is at most max_tokens small signals.
-            .map(|o| LiveOptions { buffering: OutputBuffering::FullResponse, ..o })
+            // A reader that falls a whole buffer behind (one that never reads) is shed, so
+            // memory stays bounded per stream and, with the connection limit, in total.
+            .map(|o| LiveOptions {
+                buffering: OutputBuffering::CancelOnOverflow { capacity: stream_buffer_tokens },
+                ..o
+            })
             .collect();
         let engines = if ranks_options.len() <= 1 {
             let mut options = ranks_options;
@@ -168,6 +218,7 @@ impl BoundServer {
             &model_name,
             engine.block_size,
             engines.iter().map(|e| e.metrics()).collect(),
+            engines.clone(),
         );
         let state = Arc::new(AppState {
             model_name,
@@ -179,8 +230,10 @@ impl BoundServer {
             block_size: engine.block_size,
             num_gpu_blocks: engine.num_gpu_blocks,
             max_body_bytes,
+            body_timeout,
         });
-        Ok(Self { listener, state, grace: shutdown_grace, kv_events: bound_events })
+        let limits = ConnLimits { max_connections, header_timeout };
+        Ok(Self { listener, state, grace: shutdown_grace, limits, kv_events: bound_events })
     }
 
     /// The bound address.
@@ -193,47 +246,53 @@ impl BoundServer {
         &self.kv_events
     }
 
-    /// Serves until `shutdown` resolves, then stops accepting, lets in-flight streams finish
-    /// for up to the grace period, stops the engine (ending any stream still open with an
-    /// error event) and returns.
+    /// Serves until `shutdown` resolves, then stops accepting and lets open connections
+    /// finish for up to the grace period. Past it, stops the engine (ending any stream still
+    /// open with an error event), gives connections a moment to write that, closes every
+    /// connection still open, and returns.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
-        let Self { listener, state, grace, .. } = self;
-        let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
-        let app = router(state.clone());
-        // Each token is a small frame that must leave at once: Nagle's algorithm would hold
-        // it back waiting for the client's delayed ACK.
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-            shutdown.await;
-            let _ = stopping_tx.send(true);
-        });
-        let mut server = tokio::spawn(async move { server.await });
-        let mut stopping = stopping_rx;
-        // `wait_for` returns a borrow guard; it must not live inside the select's output.
-        let served = tokio::select! {
-            joined = &mut server => joined,
-            _ = async move { stopping.wait_for(|s| *s).await.is_ok() } => {
-                // Graceful shutdown waits for open connections; past the grace period,
-                // stopping the engine ends their streams.
-                match tokio::time::timeout(grace, &mut server).await {
-                    Ok(joined) => joined,
-                    Err(_) => {
-                        for rank in &state.ranks.0 {
-                            let _ = rank.shutdown().await;
-                        }
-                        server.await
-                    }
-                }
+        let Self { listener, state, grace, limits, .. } = self;
+        let connections = Connections::new(limits.max_connections);
+        let acceptor =
+            tokio::spawn(accept_loop(listener, router(state.clone()), limits, connections.clone()));
+        shutdown.await;
+        connections.stop.cancel();
+        // The listener is closed once the loop is gone: new connections are refused.
+        let _ = acceptor.await;
+        let mut result = Ok(());
+        if tokio::time::timeout(grace, connections.all_closed()).await.is_err() {
+            result = result.and(stop_engine(&state).await);
+            let _ = tokio::time::timeout(FINAL_FLUSH_TIME, connections.all_closed()).await;
+            connections.force.cancel();
+            // Forced connections drop their futures at once; bounded all the same.
+            let _ = tokio::time::timeout(FINAL_FLUSH_TIME, connections.all_closed()).await;
+            if connections.open() > 0 {
+                result = result.and(Err(ServerError::Shutdown(format!(
+                    "{} connections did not close after the grace period",
+                    connections.open()
+                ))));
             }
-        };
-        let mut result = served.map_err(|e| std::io::Error::other(e.to_string()))?.map_err(ServerError::Io);
+        }
+        result.and(stop_engine(&state).await)
+    }
+}
+
+/// Stops every rank (idempotent), within [`ENGINE_STOP_TIME`].
+async fn stop_engine(state: &AppState) -> Result<(), ServerError> {
+    let stop = async {
+        let mut result = Ok(());
         for rank in &state.ranks.0 {
             if let Err(e) = rank.shutdown().await {
                 result = result.and(Err(ServerError::Engine(e)));
             }
         }
         result
+    };
+    match tokio::time::timeout(ENGINE_STOP_TIME, stop).await {
+        Ok(r) => r,
+        Err(_) => Err(ServerError::Shutdown(format!(
+            "the engine did not stop within {} ms",
+            ENGINE_STOP_TIME.as_millis()
+        ))),
     }
 }

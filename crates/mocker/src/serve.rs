@@ -2,6 +2,7 @@
 //! on consecutive ports, stopped by SIGINT or SIGTERM.
 
 use std::net::{IpAddr, SocketAddr};
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -65,7 +66,7 @@ pub struct ServeArgs {
     /// is used otherwise.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
-    /// Require `Authorization: Bearer KEY` on /v1 routes.
+    /// Require `Authorization: Bearer KEY` on /v1 routes and on /reset_prefix_cache.
     #[arg(long, env = "MOCKER_API_KEY")]
     pub api_key: Option<String>,
     /// Publish KV events over ZMQ in vLLM's format, e.g. tcp://127.0.0.1:5557 (DP rank r
@@ -77,9 +78,51 @@ pub struct ServeArgs {
     /// key `zmq_replay_port`.
     #[arg(long)]
     pub kv_events_replay_endpoint: Option<String>,
-    /// Seconds in-flight streams may run on after SIGINT/SIGTERM.
+    /// Seconds in-flight streams may run on after SIGINT/SIGTERM; then open streams end
+    /// with an error event and every connection is closed. A second signal exits at once.
     #[arg(long, default_value_t = 30.0)]
     pub shutdown_grace_seconds: f64,
+    /// Seconds a connection may take to send a request's head (line and headers), counted
+    /// from its opening or its previous response; also the idle keep-alive timeout.
+    #[arg(long, default_value_t = 5.0)]
+    pub header_timeout_seconds: f64,
+    /// Seconds a request body may take to arrive in full (else 408).
+    #[arg(long, default_value_t = 30.0)]
+    pub body_timeout_seconds: f64,
+    /// Most open connections per worker; more are answered 503. Default: the open-file
+    /// limit (`ulimit -n`) minus 128 kept for the engine, sockets and files.
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+    /// Output tokens buffered per stream for a client that reads slower than the engine
+    /// generates; a stream whose buffer overflows is cancelled (its KV freed) and counted
+    /// in mocker:stream_overflow_cancellations_total.
+    #[arg(long, default_value_t = NonZeroUsize::new(8192).unwrap())]
+    pub stream_buffer_tokens: NonZeroUsize,
+}
+
+/// File descriptors kept free of connections by the default `--max-connections`.
+const RESERVED_FDS: usize = 128;
+
+/// The default `--max-connections`: what the open-file limit leaves.
+fn default_max_connections() -> usize {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit only writes the struct it is given.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+        usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX)
+    } else {
+        1024
+    };
+    soft.saturating_sub(RESERVED_FDS).max(16)
+}
+
+/// A duration flag: finite and non-negative (positive when `positive`).
+fn seconds(flag: &str, value: f64, positive: bool) -> Result<Duration, UsageError> {
+    let ok = value.is_finite() && if positive { value > 0.0 } else { value >= 0.0 } && value < 1e9;
+    if !ok {
+        let kind = if positive { "a positive" } else { "a non-negative" };
+        return Err(UsageError(format!("{flag}: must be {kind} number of seconds, got {value}")));
+    }
+    Ok(Duration::from_secs_f64(value))
 }
 
 impl ServeArgs {
@@ -121,12 +164,19 @@ impl ServeArgs {
         if self.num_workers == 0 {
             return Err(UsageError("--num-workers: must be at least 1, got 0".into()));
         }
-        if !(self.shutdown_grace_seconds.is_finite() && self.shutdown_grace_seconds >= 0.0) {
-            return Err(UsageError(format!(
-                "--shutdown-grace-seconds: must be a non-negative number, got {}",
-                self.shutdown_grace_seconds
-            )));
+        let grace = seconds("--shutdown-grace-seconds", self.shutdown_grace_seconds, false)?;
+        let header_timeout = seconds("--header-timeout-seconds", self.header_timeout_seconds, true)?;
+        let body_timeout = seconds("--body-timeout-seconds", self.body_timeout_seconds, true)?;
+        if self.api_key.as_deref() == Some("") {
+            return Err(UsageError(
+                "--api-key (or MOCKER_API_KEY): must not be empty; omit it to serve without a key".into(),
+            ));
         }
+        let max_connections = match self.max_connections {
+            Some(0) => return Err(UsageError("--max-connections: must be at least 1, got 0".into())),
+            Some(n) => n,
+            None => default_max_connections(),
+        };
         let launch = self.launch_config()?;
         let kv_endpoint = self
             .kv_events_endpoint
@@ -159,7 +209,11 @@ impl ServeArgs {
                 options.model_name = self.model_name.clone();
                 options.tokenizer = tokenizer.clone();
                 options.api_key = self.api_key.clone();
-                options.shutdown_grace = Duration::from_secs_f64(self.shutdown_grace_seconds);
+                options.shutdown_grace = grace;
+                options.header_timeout = header_timeout;
+                options.body_timeout = body_timeout;
+                options.max_connections = max_connections;
+                options.stream_buffer_tokens = self.stream_buffer_tokens;
                 if let Some(endpoint) = &kv_endpoint {
                     let shift = (i * launch.dp_size) as u32;
                     let offset = |flag: &str, e: &str| {
@@ -183,11 +237,15 @@ impl ServeArgs {
 /// Runs the servers until a signal arrives; exit code 1 if one failed after starting.
 pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
     let options = args.options()?;
+    let grace = options.first().map_or(Duration::ZERO, |o| o.shutdown_grace);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| UsageError(format!("cannot start the async runtime: {e}")))?;
-    runtime.block_on(async move {
+    let result = runtime.block_on(async move {
+        // Watched before the address is announced: a signal right after it must not kill
+        // the process unhandled.
+        let mut signals = Signals::new().map_err(|e| UsageError(format!("cannot watch signals: {e}")))?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut servers = Vec::new();
         for o in options {
@@ -205,9 +263,13 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
             })));
         }
         tokio::spawn(async move {
-            shutdown_signal().await;
-            eprintln!("mocker: shutting down");
+            signals.next().await;
+            eprintln!("mocker: shutting down (a second SIGINT/SIGTERM exits at once)");
             let _ = stop_tx.send(true);
+            watchdog(grace + WATCHDOG_MARGIN);
+            let signal = signals.next().await;
+            eprintln!("mocker: second signal, exiting now");
+            std::process::exit(128 + signal);
         });
         let mut failure = None;
         for s in servers {
@@ -224,25 +286,58 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
             }
             None => ExitCode::SUCCESS,
         })
-    })
+    });
+    // Connections closed by force may leave tasks behind: never wait on them.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    result
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// How long past the grace period the process may still run before the watchdog ends it.
+/// The orderly shutdown is bounded well within it; the watchdog is the backstop for a part
+/// that does not stop (a stuck thread), so a stop never hangs.
+const WATCHDOG_MARGIN: Duration = Duration::from_secs(2);
+
+fn watchdog(after: Duration) {
+    std::thread::spawn(move || {
+        std::thread::sleep(after);
+        eprintln!("error: shutdown did not finish {} s after the signal; exiting", after.as_secs_f64());
+        std::process::exit(1);
+    });
+}
+
+/// SIGINT and SIGTERM, watched for the whole run (once watched, a signal no longer kills
+/// the process by itself, so the second one must be handled too).
+struct Signals {
     #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
+    int: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Self { int: signal(SignalKind::interrupt())?, term: signal(SignalKind::terminate())? })
+        }
+        #[cfg(not(unix))]
+        Ok(Self {})
+    }
+
+    /// The next signal's number.
+    async fn next(&mut self) -> i32 {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.int.recv() => libc::SIGINT,
+                _ = self.term.recv() => libc::SIGTERM,
             }
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            2
         }
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }

@@ -1,0 +1,102 @@
+//! `--api-key`: which routes need it and how the key is checked.
+//!
+//! As vLLM's authentication middleware, every path under `/v1` needs
+//! `Authorization: Bearer KEY` (the scheme is case-insensitive), matched or not, so an
+//! unknown `/v1/...` path answers 401 rather than telling what exists. Beyond vLLM, routes
+//! that change the engine's state (`/reset_prefix_cache`) need it too. `/health`,
+//! `/version`, `/metrics`, `/tokenize` and `/detokenize` stay open, as in vLLM: they read
+//! nothing private and change nothing.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use subtle::ConstantTimeEq;
+
+use crate::app::AppState;
+use crate::error::ApiError;
+
+/// Routes outside `/v1` that change state and so need the key.
+const STATE_CHANGING: &[&str] = &["/reset_prefix_cache"];
+
+/// The key clients must present. Only its digest is kept: comparing digests of equal length
+/// in constant time tells an attacker neither the key's bytes nor its length.
+#[derive(Clone)]
+pub struct ApiKey {
+    digest: [u8; 32],
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(..)")
+    }
+}
+
+impl ApiKey {
+    /// The key; `None` when empty (an empty key would protect nothing).
+    pub fn new(key: &str) -> Option<Self> {
+        (!key.is_empty()).then(|| Self { digest: *blake3::hash(key.as_bytes()).as_bytes() })
+    }
+
+    /// Whether `given` is the key, in time independent of where they differ.
+    pub fn matches(&self, given: &[u8]) -> bool {
+        blake3::hash(given).as_bytes().ct_eq(&self.digest).into()
+    }
+
+    /// Whether an `Authorization` header value carries the key as a bearer token.
+    fn authorizes(&self, value: &[u8]) -> bool {
+        let Some(space) = value.iter().position(|&b| b == b' ') else { return false };
+        let (scheme, token) = (&value[..space], &value[space + 1..]);
+        // Computed whatever the scheme, so a wrong scheme takes as long as a wrong key.
+        let key_ok = self.matches(token);
+        scheme.eq_ignore_ascii_case(b"bearer") && key_ok
+    }
+}
+
+/// Whether `path` needs the key.
+pub fn is_protected(path: &str) -> bool {
+    path.starts_with("/v1") || STATE_CHANGING.contains(&path)
+}
+
+/// The middleware: 401 JSON when a protected route lacks the key.
+pub async fn require_api_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if let Some(key) = &state.api_key {
+        if request.method() != Method::OPTIONS && is_protected(request.uri().path()) {
+            let ok =
+                request.headers().get(header::AUTHORIZATION).is_some_and(|v| key.authorizes(v.as_bytes()));
+            if !ok {
+                return ApiError::unauthorized().into_response();
+            }
+        }
+    }
+    next.run(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive_and_the_key_exact() {
+        let key = ApiKey::new("s3cret").unwrap();
+        assert!(key.authorizes(b"Bearer s3cret"));
+        assert!(key.authorizes(b"bearer s3cret"));
+        assert!(!key.authorizes(b"Bearer s3cre"));
+        assert!(!key.authorizes(b"Bearer s3cret "));
+        assert!(!key.authorizes(b"Basic s3cret"));
+        assert!(!key.authorizes(b"s3cret"));
+        assert!(ApiKey::new("").is_none());
+    }
+
+    #[test]
+    fn v1_and_state_changing_routes_are_protected() {
+        for p in ["/v1/completions", "/v1/models", "/v1/nope", "/reset_prefix_cache"] {
+            assert!(is_protected(p), "{p}");
+        }
+        for p in ["/health", "/metrics", "/version", "/tokenize", "/detokenize"] {
+            assert!(!is_protected(p), "{p}");
+        }
+    }
+}

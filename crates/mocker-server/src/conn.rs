@@ -1,0 +1,152 @@
+//! Accepting and running connections: the connection limit (503 JSON beyond it), hyper's
+//! HTTP/1 header timeout (which also closes idle keep-alive connections), hyper's automatic
+//! errors turned into JSON, and a shutdown that first lets connections finish, then closes
+//! them by force.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::ApiError;
+use crate::raw_errors::{raw_response, JsonErrors};
+
+/// Connections refused with a 503 at once; past this many, extra ones are just closed (an
+/// answer costs a task and a socket for up to [`REFUSAL_TIME`]).
+const CONCURRENT_REFUSALS: usize = 64;
+/// Longest a refused connection is kept to deliver its 503.
+const REFUSAL_TIME: Duration = Duration::from_secs(1);
+/// Pause after an accept error such as "too many open files", so the loop does not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// How connections are limited.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConnLimits {
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+}
+
+/// The open connections: each holds one permit, so "all closed" is "all permits back".
+#[derive(Debug, Clone)]
+pub(crate) struct Connections {
+    permits: Arc<Semaphore>,
+    max: u32,
+    /// Cancelled when the server stops accepting: connections finish their request, then close.
+    pub stop: CancellationToken,
+    /// Cancelled when the grace period is over: connections close at once.
+    pub force: CancellationToken,
+}
+
+impl Connections {
+    pub fn new(max_connections: usize) -> Self {
+        let max = max_connections.clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
+        Self {
+            permits: Arc::new(Semaphore::new(max)),
+            max: max as u32,
+            stop: CancellationToken::new(),
+            force: CancellationToken::new(),
+        }
+    }
+
+    /// Resolves when every connection is closed.
+    pub async fn all_closed(&self) {
+        let _ = self.permits.acquire_many(self.max).await;
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.max as usize - self.permits.available_permits()
+    }
+}
+
+/// Accepts until `connections.stop`, then drops the listener.
+pub(crate) async fn accept_loop(
+    listener: TcpListener,
+    app: Router,
+    limits: ConnLimits,
+    connections: Connections,
+) {
+    let mut builder = http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
+    let builder = Arc::new(builder);
+    let refusals = Arc::new(Semaphore::new(CONCURRENT_REFUSALS));
+    let busy: Arc<[u8]> = raw_response(&ApiError::unavailable(format!(
+        "too many connections: the server's limit of {} open connections (--max-connections) is reached; retry later",
+        limits.max_connections
+    )))
+    .into();
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = connections.stop.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(_) => {
+                // Out of file descriptors, or a connection reset before it was accepted.
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        // Each token is a small frame that must leave at once: Nagle's algorithm would hold
+        // it back waiting for the client's delayed ACK.
+        let _ = stream.set_nodelay(true);
+        match connections.permits.clone().try_acquire_owned() {
+            Ok(permit) => {
+                let (app, builder, c) = (app.clone(), builder.clone(), connections.clone());
+                tokio::spawn(serve_connection(stream, app, builder, c, permit));
+            }
+            Err(_) => {
+                if let Ok(permit) = refusals.clone().try_acquire_owned() {
+                    tokio::spawn(refuse(stream, busy.clone(), permit));
+                }
+            }
+        }
+    }
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    app: Router,
+    builder: Arc<http1::Builder>,
+    connections: Connections,
+    _permit: OwnedSemaphorePermit,
+) {
+    let io = TokioIo::new(JsonErrors::new(stream));
+    let conn = builder.serve_connection(io, TowerToHyperService::new(app));
+    tokio::pin!(conn);
+    tokio::select! {
+        biased;
+        _ = connections.force.cancelled() => return,
+        _ = connections.stop.cancelled() => {}
+        _ = conn.as_mut() => return,
+    }
+    // Finish the request in progress (an idle connection closes at once), no keep-alive.
+    conn.as_mut().graceful_shutdown();
+    tokio::select! {
+        biased;
+        _ = connections.force.cancelled() => {}
+        _ = conn => {}
+    }
+}
+
+/// Answers 503 without reading the request, then reads what the client sent (so closing
+/// does not reset the connection before the answer is read), all within [`REFUSAL_TIME`].
+async fn refuse(mut stream: TcpStream, reply: Arc<[u8]>, _permit: OwnedSemaphorePermit) {
+    let _ = tokio::time::timeout(REFUSAL_TIME, async {
+        stream.write_all(&reply).await?;
+        stream.shutdown().await?;
+        let mut scratch = [0u8; 4096];
+        while stream.read(&mut scratch).await? > 0 {}
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
+}
