@@ -256,6 +256,11 @@ impl ReplayArgs {
                 }
                 let launch =
                     crate::engine_args::launch_config(self.engine_args.as_deref(), self.engine_type)?;
+                warn_transfer_keys(
+                    "--engine-args",
+                    &launch,
+                    "a disaggregated replay's --prefill-engine-args",
+                );
                 return Ok(Cluster::aggregated(launch, positive("--num-workers", self.num_workers)?));
             }
             (Some(p), Some(d)) => (p, d),
@@ -283,13 +288,19 @@ impl ReplayArgs {
         let launch = |flag: &str, args: &str| {
             crate::engine_args::launch_config_for(flag, Some(args), self.engine_type)
         };
+        let decode_launch = launch("--decode-engine-args", decode)?;
+        warn_transfer_keys(
+            "--decode-engine-args",
+            &decode_launch,
+            "--prefill-engine-args (the source's settings time the transfer, as in the reference)",
+        );
         Ok(Cluster::Disaggregated {
             prefill: Pool {
                 launch: launch("--prefill-engine-args", prefill)?,
                 workers: positive("--num-prefill-workers", self.num_prefill_workers)?,
             },
             decode: Pool {
-                launch: launch("--decode-engine-args", decode)?,
+                launch: decode_launch,
                 workers: positive("--num-decode-workers", self.num_decode_workers)?,
             },
         })
@@ -343,6 +354,24 @@ impl ReplayArgs {
         let mode = if self.mode == Mode::Online { "online" } else { "offline" };
         options.validate(mode).map_err(|e| UsageError(cluster_error(&e.to_string(), &options.cluster)))?;
         Ok(options)
+    }
+}
+
+/// Warns on stderr that `flag`'s KV transfer keys do nothing here, and where they apply.
+fn warn_transfer_keys(flag: &str, launch: &mocker_core::config::LaunchConfig, applies: &str) {
+    let e = &launch.engine;
+    let mut keys = Vec::new();
+    if e.kv_transfer_bytes_per_token.is_some() {
+        keys.push("kv_transfer_bytes_per_token");
+    }
+    if e.kv_transfer_bandwidth.is_some() {
+        keys.push("kv_transfer_bandwidth");
+    }
+    if e.kv_transfer_timing_mode != mocker_core::config::KvTransferTimingMode::FullPrompt {
+        keys.push("kv_transfer_timing_mode");
+    }
+    if !keys.is_empty() {
+        eprintln!("warning: {flag}: {} not used here; they apply in {applies}", keys.join(", "));
     }
 }
 

@@ -151,3 +151,16 @@ fn sweep_searches_prefill_decode_ratios() {
     bad.extend_from_slice(&["--sweep-num-prefill-workers", "1,2"]);
     assert_exit_2(&bad, &["--sweep-num-prefill-workers", "disaggregated sweeps only"]);
 }
+
+#[test]
+fn transfer_keys_where_they_do_nothing_are_named_in_a_warning() {
+    let decode_with_transfer = r#"{"worker_type": "decode", "kv_transfer_bandwidth": 64}"#;
+    let out =
+        mocker(&args(&["--prefill-engine-args", PREFILL, "--decode-engine-args", decode_with_transfer]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("--decode-engine-args: kv_transfer_bandwidth not used here"), "{err}");
+    let out = mocker(&args(&["--engine-args", r#"{"kv_transfer_timing_mode": "destination_missing"}"#]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--engine-args: kv_transfer_timing_mode not used here"));
+}
