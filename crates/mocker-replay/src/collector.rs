@@ -143,11 +143,11 @@ impl Collector {
         r.reused_max = r.reused_max.max(reused);
     }
 
-    /// Disaggregated: the request's prefill finished at `t_ns` and `decode_worker` reserved
-    /// its prompt blocks (only the per-request log keeps handoff times).
-    pub fn on_handoff_reserved(&mut self, id: RecordId, decode_worker: usize, t_ns: u64) {
+    /// Disaggregated: the request's prefill finished at `held_ns` and `decode_worker`
+    /// reserved its prompt blocks at `t_ns` (only the per-request log keeps handoff times).
+    pub fn on_handoff_reserved(&mut self, id: RecordId, decode_worker: usize, held_ns: u64, t_ns: u64) {
         if let Some(log) = &mut self.log {
-            log.reserved(id, decode_worker as u32, t_ns);
+            log.reserved(id, decode_worker as u32, held_ns, t_ns);
         }
     }
 

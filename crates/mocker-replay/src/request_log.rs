@@ -63,6 +63,7 @@ pub struct HandoffRecord {
 #[derive(Debug, Default, Clone, Copy)]
 struct Handoff {
     decode_worker: Option<u32>,
+    held_ns: Option<u64>,
     reserved_ns: Option<u64>,
     activated_ns: Option<u64>,
     decode_reused: u32,
@@ -103,10 +104,12 @@ impl RequestLog {
         self.next_index += 1;
     }
 
-    /// Disaggregated: the prefill finished at `t_ns` and `decode_worker` reserved the blocks.
-    pub(crate) fn reserved(&mut self, id: RecordId, decode_worker: u32, t_ns: u64) {
+    /// Disaggregated: the prefill finished (its source holds the KV) at `held_ns`, and
+    /// `decode_worker` reserved the blocks at `t_ns`.
+    pub(crate) fn reserved(&mut self, id: RecordId, decode_worker: u32, held_ns: u64, t_ns: u64) {
         let h = self.live[id as usize].handoff.get_or_insert_with(Handoff::default);
         h.decode_worker = Some(decode_worker);
+        h.held_ns = Some(held_ns);
         h.reserved_ns = Some(t_ns);
     }
 
@@ -136,7 +139,7 @@ impl RequestLog {
             prefill_worker_idx: worker,
             decode_worker_idx: h.decode_worker,
             prefill_admit_ms: ms(slot.admission_ns),
-            source_held_ms: ms(h.reserved_ns),
+            source_held_ms: ms(h.held_ns),
             destination_reserved_ms: ms(h.reserved_ns),
             destination_activated_ms: ms(h.activated_ns),
             decode_admit_ms: ms(h.activated_ns),

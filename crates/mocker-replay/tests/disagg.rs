@@ -126,7 +126,17 @@ fn timed_transfers_stay_within_a_pass_of_the_reference() {
         workload: synthetic(4000, 200, 200, 64).into(),
         ..Default::default()
     };
-    let (s, _) = run(&options);
+    let (s, records) = run(&options);
+    // The second wave's prefills end at 338.185516 ms while the decode workers are busy:
+    // the first handoff on each is reserved as their next pass starts (343.385917 in the
+    // reference), and its held time stays the prefill's end.
+    let waited = records
+        .iter()
+        .filter_map(|r| r.handoff.as_ref())
+        .filter(|h| (h.source_held_ms.unwrap() - 338.185516).abs() < 1e-6)
+        .map(|h| h.destination_reserved_ms.unwrap())
+        .fold(f64::INFINITY, f64::min);
+    assert!((waited - 343.385917).abs() < 1e-6, "first reservation after 338.185516: {waited}");
     let rel = |key: &str, want: f64| (s[key].as_f64().unwrap() - want).abs() / want;
     assert!(rel("duration_ms", 10046.096918) < 1e-5, "{}", s["duration_ms"]);
     assert!(rel("mean_ttft_ms", 871.18335) < 1e-3, "{}", s["mean_ttft_ms"]);

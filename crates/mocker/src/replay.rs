@@ -10,8 +10,8 @@ use mocker_replay::report::plot::PlotData;
 use mocker_replay::report::render_table;
 use mocker_replay::router::KvRouterConfig;
 use mocker_replay::{
-    load_trace, Cluster, Load, Pool, ReplayOptions, RouterMode, Sla, SyntheticWorkload, TraceFormat,
-    TraceWorkload, Workload,
+    load_trace, Cluster, Load, Pool, ReplayError, ReplayOptions, RouterMode, Sla, SyntheticWorkload,
+    TraceFormat, TraceWorkload, Workload,
 };
 
 use crate::output::{write_atomically, AtomicFile};
@@ -352,7 +352,7 @@ impl ReplayArgs {
         // Worker roles, block sizes and modes are checked before anything runs, under the
         // flags that set them.
         let mode = if self.mode == Mode::Online { "online" } else { "offline" };
-        options.validate(mode).map_err(|e| UsageError(cluster_error(&e.to_string(), &options.cluster)))?;
+        options.validate(mode).map_err(|e| UsageError(cluster_error(e, &options.cluster)))?;
         Ok(options)
     }
 }
@@ -376,20 +376,17 @@ fn warn_transfer_keys(flag: &str, launch: &mocker_core::config::LaunchConfig, ap
 }
 
 /// Names the flags behind a cluster validation error (the replay crate names its fields).
-fn cluster_error(message: &str, cluster: &Cluster) -> String {
+fn cluster_error(e: ReplayError, cluster: &Cluster) -> String {
     let flags = match cluster {
         Cluster::Aggregated(_) => "--engine-args",
         Cluster::Disaggregated { .. } => "--prefill-engine-args/--decode-engine-args",
     };
-    if message.starts_with("worker_type")
-        || message.starts_with("block_size")
-        || message.starts_with("dp_size")
-    {
-        format!("{flags}: {message}")
-    } else if message.starts_with("mode:") {
-        format!("--mode: {}", message.trim_start_matches("mode: "))
-    } else {
-        message.to_string()
+    match e {
+        ReplayError::Invalid { field: "worker_type" | "block_size" | "dp_size", .. } => {
+            format!("{flags}: {e}")
+        }
+        ReplayError::Invalid { field: "mode", message } => format!("--mode: {message}"),
+        e => e.to_string(),
     }
 }
 

@@ -38,6 +38,8 @@ struct Handoff {
     /// Decode worker (index into the driver's workers) and its router handle.
     decode_worker: usize,
     route: RouteId,
+    /// When the prefill ended and the source started holding the KV.
+    held_ns: u64,
     /// The reservation on the decode worker, and the prompt tokens it already cached.
     destination: SeqKey,
     cached: u32,
@@ -106,6 +108,7 @@ impl Disagg {
             source,
             decode_worker: 0,
             route: 0,
+            held_ns: 0,
             destination: SeqKey(0),
             cached: 0,
         };
@@ -158,6 +161,7 @@ impl Sim {
             let handoff = d.get_mut(h);
             handoff.decode_worker = w;
             handoff.route = p.id;
+            handoff.held_ns = t;
             // Reservations are served in order; a timed transfer waits for a pass start.
             if timed || !d.inbox[p.worker].is_empty() || !self.reserve(h, t) {
                 self.disagg().inbox[p.worker].push_back(h);
@@ -202,11 +206,11 @@ impl Sim {
                 };
                 let delay =
                     d.transfer.delay_ms(handoff.request.prompt_len(), Some(res.transferable_prompt_tokens));
-                let record = handoff.record;
+                let (record, held_ns) = (handoff.record, handoff.held_ns);
                 let handoff = d.get_mut(h);
                 handoff.destination = res.key;
                 handoff.cached = res.cached_tokens as u32;
-                self.collector.on_handoff_reserved(record, w - d.first_decode, t);
+                self.collector.on_handoff_reserved(record, w - d.first_decode, held_ns, t);
                 match delay.map(ms_to_ns) {
                     Some(ns) if ns > 0 => {
                         d.due_seq += 1;
