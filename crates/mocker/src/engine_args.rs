@@ -1,7 +1,9 @@
 //! `--engine-args` and `--engine-type`, shared by `serve` and `replay`.
 
 use clap::ValueEnum;
-use mocker_core::config::LaunchConfig;
+use std::path::PathBuf;
+
+use mocker_core::config::{LaunchConfig, TimingModelConfig};
 use serde_json::{Map, Value};
 
 use crate::UsageError;
@@ -27,14 +29,42 @@ impl EngineType {
     }
 }
 
+/// The flags that pick the engine family and the timing source, shared by every command
+/// that builds engines.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct EngineFlags {
+    /// Engine family (engine-args key `backend`, alias `engine_type`).
+    #[arg(long, value_enum)]
+    pub engine_type: Option<EngineType>,
+    /// Time passes by a measured Dynamo planner profile: a converted `perf_data.npz` table or
+    /// a profiler results directory (converted as the reference's launcher does). Same as
+    /// engine args `timing_model: {"type": "external", "provider": "dynamo_profile",
+    /// "config": {"path": PATH}}`; applies to every engine of the run.
+    #[arg(long, value_name = "PATH")]
+    pub planner_profile_data: Option<PathBuf>,
+}
+
 /// Builds the launch config from `--engine-args` (JSON or @file, flat or nested) with
 /// `--engine-type` folded in before parsing, so the backend's own defaults (SGLang's page
 /// size, say) and checks apply exactly as if the JSON had named it.
-pub fn launch_config(
-    engine_args: Option<&str>,
-    engine_type: Option<EngineType>,
-) -> Result<LaunchConfig, UsageError> {
-    launch_config_for("--engine-args", engine_args, engine_type)
+pub fn launch_config(engine_args: Option<&str>, flags: &EngineFlags) -> Result<LaunchConfig, UsageError> {
+    launch_config_for("--engine-args", engine_args, flags)
+}
+
+/// Applies `--planner-profile-data` and reads the profile a launch config names, so the
+/// engines built from it are timed by that table; profile errors name the flag they came from.
+fn load_timing(flag: &str, launch: &mut LaunchConfig, flags: &EngineFlags) -> Result<(), UsageError> {
+    let mut source = flag;
+    if let Some(path) = &flags.planner_profile_data {
+        if launch.engine.timing_model != TimingModelConfig::Polynomial {
+            return Err(UsageError(format!(
+                "--planner-profile-data: conflicts with {flag} timing_model; give one timing source"
+            )));
+        }
+        launch.engine.timing_model = mocker_profiles::timing_model_for(path);
+        source = "--planner-profile-data";
+    }
+    mocker_profiles::resolve_launch(launch).map_err(|e| UsageError(format!("{source}: {e}")))
 }
 
 /// The JSON text of an engine-args value: inline, or the contents of `@file`.
@@ -86,6 +116,17 @@ pub fn merge_engine_args(
 
 /// [`launch_config`] for engine args given by `flag` (errors name it).
 pub fn launch_config_for(
+    flag: &str,
+    engine_args: Option<&str>,
+    flags: &EngineFlags,
+) -> Result<LaunchConfig, UsageError> {
+    let mut launch = parse_launch(flag, engine_args, flags.engine_type)?;
+    load_timing(flag, &mut launch, flags)?;
+    Ok(launch)
+}
+
+/// The launch config as given, before any profile is read.
+fn parse_launch(
     flag: &str,
     engine_args: Option<&str>,
     engine_type: Option<EngineType>,

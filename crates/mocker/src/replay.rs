@@ -106,9 +106,9 @@ pub struct ReplayArgs {
     /// Engine configuration as JSON (flat or {"engine": {...}}) or @file.
     #[arg(long, visible_alias = "extra-engine-args")]
     pub engine_args: Option<String>,
-    /// Engine family (engine-args key `backend`, alias `engine_type`).
-    #[arg(long, value_enum)]
-    pub engine_type: Option<crate::engine_args::EngineType>,
+    /// Engine family and timing source.
+    #[command(flatten)]
+    pub engine: crate::engine_args::EngineFlags,
     /// Write the full JSON report here (a directory gets `mocker_replay_report.json`).
     #[arg(long)]
     pub report_json: Option<PathBuf>,
@@ -254,8 +254,7 @@ impl ReplayArgs {
                         )));
                     }
                 }
-                let launch =
-                    crate::engine_args::launch_config(self.engine_args.as_deref(), self.engine_type)?;
+                let launch = crate::engine_args::launch_config(self.engine_args.as_deref(), &self.engine)?;
                 warn_transfer_keys(
                     "--engine-args",
                     &launch,
@@ -285,9 +284,8 @@ impl ReplayArgs {
                     .into(),
             ));
         }
-        let launch = |flag: &str, args: &str| {
-            crate::engine_args::launch_config_for(flag, Some(args), self.engine_type)
-        };
+        let launch =
+            |flag: &str, args: &str| crate::engine_args::launch_config_for(flag, Some(args), &self.engine);
         let decode_launch = launch("--decode-engine-args", decode)?;
         warn_transfer_keys(
             "--decode-engine-args",

@@ -29,9 +29,9 @@ pub struct ServeArgs {
     /// override it.
     #[arg(long, visible_alias = "extra-engine-args")]
     pub engine_args: Option<String>,
-    /// Engine family (engine-args key `backend`, alias `engine_type`).
-    #[arg(long, value_enum)]
-    pub engine_type: Option<crate::engine_args::EngineType>,
+    /// Engine family and timing source.
+    #[command(flatten)]
+    pub engine: crate::engine_args::EngineFlags,
     /// Tokens per KV block.
     #[arg(long)]
     pub block_size: Option<usize>,
@@ -127,7 +127,7 @@ fn seconds(flag: &str, value: f64, positive: bool) -> Result<Duration, UsageErro
 
 impl ServeArgs {
     fn launch_config(&self) -> Result<LaunchConfig, UsageError> {
-        let mut launch = crate::engine_args::launch_config(self.engine_args.as_deref(), self.engine_type)?;
+        let mut launch = crate::engine_args::launch_config(self.engine_args.as_deref(), &self.engine)?;
         let engine = &mut launch.engine;
         if let Some(v) = self.block_size {
             engine.block_size = v;

@@ -249,7 +249,7 @@ impl SweepArgs {
                     Some(base) => crate::engine_args::merge_engine_args("--engine-args", base, &flag, arg)?,
                     None => arg.clone(),
                 };
-                let launch = crate::engine_args::launch_config_for(&flag, Some(&merged), b.engine_type)?;
+                let launch = crate::engine_args::launch_config_for(&flag, Some(&merged), &b.engine)?;
                 Ok((arg.clone(), Some(launch)))
             })
             .collect()

@@ -18,6 +18,9 @@ pub use parse::{read_args_file, MAX_ARGS_FILE_BYTES};
 mod tests;
 mod validate;
 
+use std::sync::Arc;
+
+use crate::timing::ProfileTable;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -194,6 +197,10 @@ pub enum TimingModelConfig {
         provider: String,
         /// Provider-specific settings.
         config: Value,
+        /// The `dynamo_profile` table named by `config.path`, once a shell has read it
+        /// (the core does no I/O; an engine refuses an unread profile).
+        #[serde(skip)]
+        profile: Option<Arc<ProfileTable>>,
     },
 }
 

@@ -301,7 +301,7 @@ fn parse_timing(v: &Value, path: &str) -> Result<TimingModelConfig> {
             let o = Obj::new(v, path, "type provider config")?;
             let provider = o.must("provider", to_string)?;
             let config = o.map.get("config").cloned().unwrap_or_else(|| json!({}));
-            Ok(TimingModelConfig::External { provider, config })
+            Ok(TimingModelConfig::External { provider, config, profile: None })
         }
         other => Err(invalid_choice(&type_path, other, &["polynomial", "fixed", "external"])),
     }

@@ -161,7 +161,7 @@ fn validate_timing(t: &TimingModelConfig, path: &str) -> Result<()> {
             float_range(join(path, "prefill_ms"), *prefill_ms, 0.0, MAX_PASS_MS)?;
             float_range(join(path, "decode_ms"), *decode_ms, 0.0, MAX_PASS_MS)
         }
-        TimingModelConfig::External { provider, config } => {
+        TimingModelConfig::External { provider, config, .. } => {
             if !TIMING_PROVIDERS.contains(&provider.as_str()) {
                 let choices = TIMING_PROVIDERS.join(", ");
                 let msg =

@@ -1,6 +1,12 @@
 //! Forward-pass timing models: how long a pass takes on the modelled GPU.
 
+use std::sync::Arc;
+
 use crate::config::{EngineConfig, TimingModelConfig};
+
+mod profile;
+
+pub use profile::{ProfileArrays, ProfileError, ProfileTable};
 
 /// What a timing model sees of one pass's prefill work.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -88,6 +94,18 @@ impl TimingModel for Fixed {
     }
 }
 
+/// A profile shared by every rank and worker built from one configuration.
+impl TimingModel for Arc<ProfileTable> {
+    #[inline]
+    fn prefill_ms(&self, s: PrefillShape) -> f64 {
+        self.as_ref().prefill_ms(s)
+    }
+    #[inline]
+    fn decode_ms(&self, s: DecodeShape) -> f64 {
+        self.as_ref().decode_ms(s)
+    }
+}
+
 /// Error building a timing model from configuration.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("engine.timing_model: {0}")]
@@ -100,8 +118,17 @@ pub fn build_timing_model(config: &EngineConfig) -> Result<Box<dyn TimingModel>,
         TimingModelConfig::Fixed { prefill_ms, decode_ms } => {
             Ok(Box::new(Fixed { prefill_ms: *prefill_ms, decode_ms: *decode_ms }))
         }
+        TimingModelConfig::External { provider, profile: Some(table), .. } if provider == "dynamo_profile" => {
+            Ok(Box::new(Arc::clone(table)))
+        }
+        TimingModelConfig::External { provider, config, .. } if provider == "dynamo_profile" => {
+            Err(TimingModelError(format!(
+                "the dynamo_profile table {} has not been read; load it before building the engine",
+                config.get("path").unwrap_or(&serde_json::Value::Null)
+            )))
+        }
         TimingModelConfig::External { provider, .. } => Err(TimingModelError(format!(
-            "external timing provider {provider:?} is not supported yet; use polynomial or fixed"
+            "external timing provider {provider:?} is not supported yet; use polynomial, fixed or dynamo_profile"
         ))),
     }
 }

@@ -1,0 +1,313 @@
+//! Pass timing from measured lookup tables (the reference's `dynamo_profile` provider).
+//!
+//! A profile is two tables: prefill time over the number of new tokens in the pass, and
+//! decode time over (KV tokens attended to, mean context per request). Both are read by
+//! linear interpolation that keeps extending the end segments past the table's range, as
+//! the reference does; the arithmetic is kept in the same order so the results agree to
+//! the last bit.
+
+use super::{DecodeShape, PrefillShape, TimingModel};
+
+/// Why a set of arrays is not a usable profile.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ProfileError {
+    /// `prefill_isl` and `prefill_ttft_ms` differ in length.
+    #[error("Prefill array length mismatch: isl={isl}, ttft={ttft}")]
+    PrefillLength {
+        /// Points on the ISL axis.
+        isl: usize,
+        /// Values given.
+        ttft: usize,
+    },
+    /// The decode grid's shape does not match its axes.
+    #[error(
+        "Decode array dimension mismatch: itl shape=({rows}, {cols}), active_kv={kv}, context={context}"
+    )]
+    DecodeShape {
+        /// Rows of `decode_itl`.
+        rows: usize,
+        /// Columns of `decode_itl`.
+        cols: usize,
+        /// Points on the KV axis.
+        kv: usize,
+        /// Points on the context axis.
+        context: usize,
+    },
+    /// An axis has fewer than two points or is not strictly increasing.
+    #[error("{array}: {reason}")]
+    Axis {
+        /// The array's name in the profile file.
+        array: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A value is NaN or infinite.
+    #[error("{array}: value {value} at index {index} is not finite")]
+    NotFinite {
+        /// The array's name in the profile file.
+        array: &'static str,
+        /// Flat index of the value.
+        index: usize,
+        /// The value.
+        value: f64,
+    },
+}
+
+/// A strictly increasing axis with at least two points.
+fn check_axis(array: &'static str, xs: &[f64]) -> Result<(), ProfileError> {
+    check_finite(array, xs)?;
+    if xs.len() < 2 {
+        let reason = format!("needs at least 2 points to interpolate, got {}", xs.len());
+        return Err(ProfileError::Axis { array, reason });
+    }
+    if let Some(i) = xs.windows(2).position(|w| w[0] >= w[1]) {
+        let reason = format!(
+            "axis must be strictly increasing, but value {} at index {} is followed by {}",
+            xs[i],
+            i,
+            xs[i + 1]
+        );
+        return Err(ProfileError::Axis { array, reason });
+    }
+    Ok(())
+}
+
+fn check_finite(array: &'static str, xs: &[f64]) -> Result<(), ProfileError> {
+    match xs.iter().position(|v| !v.is_finite()) {
+        Some(index) => Err(ProfileError::NotFinite { array, index, value: xs[index] }),
+        None => Ok(()),
+    }
+}
+
+/// Index `i` of the segment `[xs[i], xs[i+1]]` used for `x`: the last point at or left of
+/// `x`, clamped so that points beyond either end use the first or last segment.
+#[inline]
+fn segment(xs: &[f64], x: f64) -> usize {
+    // `xs` is strictly increasing with at least two points (checked at construction).
+    xs.partition_point(|&v| v <= x).saturating_sub(1).min(xs.len() - 2)
+}
+
+/// The value at `x` on the line through `(x1, y1)` and `(x2, y2)`, computed in the
+/// reference's order (slope first) so both agree bit for bit.
+#[inline]
+fn on_line((x1, y1): (f64, f64), (x2, y2): (f64, f64), x: f64) -> f64 {
+    let slope = (y2 - y1) / (x2 - x1);
+    slope * (x - x1) + y1
+}
+
+/// A measured timing profile: the converted lookup-table form of Dynamo's planner profiles.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfileTable {
+    prefill_isl: Vec<f64>,
+    prefill_ttft_ms: Vec<f64>,
+    decode_kv: Vec<f64>,
+    decode_context: Vec<f64>,
+    /// Row-major, `decode_kv.len()` rows by `decode_context.len()` columns.
+    decode_itl_ms: Vec<f64>,
+}
+
+/// The arrays of a profile, named as in the reference's `perf_data.npz`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProfileArrays {
+    /// New prefill tokens in a pass (strictly increasing).
+    pub prefill_isl: Vec<f64>,
+    /// Prefill time in ms at each `prefill_isl` point.
+    pub prefill_ttft_ms: Vec<f64>,
+    /// Decode grid rows: KV tokens attended to in the pass (strictly increasing).
+    pub decode_active_kv_tokens: Vec<f64>,
+    /// Decode grid columns: mean context length per request (strictly increasing).
+    pub decode_context_length: Vec<f64>,
+    /// Decode time in ms, row-major.
+    pub decode_itl: Vec<f64>,
+    /// Shape of `decode_itl` as stored: (rows, columns).
+    pub decode_itl_shape: (usize, usize),
+}
+
+impl ProfileTable {
+    /// Checks the arrays (lengths, grid shape, axes strictly increasing, values finite)
+    /// and builds the table.
+    pub fn new(a: ProfileArrays) -> Result<Self, ProfileError> {
+        if a.prefill_isl.len() != a.prefill_ttft_ms.len() {
+            return Err(ProfileError::PrefillLength {
+                isl: a.prefill_isl.len(),
+                ttft: a.prefill_ttft_ms.len(),
+            });
+        }
+        let (rows, cols) = a.decode_itl_shape;
+        if rows != a.decode_active_kv_tokens.len()
+            || cols != a.decode_context_length.len()
+            || rows * cols != a.decode_itl.len()
+        {
+            return Err(ProfileError::DecodeShape {
+                rows,
+                cols,
+                kv: a.decode_active_kv_tokens.len(),
+                context: a.decode_context_length.len(),
+            });
+        }
+        check_axis("prefill_isl", &a.prefill_isl)?;
+        check_finite("prefill_ttft_ms", &a.prefill_ttft_ms)?;
+        check_axis("decode_active_kv_tokens", &a.decode_active_kv_tokens)?;
+        check_axis("decode_context_length", &a.decode_context_length)?;
+        check_finite("decode_itl", &a.decode_itl)?;
+        Ok(Self {
+            prefill_isl: a.prefill_isl,
+            prefill_ttft_ms: a.prefill_ttft_ms,
+            decode_kv: a.decode_active_kv_tokens,
+            decode_context: a.decode_context_length,
+            decode_itl_ms: a.decode_itl,
+        })
+    }
+
+    /// The arrays back, as they would be written to a profile file.
+    pub fn arrays(&self) -> ProfileArrays {
+        ProfileArrays {
+            prefill_isl: self.prefill_isl.clone(),
+            prefill_ttft_ms: self.prefill_ttft_ms.clone(),
+            decode_active_kv_tokens: self.decode_kv.clone(),
+            decode_context_length: self.decode_context.clone(),
+            decode_itl: self.decode_itl_ms.clone(),
+            decode_itl_shape: (self.decode_kv.len(), self.decode_context.len()),
+        }
+    }
+
+    /// Raw prefill time (ms, before floors) for `tokens` new tokens in one pass.
+    pub fn prefill_at(&self, tokens: f64) -> f64 {
+        let (xs, ys) = (&self.prefill_isl, &self.prefill_ttft_ms);
+        let i = segment(xs, tokens);
+        on_line((xs[i], ys[i]), (xs[i + 1], ys[i + 1]), tokens)
+    }
+
+    /// Raw decode time (ms, before floors) at `kv` tokens and mean context `context`.
+    pub fn decode_at(&self, kv: f64, context: f64) -> f64 {
+        let (xs, ys) = (&self.decode_kv, &self.decode_context);
+        let (i, j) = (segment(xs, kv), segment(ys, context));
+        let cols = ys.len();
+        let z = |r: usize, c: usize| self.decode_itl_ms[r * cols + c];
+        let (x1, x2, y1, y2) = (xs[i], xs[i + 1], ys[j], ys[j + 1]);
+        let at_y1 = on_line((x1, z(i, j)), (x2, z(i + 1, j)), kv);
+        let at_y2 = on_line((x1, z(i, j + 1)), (x2, z(i + 1, j + 1)), kv);
+        on_line((y1, at_y1), (y2, at_y2), context)
+    }
+}
+
+impl TimingModel for ProfileTable {
+    #[inline]
+    fn prefill_ms(&self, s: PrefillShape) -> f64 {
+        let new = s.mean_isl.saturating_sub(s.mean_prefix);
+        if s.batch == 0 || new == 0 {
+            return 0.0;
+        }
+        // NaN (impossible with finite tables) would read as "no time", as in the reference.
+        let ms = self.prefill_at((s.batch * new) as f64);
+        if ms.is_nan() {
+            0.0
+        } else {
+            ms.max(0.0)
+        }
+    }
+
+    #[inline]
+    fn decode_ms(&self, s: DecodeShape) -> f64 {
+        if s.batch == 0 {
+            return 0.0;
+        }
+        let context = s.active_kv_tokens / s.batch;
+        let ms = self.decode_at(s.active_kv_tokens as f64, context as f64);
+        // Emitting passes never collapse onto one timestamp.
+        if ms.is_nan() {
+            1.0
+        } else {
+            ms.max(1.0)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(isl: &[f64], ttft: &[f64], kv: &[f64], ctx: &[f64], itl: &[f64]) -> ProfileTable {
+        ProfileTable::new(ProfileArrays {
+            prefill_isl: isl.to_vec(),
+            prefill_ttft_ms: ttft.to_vec(),
+            decode_active_kv_tokens: kv.to_vec(),
+            decode_context_length: ctx.to_vec(),
+            decode_itl: itl.to_vec(),
+            decode_itl_shape: (kv.len(), ctx.len()),
+        })
+        .unwrap()
+    }
+
+    fn reference_example() -> ProfileTable {
+        table(
+            &[0.0, 1000.0, 2000.0],
+            &[0.0, 100.0, 300.0],
+            &[0.0, 10000.0],
+            &[0.0, 1000.0],
+            &[2.0, 4.0, 10.0, 20.0],
+        )
+    }
+
+    fn prefill(t: &ProfileTable, tokens: usize) -> f64 {
+        t.prefill_ms(PrefillShape { batch: 1, mean_isl: tokens, mean_prefix: 0 })
+    }
+
+    fn decode(t: &ProfileTable, batch: usize, kv: usize) -> f64 {
+        t.decode_ms(DecodeShape { batch, active_kv_tokens: kv, total_kv_tokens: 1 << 20 })
+    }
+
+    #[test]
+    fn prefill_interpolates_and_extends_end_segments() {
+        let t = reference_example();
+        assert_eq!(prefill(&t, 500), 50.0);
+        assert_eq!(prefill(&t, 3000), 500.0);
+        assert_eq!(prefill(&t, 1000), 100.0);
+        assert_eq!(prefill(&t, 0), 0.0);
+        // A batch is looked up at batch × (isl − prefix), with the means as given.
+        let s = PrefillShape { batch: 3, mean_isl: 600, mean_prefix: 100 };
+        assert_eq!(t.prefill_ms(s), 200.0);
+    }
+
+    #[test]
+    fn prefill_below_the_table_follows_the_first_segment_and_floors_at_zero() {
+        let falling = table(&[1000.0, 2000.0], &[200.0, 100.0], &[0.0, 1.0], &[0.0, 1.0], &[1.0; 4]);
+        assert_eq!(prefill(&falling, 100), 290.0);
+        assert_eq!(prefill(&falling, 5000), 0.0, "negative extrapolation floors at 0");
+    }
+
+    #[test]
+    fn decode_is_bilinear_with_extrapolation_and_a_one_ms_floor() {
+        let t = reference_example();
+        assert!((decode(&t, 1, 501) - 3.6036008).abs() < 1e-12);
+        assert!((decode(&t, 1, 3001) - 17.6076008).abs() < 1e-12);
+        // Context is the integer mean: 1001 tokens over 2 requests reads column 500.
+        let two = decode(&t, 2, 1001);
+        assert!((two - t.decode_at(1001.0, 500.0)).abs() == 0.0);
+        let low = table(&[0.0, 1.0], &[0.0, 1.0], &[0.0, 10.0], &[0.0, 10.0], &[0.1, 0.1, 0.1, 0.1]);
+        assert_eq!(decode(&low, 1, 5), 1.0);
+        assert_eq!(decode(&t, 0, 5), 0.0);
+    }
+
+    #[test]
+    fn malformed_arrays_are_refused_with_the_reference_wording() {
+        let mut a = reference_example().arrays();
+        a.prefill_ttft_ms.pop();
+        let e = ProfileTable::new(a).unwrap_err();
+        assert_eq!(e.to_string(), "Prefill array length mismatch: isl=3, ttft=2");
+
+        let mut a = reference_example().arrays();
+        a.decode_context_length.push(2000.0);
+        let e = ProfileTable::new(a).unwrap_err().to_string();
+        assert!(e.starts_with("Decode array dimension mismatch: itl shape=(2, 2)"), "{e}");
+
+        let mut a = reference_example().arrays();
+        a.prefill_isl = vec![0.0, 1000.0, 1000.0];
+        let e = ProfileTable::new(a).unwrap_err().to_string();
+        assert!(e.contains("prefill_isl") && e.contains("strictly increasing"), "{e}");
+
+        let mut a = reference_example().arrays();
+        a.decode_itl[3] = f64::NAN;
+        assert!(ProfileTable::new(a).unwrap_err().to_string().contains("decode_itl"));
+    }
+}
