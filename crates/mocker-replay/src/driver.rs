@@ -199,8 +199,10 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     // block is never looked up by another request, and KV events stay with our router.
     let outputs_reappear = matches!(&options.workload,
         Workload::Trace(t) if t.trace.format == crate::trace::TraceFormat::MooncakeDelta);
-    let new_worker = |launch: &LaunchConfig, role: Role, record_kv_events: bool| {
+    let new_worker = |launch: &LaunchConfig, role: Role, record_kv_events: bool, index: usize| {
         let engine = Engine::new(EngineOptions {
+            // The reference seeds each rank's MTP sampler at `worker * dp_size + rank`.
+            seed_offset: (index * launch.dp_size) as u64,
             config: launch.engine.clone(),
             record_kv_events,
             // Per-request logs need every token's time; aggregate reports only counts.
@@ -220,15 +222,15 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     };
     let entry_role = if disaggregated { Role::Prefill } else { Role::Aggregated };
     let mut workers = Vec::with_capacity(options.cluster.total_workers());
-    for _ in 0..entry.workers {
-        workers.push(new_worker(&entry.launch, entry_role, router.wants_kv_events())?);
+    for i in 0..entry.workers {
+        workers.push(new_worker(&entry.launch, entry_role, router.wants_kv_events(), i)?);
     }
     let disagg = match options.cluster.decode() {
         None => None,
         Some(decode) => {
             // The decode pool's router balances load only: it reads no KV events.
-            for _ in 0..decode.workers {
-                workers.push(new_worker(&decode.launch, Role::Decode, false)?);
+            for i in 0..decode.workers {
+                workers.push(new_worker(&decode.launch, Role::Decode, false, i)?);
             }
             let router = Router::new(
                 options.router,
