@@ -185,9 +185,9 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     let entry = options.cluster.entry();
     let block_size = entry.launch.engine.block_size;
     let disaggregated = options.cluster.decode().is_some();
+    let router_config = options.router_config.with_runtime(&entry.launch.dynamo);
     // A disaggregated cluster routes each pool as the reference derives it.
-    let entry_router_config =
-        if disaggregated { options.router_config.for_prefill_pool() } else { options.router_config };
+    let entry_router_config = if disaggregated { router_config.for_prefill_pool() } else { router_config };
     let router = Router::new(
         options.router,
         entry_router_config,
@@ -234,7 +234,7 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
             }
             let router = Router::new(
                 options.router,
-                options.router_config.for_decode_pool(),
+                router_config.for_decode_pool(),
                 decode.workers,
                 block_size,
                 decode.launch.engine.max_num_batched_tokens,
@@ -242,8 +242,8 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
             Some(Disagg::new(entry.workers, decode.workers, router, &entry.launch.engine))
         }
     };
-    let queue = (router.wants_kv_events() && options.router_config.router_queue_threshold.is_some())
-        .then(|| RouterQueue::new(options.router_config.router_queue_policy));
+    let queue = (router.wants_kv_events() && router_config.router_queue_threshold.is_some())
+        .then(|| RouterQueue::new(router_config.router_queue_policy));
     let engines = || options.cluster.pools().map(|p| &p.launch.engine);
     // The KV router makes the engines record events, whose Stored blocks carry locals.
     let hashing = match (router.wants_kv_events(), engines().any(|e| e.enable_prefix_caching)) {
