@@ -111,3 +111,24 @@ fn disaggregated_pools_match_reference() {
     };
     check(options, (2491.258388, 89.339421, 2.878843), "2P2D");
 }
+
+/// With a per-request log every token is itemized: bursts show as tokens sharing their
+/// pass end, and the report is the same as without the log.
+#[test]
+fn per_request_log_sees_bursts_and_the_same_report() {
+    let options = ReplayOptions {
+        cluster: Cluster::aggregated(launch(r#"{"engine":{"aic_nextn":3}}"#), 1),
+        workload: workload(1000, 100, 100, 16).into(),
+        ..Default::default()
+    };
+    let mut records = Vec::new();
+    let mut sink = |r: mocker_replay::RequestRecord| records.push(r);
+    let hooks = mocker_replay::Hooks { request_ended: Some(&mut sink), ..Default::default() };
+    let s = mocker_replay::run_replay(&options, hooks).expect("replay runs").summary;
+    assert!((s.duration_ms - 4613.344926).abs() < 1e-6, "duration {}", s.duration_ms);
+    assert_eq!(records.len(), 100);
+    let tokens: usize = records.iter().map(|r| r.token_times_ms.len()).sum();
+    assert_eq!(tokens, 100 * 100, "every output token is logged once");
+    let repeated = records.iter().flat_map(|r| r.token_times_ms.windows(2)).filter(|w| w[0] == w[1]).count();
+    assert!(repeated > 0, "some tokens share a pass end (a burst)");
+}
