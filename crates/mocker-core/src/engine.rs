@@ -31,6 +31,10 @@ pub struct EngineOptions {
     /// stay in the process (offline replay): prefix hits are unchanged, hash values are not
     /// the reference's.
     pub opaque_output_blocks: bool,
+    /// Offset of this rank's MTP sampler seed from `aic_mtp_seed` (wrapping add): the
+    /// reference gives rank `r` of worker `w` the offset `w * dp_size + r`, so ranks draw
+    /// distinct, reproducible acceptance streams.
+    pub seed_offset: u64,
 }
 
 /// Why an engine could not be built or a request not accepted.
@@ -92,10 +96,16 @@ impl Engine {
             record_kv_events,
             aggregate_steady_tokens,
             opaque_output_blocks,
+            seed_offset,
         } = options;
         let timing = build_timing_model(&config)?;
-        let opts =
-            SchedulerOptions { dp_rank, record_kv_events, aggregate_steady_tokens, opaque_output_blocks };
+        let opts = SchedulerOptions {
+            dp_rank,
+            record_kv_events,
+            aggregate_steady_tokens,
+            opaque_output_blocks,
+            seed_offset,
+        };
         let core = match config.backend {
             Backend::Sglang => {
                 if config.worker_type != WorkerType::Aggregated {

@@ -179,6 +179,8 @@ impl LiveEngine {
                 config: config.clone(),
                 dp_rank: r as u32,
                 record_kv_events: o.kv_events.is_some(),
+                // One worker: rank r draws MTP acceptances from seed + r, as the reference.
+                seed_offset: r as u64,
                 ..Default::default()
             })
             .map_err(|e| LiveError::InvalidArguments(e.to_string()))?;

@@ -185,9 +185,9 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     let entry = options.cluster.entry();
     let block_size = entry.launch.engine.block_size;
     let disaggregated = options.cluster.decode().is_some();
+    let router_config = options.router_config.with_runtime(&entry.launch.dynamo);
     // A disaggregated cluster routes each pool as the reference derives it.
-    let entry_router_config =
-        if disaggregated { options.router_config.for_prefill_pool() } else { options.router_config };
+    let entry_router_config = if disaggregated { router_config.for_prefill_pool() } else { router_config };
     let router = Router::new(
         options.router,
         entry_router_config,
@@ -199,8 +199,10 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     // block is never looked up by another request, and KV events stay with our router.
     let outputs_reappear = matches!(&options.workload,
         Workload::Trace(t) if t.trace.format == crate::trace::TraceFormat::MooncakeDelta);
-    let new_worker = |launch: &LaunchConfig, role: Role, record_kv_events: bool| {
+    let new_worker = |launch: &LaunchConfig, role: Role, record_kv_events: bool, index: usize| {
         let engine = Engine::new(EngineOptions {
+            // The reference seeds each rank's MTP sampler at `worker * dp_size + rank`.
+            seed_offset: (index * launch.dp_size) as u64,
             config: launch.engine.clone(),
             record_kv_events,
             // Per-request logs need every token's time; aggregate reports only counts.
@@ -220,19 +222,19 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     };
     let entry_role = if disaggregated { Role::Prefill } else { Role::Aggregated };
     let mut workers = Vec::with_capacity(options.cluster.total_workers());
-    for _ in 0..entry.workers {
-        workers.push(new_worker(&entry.launch, entry_role, router.wants_kv_events())?);
+    for i in 0..entry.workers {
+        workers.push(new_worker(&entry.launch, entry_role, router.wants_kv_events(), i)?);
     }
     let disagg = match options.cluster.decode() {
         None => None,
         Some(decode) => {
             // The decode pool's router balances load only: it reads no KV events.
-            for _ in 0..decode.workers {
-                workers.push(new_worker(&decode.launch, Role::Decode, false)?);
+            for i in 0..decode.workers {
+                workers.push(new_worker(&decode.launch, Role::Decode, false, i)?);
             }
             let router = Router::new(
                 options.router,
-                options.router_config.for_decode_pool(),
+                router_config.for_decode_pool(),
                 decode.workers,
                 block_size,
                 decode.launch.engine.max_num_batched_tokens,
@@ -240,8 +242,8 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
             Some(Disagg::new(entry.workers, decode.workers, router, &entry.launch.engine))
         }
     };
-    let queue = (router.wants_kv_events() && options.router_config.router_queue_threshold.is_some())
-        .then(|| RouterQueue::new(options.router_config.router_queue_policy));
+    let queue = (router.wants_kv_events() && router_config.router_queue_threshold.is_some())
+        .then(|| RouterQueue::new(router_config.router_queue_policy));
     let engines = || options.cluster.pools().map(|p| &p.launch.engine);
     // The KV router makes the engines record events, whose Stored blocks carry locals.
     let hashing = match (router.wants_kv_events(), engines().any(|e| e.enable_prefix_caching)) {

@@ -307,6 +307,7 @@ impl ReplayArgs {
     /// The replay these flags describe.
     pub fn options(&self) -> Result<ReplayOptions, UsageError> {
         let cluster = self.cluster()?;
+        self.warn_inactive_launch_keys(&cluster);
         let r = self.arrival_speedup_ratio;
         if !(r.is_finite() && r > 0.0) {
             return Err(UsageError(format!(
@@ -352,6 +353,30 @@ impl ReplayArgs {
         let mode = if self.mode == Mode::Online { "online" } else { "offline" };
         options.validate(mode).map_err(|e| UsageError(cluster_error(e, &options.cluster)))?;
         Ok(options)
+    }
+}
+
+impl ReplayArgs {
+    /// Warns on stderr about launch keys the replay accepts but that do nothing here, as in
+    /// the reference's offline replay, and says where they apply.
+    fn warn_inactive_launch_keys(&self, cluster: &Cluster) {
+        let flag = if cluster.decode().is_some() { "--prefill-engine-args" } else { "--engine-args" };
+        for pool in cluster.pools() {
+            if pool.launch.startup_time.is_some() {
+                let flag = if std::ptr::eq(pool, cluster.entry()) { flag } else { "--decode-engine-args" };
+                eprintln!(
+                    "warning: {flag}: startup_time not used by replay (its workers are up from the start, as \
+                     in the reference's replay); it applies to serve"
+                );
+            }
+        }
+        let kv = parse_router("--router", &self.router).is_ok_and(|m| m == RouterMode::Kv);
+        if !kv && cluster.entry().launch.dynamo.router_queue_policy.is_some() {
+            eprintln!(
+                "warning: {flag}: dynamo.router_queue_policy not used here; it orders the KV router's queue \
+                 (--router kv with a router_queue_threshold)"
+            );
+        }
     }
 }
 

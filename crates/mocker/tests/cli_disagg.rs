@@ -164,3 +164,20 @@ fn transfer_keys_where_they_do_nothing_are_named_in_a_warning() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stderr(&out).contains("--engine-args: kv_transfer_timing_mode not used here"));
 }
+
+/// The reference's replay ignores `startup_time` (workers are up from t=0; measured: 2 s
+/// changes no figure) and orders no queue without the KV router: both are named in a warning.
+#[test]
+fn serve_and_router_only_launch_keys_are_named_in_a_warning() {
+    let out = mocker(&args(&["--engine-args", r#"{"engine": {}, "startup_time": 2}"#]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("--engine-args: startup_time not used by replay"), "{err}");
+    let policy = r#"{"engine": {}, "dynamo": {"router_queue_policy": "lcfs"}}"#;
+    let out = mocker(&args(&["--engine-args", policy]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("--engine-args: dynamo.router_queue_policy not used here"), "{err}");
+    let out = mocker(&args(&["--engine-args", policy, "--router", "kv"]));
+    assert!(!stderr(&out).contains("router_queue_policy"), "{}", stderr(&out));
+}

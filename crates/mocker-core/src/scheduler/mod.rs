@@ -249,6 +249,8 @@ pub struct SchedulerOptions {
     pub aggregate_steady_tokens: bool,
     /// Opaque identities for generated blocks (see `EngineOptions::opaque_output_blocks`).
     pub opaque_output_blocks: bool,
+    /// Added to `aic_mtp_seed` (see `EngineOptions::seed_offset`).
+    pub seed_offset: u64,
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use crate::timing::{scaled_nanos, DecodeShape, PrefillShape, TimingModel};
 use super::{Pass, PrefixCacheBusy, RunEntry, SchedulerOptions, SubmitError};
 
 mod handoff;
+mod mtp;
 mod steady;
 pub use handoff::{Reservation, ReserveError};
 
@@ -119,6 +120,8 @@ pub struct VllmScheduler {
     aggregate_steady: bool,
     opaque_output_blocks: bool,
     timing: Box<dyn TimingModel>,
+    /// Speculative decoding (`aic_nextn`), if configured.
+    mtp: Option<mtp::Mtp>,
 
     seqs: Vec<Option<Seq>>,
     free_slots: Vec<u32>,
@@ -178,9 +181,16 @@ impl VllmScheduler {
             dp_rank: options.dp_rank,
             record_kv_events: options.record_kv_events && prefix_caching,
             kv_token_ids: config.emit_kv_token_ids,
-            aggregate_steady: options.aggregate_steady_tokens,
+            // Bursts vary per pass: no two passes are alike, so no steady runs.
+            aggregate_steady: options.aggregate_steady_tokens && config.aic_nextn.is_none(),
             opaque_output_blocks: options.opaque_output_blocks,
             timing,
+            mtp: config.aic_nextn.map(|_| {
+                mtp::Mtp::new(
+                    &config.mtp_accept_rates(),
+                    config.aic_mtp_seed.wrapping_add(options.seed_offset),
+                )
+            }),
             seqs: Vec::new(),
             free_slots: Vec::new(),
             retired_slots: Vec::new(),
@@ -407,9 +417,17 @@ impl VllmScheduler {
         if b.preempted == 0 {
             self.admit_waiting(&mut b, &mut pass);
         }
+        if self.mtp.is_some() {
+            self.mtp_reserve(&mut b);
+            self.flush_evicted(&mut pass);
+        }
         let (prefill_ns, decode_ns) = self.pass_cost(&b, &mut pass.metrics);
         pass.end_ns = now_ns + prefill_ns + decode_ns;
-        self.emit(&mut pass);
+        if self.mtp.is_some() {
+            self.emit_mtp(&mut pass);
+        } else {
+            self.emit(&mut pass);
+        }
 
         let m = &mut pass.metrics;
         m.dp_rank = self.dp_rank;
@@ -588,6 +606,11 @@ impl VllmScheduler {
             let max_cached = (len - 1) / bs * bs;
             cached = cached.min(max_cached);
             active_cached = active_cached.min(max_cached);
+            if self.mtp.is_some() && cached >= bs {
+                // The draft head needs the hidden state of one more block.
+                cached -= bs;
+                active_cached = active_cached.min(cached);
+            }
         }
         PrefillCost { cached, active_cached }
     }
@@ -668,9 +691,10 @@ impl VllmScheduler {
         seq.pass_tokens = want;
         seq.pass_prompt_tokens = prompt_tokens;
         seq.pass_prefix = prefix;
-        // A request finishing its prompt samples its first token from the prefill forward.
+        // A request finishing its prompt samples its first token from the prefill forward,
+        // unless drafts must be verified (MTP): then it joins the decode forward.
         seq.pass_decode = seq.num_computed == seq.len
-            && !(seq.generated == 0 && prompt_tokens > 0)
+            && (self.mtp.is_some() || !(seq.generated == 0 && prompt_tokens > 0))
             && !seq.generation_complete();
         if seq.pass_decode {
             b.decode_batch += 1;
@@ -925,17 +949,29 @@ impl VllmScheduler {
         }
         self.totals.generation_tokens_total += tokens + steady as u64;
         if finished {
-            let seqs = &self.seqs;
-            let mut retired = std::mem::take(&mut self.rejected);
-            self.running.retain(|e| {
-                let done = seqs[e.key.0 as usize].as_ref().is_some_and(|s| s.done);
-                if done {
-                    retired.push(e.key);
-                }
-                !done
-            });
-            self.rejected = retired;
+            self.retire_done();
+        } else {
+            self.retire_rejected();
         }
+    }
+
+    /// Retires the requests that finished in this pass, then the rejected ones.
+    fn retire_done(&mut self) {
+        let seqs = &self.seqs;
+        let mut retired = std::mem::take(&mut self.rejected);
+        self.running.retain(|e| {
+            let done = seqs[e.key.0 as usize].as_ref().is_some_and(|s| s.done);
+            if done {
+                retired.push(e.key);
+            }
+            !done
+        });
+        self.rejected = retired;
+        self.retire_rejected();
+    }
+
+    /// Retires the requests rejected (or finished) in this pass.
+    fn retire_rejected(&mut self) {
         for i in 0..self.rejected.len() {
             let key = self.rejected[i];
             self.retire(key);

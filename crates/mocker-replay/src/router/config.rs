@@ -115,6 +115,19 @@ impl KvRouterConfig {
         Ok(c)
     }
 
+    /// Applies the router keys a worker's engine args carry in their `dynamo` object, as
+    /// the reference does: `dynamo.router_queue_policy` overrides `router_queue_policy`.
+    pub fn with_runtime(self, runtime: &mocker_core::config::RuntimeConfig) -> Self {
+        let policy = match runtime.router_queue_policy.as_deref() {
+            Some("fcfs") => QueuePolicy::Fcfs,
+            Some("lcfs") => QueuePolicy::Lcfs,
+            Some("wspt") => QueuePolicy::Wspt,
+            // Validated with the engine args; anything else cannot reach here.
+            _ => self.router_queue_policy,
+        };
+        Self { router_queue_policy: policy, ..self }
+    }
+
     /// The prefill pool's router in a disaggregated replay (as the reference derives it):
     /// prefix-aware, without the blocks of live requests, which leave after their prefill.
     pub fn for_prefill_pool(self) -> Self {
