@@ -388,8 +388,10 @@ impl ServerMetrics {
         Self { registry, options, ranks, iteration, created }
     }
 
-    /// A forward-pass sink feeding rank `rank`'s `vllm:iteration_tokens_total` (tokens
-    /// computed per engine step), chained before `next`; `next` alone for SGLang.
+    /// A forward-pass sink feeding rank `rank`'s `vllm:iteration_tokens_total`, chained
+    /// before `next`; `next` alone for SGLang. A step's tokens are those it computed: prompt
+    /// chunk tokens plus one per decoding request (vLLM counts a prompt's full length, cached
+    /// part included, in the step that finishes its prefill; mocker's passes report chunks).
     pub fn iteration_sink(&self, rank: usize, next: Option<FpmSink>) -> Option<FpmSink> {
         let Some(histogram) = self.iteration.get(rank).cloned() else { return next };
         let mut next = next;
