@@ -223,6 +223,11 @@ impl Actor {
                 let pass = r.engine.step(start);
                 end = end.max(pass.end_ns);
                 effect |= pass.had_effect();
+                for a in &pass.admissions {
+                    if let Some(slot) = r.slots.get_mut(a.key.0 as usize).and_then(Option::as_mut) {
+                        slot.scheduled_ns.get_or_insert(start);
+                    }
+                }
                 if let Some(tx) = &r.admissions {
                     let observed_at = Instant::now();
                     let mut closed = false;

@@ -219,7 +219,8 @@ impl LiveEngine {
             .collect())
     }
 
-    pub(crate) fn is_running(&self) -> bool {
+    /// Whether the engine still runs (not shut down, its actor not failed).
+    pub fn is_running(&self) -> bool {
         self.inner.shared.is_running() && !self.inner.group.token.is_cancelled()
     }
 

@@ -24,6 +24,8 @@ pub(crate) struct Slot {
     tx: mpsc::Sender<OutputSignal>,
     /// A handoff source: its KV stays held after its terminal output.
     source: Option<(Arc<HandoffRoute>, HandoffTransferTiming)>,
+    /// Start of the pass that first admitted the request (simulated ns), once admitted.
+    pub(crate) scheduled_ns: Option<u64>,
 }
 
 /// Everything the actor keeps for one rank.
@@ -154,7 +156,7 @@ impl RankState {
                     None => {}
                 }
                 route.set(RouteState::Active);
-                self.slots[i] = Some(Slot { route, tx: reg.tx.clone(), source });
+                self.slots[i] = Some(Slot { route, tx: reg.tx.clone(), source, scheduled_ns: None });
                 Ok(())
             }
             Err(message) => {
@@ -222,6 +224,7 @@ impl RankState {
                 completed: o.completed,
                 rejected: o.rejected,
                 cached_tokens: o.cached_tokens.map(|c| c as usize),
+                scheduled_ns: if o.index == 0 { slot.scheduled_ns } else { None },
                 handoff_delay_ms,
                 sim_time_ns,
                 observed_at,

@@ -27,6 +27,10 @@ pub struct OutputSignal {
     pub rejected: bool,
     /// Prefix-cache hit at first admission, on the first signal only.
     pub cached_tokens: Option<usize>,
+    /// When the pass that first admitted the request started (simulated ns, see
+    /// `sim_time_ns`), on the first signal only: the end of its queueing, which vLLM's
+    /// queue/prefill/inference-time metrics are measured from.
+    pub scheduled_ns: Option<u64>,
     /// KV transfer delay of a disaggregated prefill, on its terminal signal.
     pub handoff_delay_ms: Option<f64>,
     /// Modelled pass-end time on the engine's simulated clock (ns since the engine started).

@@ -227,3 +227,26 @@ async fn cached_tokens_report_prefix_reuse_on_the_first_signal() {
     }
     e.shutdown().await.unwrap();
 }
+
+// The first signal says when the request's first pass started: a request queued behind a
+// full batch is scheduled when the batch frees, and its prefill runs from there.
+#[tokio::test(start_paused = true)]
+async fn the_first_signal_carries_the_start_of_the_admitting_pass() {
+    let mut config = fixed_config(100.0, 10.0);
+    config.max_num_seqs = 1;
+    let e = LiveEngine::start(config, LiveOptions::default()).unwrap();
+    let mut a = e.submit(generated(1, 8, 3)).await.unwrap();
+    let mut b = e.submit(generated(2, 8, 3)).await.unwrap();
+    let mut a_signals = Vec::new();
+    while let Some(o) = a.recv().await {
+        a_signals.push(o);
+    }
+    let a_start = a_signals[0].scheduled_ns.expect("first signal is scheduled");
+    assert_eq!(a_signals[0].sim_time_ns - a_start, 100_000_000, "prefill from the admitting pass");
+    assert!(a_signals[1..].iter().all(|o| o.scheduled_ns.is_none()));
+    let a_end = a_signals.last().unwrap().sim_time_ns;
+    let b_first = b.recv().await.unwrap();
+    assert_eq!(b_first.scheduled_ns, Some(a_end), "b waits for a's slot");
+    assert_eq!(b_first.sim_time_ns, a_end + 100_000_000);
+    e.shutdown().await.unwrap();
+}

@@ -29,14 +29,15 @@ use crate::tokenizer::Tokenizer;
 pub struct Ranks(pub Vec<LiveEngine>);
 
 impl Ranks {
-    /// Submits to the least-loaded rank.
-    pub async fn submit(&self, request: mocker_core::Request) -> Result<LiveRequest, ApiError> {
-        let rank = self
+    /// Submits to the least-loaded rank; also says which (its position).
+    pub async fn submit(&self, request: mocker_core::Request) -> Result<(LiveRequest, usize), ApiError> {
+        let (position, rank) = self
             .0
             .iter()
-            .min_by_key(|e| e.active_request_count())
+            .enumerate()
+            .min_by_key(|(_, e)| e.active_request_count())
             .ok_or_else(|| ApiError::unavailable("no engine ranks"))?;
-        Ok(rank.submit(request).await?)
+        Ok((rank.submit(request).await?, position))
     }
 }
 
@@ -65,6 +66,9 @@ pub struct AppState {
     pub metrics: ServerMetrics,
     /// Context window (`max_model_len`), when configured.
     pub max_model_len: Option<usize>,
+    /// The longest sequence a request may have, as `/v1/models` reports it: the context
+    /// window, else what one rank's KV pool holds.
+    pub served_max_model_len: usize,
     /// Key required on `/v1/*` and state-changing routes, when set.
     pub api_key: Option<ApiKey>,
     /// Tokens per KV block.
@@ -95,7 +99,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
-        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/health", get(health))
+        .route("/ping", get(health).post(health))
+        .route("/health/ready", get(ready))
         .route("/version", get(|| async { axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})) }))
         .route("/metrics", get(metrics))
         .route("/tokenize", post(tokenize))
@@ -158,11 +164,19 @@ async fn body(state: &AppState, request: Request) -> Result<Bytes, ApiError> {
     })
 }
 
+/// The client's `X-Request-Id`, which vLLM makes the response id (after the prefix).
+fn request_id(request: &Request) -> Option<String> {
+    let id = request.headers().get("x-request-id")?.to_str().ok()?;
+    (!id.is_empty()).then(|| id.to_string())
+}
+
 async fn completions(State(state): State<Arc<AppState>>, request: Request) -> Result<Response, ApiError> {
     let arrived = Instant::now();
+    let request_id = request_id(&request);
     let bytes = body(&state, request).await?;
     let (generation, prompt) = parse_completion(&bytes)?;
-    generate(state, Prepared { endpoint: Endpoint::Completions, generation, prompt }, arrived).await
+    generate(state, Prepared { endpoint: Endpoint::Completions, generation, prompt, request_id }, arrived)
+        .await
 }
 
 async fn chat_completions(
@@ -170,10 +184,26 @@ async fn chat_completions(
     request: Request,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
+    let request_id = request_id(&request);
     let bytes = body(&state, request).await?;
     let (generation, messages) = parse_chat(&bytes)?;
     let prompt = PromptInput::Text(template::render(&messages));
-    generate(state, Prepared { endpoint: Endpoint::Chat, generation, prompt }, arrived).await
+    generate(state, Prepared { endpoint: Endpoint::Chat, generation, prompt, request_id }, arrived).await
+}
+
+/// `/health` and `/ping` (vLLM's alias, GET and POST): 200 while every rank's engine runs,
+/// 503 once one has stopped.
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    match state.ranks.0.iter().all(LiveEngine::is_running) {
+        true => StatusCode::OK.into_response(),
+        false => ApiError::unavailable("the engine is not running").into_response(),
+    }
+}
+
+/// `/health/ready`: ready once the server answers at all (the engine starts before the
+/// listener binds), until the engine stops.
+async fn ready(state: State<Arc<AppState>>) -> Response {
+    health(state).await
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> impl IntoResponse {
@@ -188,15 +218,14 @@ async fn models(State(state): State<Arc<AppState>>) -> impl IntoResponse {
             "owned_by": "mocker",
             "root": state.model_name,
             "parent": null,
-            "max_model_len": state.max_model_len,
+            "max_model_len": state.served_max_model_len,
         }],
     }))
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let mut headers = HeaderMap::new();
-    headers
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(crate::metrics::CONTENT_TYPE));
     (headers, state.metrics.render())
 }
 

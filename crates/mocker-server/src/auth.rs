@@ -3,7 +3,8 @@
 //! As vLLM's authentication middleware, every path under `/v1` needs
 //! `Authorization: Bearer KEY` (the scheme is case-insensitive), matched or not, so an
 //! unknown `/v1/...` path answers 401 rather than telling what exists. Beyond vLLM, routes
-//! that change the engine's state (`/reset_prefix_cache`) need it too. `/health`,
+//! that change the engine's state (`/reset_prefix_cache`) need it too. `/health`, `/ping`,
+//! `/health/ready`,
 //! `/version`, `/metrics`, `/tokenize` and `/detokenize` stay open, as in vLLM: they read
 //! nothing private and change nothing.
 

@@ -4,7 +4,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use crate::app::AppState;
 use crate::error::ApiError;
+use crate::metrics::{FinishReason, FinishedRequest};
 use crate::openai::request::{Generation, PromptInput};
 use crate::openai::response::{ContentFrames, Endpoint, ResponseHeader, Usage, UsageMode};
 use crate::tokenizer::StreamDecoder;
@@ -27,6 +28,8 @@ pub struct Prepared {
     pub generation: Generation,
     /// The prompt to tokenize.
     pub prompt: PromptInput,
+    /// The client's `X-Request-Id`: the response id after its prefix, as in vLLM.
+    pub request_id: Option<String>,
 }
 
 /// Runs a request to its response.
@@ -35,7 +38,7 @@ pub async fn generate(
     prepared: Prepared,
     arrived: Instant,
 ) -> Result<Response, ApiError> {
-    let Prepared { endpoint, mut generation, prompt } = prepared;
+    let Prepared { endpoint, mut generation, prompt, request_id } = prepared;
     if let Some(model) = generation.model.as_deref() {
         if model != state.model_name {
             return Err(ApiError::model_not_found(model));
@@ -57,7 +60,8 @@ pub async fn generate(
     check_context(&state, &tokens, &mut generation)?;
     let prompt_tokens = tokens.len();
     let max_tokens = generation.max_tokens as usize;
-    let mut live = state
+    let submitted = Instant::now();
+    let (mut live, rank) = state
         .ranks
         .submit(Request {
             uuid: uuid::Uuid::new_v4().as_u128(),
@@ -76,23 +80,37 @@ pub async fn generate(
     };
     let header = ResponseHeader {
         endpoint,
-        id: format!("{}{}", endpoint.id_prefix(), uuid::Uuid::new_v4().simple()),
+        id: match request_id {
+            Some(id) => format!("{}{id}", endpoint.id_prefix()),
+            None => format!("{}{}", endpoint.id_prefix(), uuid::Uuid::new_v4().simple()),
+        },
         created: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         model: state.model_name.clone(),
     };
+    let epoch = state.ranks.0[rank].started_at();
+    let first_sim_ns = first.sim_time_ns;
+    let scheduled_ns = first.scheduled_ns.unwrap_or(first_sim_ns).min(first_sim_ns);
     let stream = TokenStream {
         state: state.clone(),
         live,
+        rank,
         arrived,
-        first_at: first.observed_at,
+        queue: (epoch + Duration::from_nanos(scheduled_ns)).saturating_duration_since(submitted),
+        scheduled_ns,
+        first_sim_ns,
         last_at: first.observed_at,
+        max_tokens,
         prompt_tokens,
         cached_tokens: first.cached_tokens.unwrap_or(0),
         generated: 0,
         done: false,
         decoder: StreamDecoder::default(),
     };
-    state.metrics.observe_first_token(first.observed_at.saturating_duration_since(arrived), prompt_tokens);
+    state.metrics.observe_first_token(
+        rank,
+        first.observed_at.saturating_duration_since(arrived),
+        prompt_tokens,
+    );
     if generation.stream {
         let mode =
             UsageMode { include_usage: generation.include_usage, continuous: generation.continuous_usage };
@@ -138,9 +156,16 @@ fn check_context(state: &AppState, tokens: &[u32], generation: &mut Generation) 
 struct TokenStream {
     state: Arc<AppState>,
     live: LiveRequest,
+    /// Position of the rank serving it.
+    rank: usize,
     arrived: Instant,
-    first_at: Instant,
+    /// Submission to the engine until the pass that first scheduled it.
+    queue: Duration,
+    /// That pass's start and the first token's pass end, on the simulated clock.
+    scheduled_ns: u64,
+    first_sim_ns: u64,
     last_at: Instant,
+    max_tokens: usize,
     prompt_tokens: usize,
     cached_tokens: usize,
     generated: usize,
@@ -151,21 +176,28 @@ struct TokenStream {
 impl TokenStream {
     /// Accounts one signal; `true` when it carried a token.
     fn account(&mut self, signal: &OutputSignal) -> bool {
-        if signal.index > 0 && signal.token_id.is_some() {
-            self.state
-                .metrics
-                .observe_inter_token(signal.observed_at.saturating_duration_since(self.last_at));
+        let had_token = signal.token_id.is_some();
+        if had_token {
+            let gap = (signal.index > 0).then(|| signal.observed_at.saturating_duration_since(self.last_at));
+            self.state.metrics.observe_token(self.rank, gap);
         }
         self.last_at = signal.observed_at;
-        let had_token = signal.token_id.is_some();
         self.generated += usize::from(had_token);
         if signal.completed {
             self.done = true;
-            self.state.metrics.observe_finished(
-                signal.observed_at.saturating_duration_since(self.arrived),
-                self.first_at.saturating_duration_since(self.arrived),
-                self.generated,
-            );
+            let ns = |from: u64, to: u64| Duration::from_nanos(to.saturating_sub(from));
+            self.state.metrics.observe_finished(&FinishedRequest {
+                rank: self.rank,
+                e2e: signal.observed_at.saturating_duration_since(self.arrived),
+                queue: self.queue,
+                prefill: ns(self.scheduled_ns, self.first_sim_ns),
+                decode: ns(self.first_sim_ns, signal.sim_time_ns),
+                prompt_tokens: self.prompt_tokens,
+                generated: self.generated,
+                max_tokens: self.max_tokens,
+                n: 1,
+                reason: FinishReason::Length,
+            });
         }
         had_token
     }
@@ -184,6 +216,16 @@ impl TokenStream {
 
     fn usage(&self) -> Usage {
         Usage::new(self.prompt_tokens, self.generated, self.cached_tokens)
+    }
+}
+
+impl Drop for TokenStream {
+    /// A stream dropped before its last token (client gone, stream shed, engine stopped)
+    /// is an aborted request, as vLLM counts it.
+    fn drop(&mut self) {
+        if !self.done {
+            self.state.metrics.observe_aborted(self.rank);
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! mocker's OpenAI-compatible HTTP server: `/v1/completions` and `/v1/chat/completions`
-//! (streamed at the simulated engine's pace), `/v1/models`, `/health`, `/metrics` with
-//! vLLM's metric names, `/tokenize` and `/detokenize`.
+//! (streamed at the simulated engine's pace), `/v1/models`, `/health` (and `/ping`,
+//! `/health/ready`), `/metrics` as vLLM exposes it, `/tokenize` and `/detokenize`.
 
 #![warn(missing_docs)]
 

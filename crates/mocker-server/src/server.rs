@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 use crate::app::{router, AppState, Ranks};
 use crate::auth::ApiKey;
 use crate::conn::{accept_loop, ConnLimits, Connections};
-use crate::metrics::{MetricFlavor, ServerMetrics};
+use crate::metrics::{MetricFlavor, MetricsOptions, ServerMetrics};
 use crate::tokenizer::Tokenizer;
 
 /// Everything one server needs.
@@ -196,13 +196,26 @@ impl BoundServer {
                 options.kv_events = Some(Box::new(move |events| publisher.publish(events)));
             }
         }
+        let flavor =
+            if engine.backend == Backend::Sglang { MetricFlavor::Sglang } else { MetricFlavor::Vllm };
+        let metrics = ServerMetrics::new(MetricsOptions {
+            flavor,
+            model_name: model_name.clone(),
+            dp_ranks: (0..ranks_options.len() as u32).collect(),
+            block_size: engine.block_size,
+            max_model_len: served_max_model_len(&engine),
+        });
         let ranks_options: Vec<LiveOptions> = ranks_options
             .into_iter()
+            .enumerate()
             // A reader that falls a whole buffer behind (one that never reads) is shed, so
             // memory stays bounded per stream and, with the connection limit, in total.
-            .map(|o| LiveOptions {
-                buffering: OutputBuffering::CancelOnOverflow { capacity: stream_buffer_tokens },
-                ..o
+            .map(|(rank, mut o)| {
+                o.forward_pass_metrics = metrics.iteration_sink(rank, o.forward_pass_metrics.take());
+                LiveOptions {
+                    buffering: OutputBuffering::CancelOnOverflow { capacity: stream_buffer_tokens },
+                    ..o
+                }
             })
             .collect();
         let engines = if ranks_options.len() <= 1 {
@@ -211,21 +224,14 @@ impl BoundServer {
         } else {
             LiveEngine::start_group(engine.clone(), ranks_options)?
         };
-        let flavor =
-            if engine.backend == Backend::Sglang { MetricFlavor::Sglang } else { MetricFlavor::Vllm };
-        let metrics = ServerMetrics::new(
-            flavor,
-            &model_name,
-            engine.block_size,
-            engines.iter().map(|e| e.metrics()).collect(),
-            engines.clone(),
-        );
+        metrics.attach_engines(engines.iter().map(|e| e.metrics()).collect(), engines.clone());
         let state = Arc::new(AppState {
             model_name,
             tokenizer,
             ranks: Ranks(engines),
             metrics,
             max_model_len: engine.max_model_len,
+            served_max_model_len: served_max_model_len(&engine),
             api_key,
             block_size: engine.block_size,
             num_gpu_blocks: engine.num_gpu_blocks,
@@ -275,6 +281,12 @@ impl BoundServer {
         }
         result.and(stop_engine(&state).await)
     }
+}
+
+/// The longest sequence a request may have: the context window when set, else what one
+/// rank's KV pool holds (longer requests are refused as never schedulable).
+fn served_max_model_len(engine: &mocker_core::config::EngineConfig) -> usize {
+    engine.max_model_len.unwrap_or(engine.num_gpu_blocks * engine.block_size)
 }
 
 /// Stops every rank (idempotent), within [`ENGINE_STOP_TIME`].

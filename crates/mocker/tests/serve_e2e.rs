@@ -7,7 +7,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{lines_of, python, repo_root, run_client, Server, KEY};
+use common::{lines_of, python, repo_root, run_client, run_script, Server, KEY};
 
 use mocker_core::config::LaunchConfig;
 use mocker_core::{Engine, EngineOptions, Request};
@@ -25,6 +25,28 @@ fn openai_clients_get_exact_usage_errors_and_metrics() {
         "20",
     ]);
     let result = run_client(&["suite", &server.base, KEY]);
+    assert_eq!(result["ok"], true, "{result}");
+}
+
+/// /metrics parsed by prometheus_client's text parser: vLLM's family set, counters typed
+/// with their `_total` samples, complete histograms, `model_name` and `engine` on every
+/// series of both DP ranks, values fed by the requests; plus /ping, /health/ready,
+/// /v1/models' max_model_len and X-Request-Id (tests/python/serve_metrics.py).
+#[test]
+fn metrics_are_vllms_exposition_and_request_ids_carry_through() {
+    let server = Server::start(&[
+        "--block-size",
+        "16",
+        "--num-gpu-blocks",
+        "64",
+        "--max-model-len",
+        "512",
+        "--data-parallel-size",
+        "2",
+        "--speedup-ratio",
+        "20",
+    ]);
+    let result = run_script("serve_metrics.py", &[&server.base, KEY]);
     assert_eq!(result["ok"], true, "{result}");
 }
 

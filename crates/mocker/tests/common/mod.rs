@@ -86,8 +86,13 @@ impl Drop for Server {
 }
 
 pub fn run_client(args: &[&str]) -> serde_json::Value {
+    run_script("serve_client.py", args)
+}
+
+/// Runs tests/python/`script` with `args`; its last stdout line is the JSON result.
+pub fn run_script(script: &str, args: &[&str]) -> serde_json::Value {
     let out = Command::new(python())
-        .arg(repo_root().join("tests/python/serve_client.py"))
+        .arg(repo_root().join("tests/python").join(script))
         .args(args)
         .output()
         .expect("python runs");
