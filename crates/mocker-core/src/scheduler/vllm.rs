@@ -861,26 +861,26 @@ impl VllmScheduler {
 
     /// Pass cost from what was scheduled (§4.3 of the core spec).
     fn pass_cost(&self, b: &Budget, m: &mut ForwardPassMetrics) -> (u64, u64) {
-        let prefill_ms = if b.batch_count == 0 || self.worker_type == WorkerType::Decode {
-            0.0
-        } else {
-            self.timing.prefill_ms(PrefillShape {
-                batch: b.batch_count,
-                mean_isl: b.total_isl / b.batch_count,
-                mean_prefix: b.total_prefix / b.batch_count,
-            })
-        };
         let (batch, kv) = (b.decode_batch, b.decode_kv);
         m.num_decode_requests = batch;
         m.sum_decode_kv_tokens = kv;
-        let decode_ms = if batch == 0 || self.worker_type == WorkerType::Prefill {
-            0.0
-        } else {
-            self.timing.decode_ms(DecodeShape {
-                batch,
-                active_kv_tokens: kv,
-                total_kv_tokens: self.num_gpu_blocks * self.block_size as usize,
-            })
+        let prefills = b.batch_count > 0 && self.worker_type != WorkerType::Decode;
+        let decodes = batch > 0 && self.worker_type != WorkerType::Prefill;
+        let prefill = || PrefillShape {
+            batch: b.batch_count,
+            mean_isl: b.total_isl / b.batch_count,
+            mean_prefix: b.total_prefix / b.batch_count,
+        };
+        let decode = || DecodeShape {
+            batch,
+            active_kv_tokens: kv,
+            total_kv_tokens: self.num_gpu_blocks * self.block_size as usize,
+        };
+        let (prefill_ms, decode_ms) = match (prefills, decodes) {
+            (true, true) => self.timing.mixed_ms(prefill(), decode()),
+            (true, false) => (self.timing.prefill_ms(prefill()), 0.0),
+            (false, true) => (0.0, self.timing.decode_ms(decode())),
+            (false, false) => (0.0, 0.0),
         };
         (scaled_nanos(prefill_ms, self.speedup), scaled_nanos(decode_ms, self.decode_speedup))
     }

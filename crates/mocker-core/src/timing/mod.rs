@@ -37,6 +37,13 @@ pub trait TimingModel: std::fmt::Debug + Send {
     fn prefill_ms(&self, shape: PrefillShape) -> f64;
     /// Decode cost in ms; 0 when nothing decodes.
     fn decode_ms(&self, shape: DecodeShape) -> f64;
+    /// Costs of a pass that both prefills and decodes, as (prefill part, decode part) in
+    /// ms; each part is scaled by its own speedup ratio. By default the two costs add up,
+    /// as in the reference; a model measured on mixed passes attributes what the mix
+    /// saves to the prefill part.
+    fn mixed_ms(&self, prefill: PrefillShape, decode: DecodeShape) -> (f64, f64) {
+        (self.prefill_ms(prefill), self.decode_ms(decode))
+    }
 }
 
 /// The reference's default: a quadratic in prefill tokens and a quadratic in KV utilisation.
@@ -103,6 +110,10 @@ impl TimingModel for Arc<ProfileTable> {
     #[inline]
     fn decode_ms(&self, s: DecodeShape) -> f64 {
         self.as_ref().decode_ms(s)
+    }
+    #[inline]
+    fn mixed_ms(&self, p: PrefillShape, d: DecodeShape) -> (f64, f64) {
+        self.as_ref().mixed_ms(p, d)
     }
 }
 
