@@ -158,7 +158,14 @@ impl Parser {
                 return Err(self.err(line, "dependencies", format!("must be a list of objects (got {v})")))
             }
         };
-        self.place(line, "dependencies", Some(id), prompt, deps, not_before, not_before, not_before)
+        let session_id = self.key(row, line, "session_id")?;
+        self.place(line, "dependencies", Some(id), prompt, deps, not_before, not_before, not_before)?;
+        // Records name a request by its own row's session (a gated or chained request
+        // sits in a session of mocker's making).
+        if let Some(key) = session_id {
+            self.row_sessions.push((line as u32, key));
+        }
+        Ok(())
     }
 
     fn v2_dep(&self, line: usize, d: &Value) -> Result<RawDep, TraceError> {

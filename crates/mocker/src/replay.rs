@@ -23,7 +23,8 @@ use crate::UsageError;
 pub struct ReplayArgs {
     /// Trace file to replay (Mooncake JSONL); without it a synthetic workload is generated.
     pub trace: Option<PathBuf>,
-    /// Trace format: mooncake, mooncake-delta or agentic-mooncake.
+    /// Trace format: mooncake, mooncake-delta, agentic-mooncake, weka,
+    /// applied-compute-agentic or dynamo.
     #[arg(long, default_value = "mooncake")]
     pub trace_format: String,
     /// Tokens per trace hash id (default 512; an agentic v2 header's `block_size` is used
@@ -112,8 +113,9 @@ pub struct ReplayArgs {
     /// Write the full JSON report here (a directory gets `mocker_replay_report.json`).
     #[arg(long)]
     pub report_json: Option<PathBuf>,
-    /// Write one JSON record per request here (arrival, admission, every token time,
-    /// input/output/cached tokens, worker), in the order requests end. Offline mode only.
+    /// Write one JSON record per request here, in arrival order: the reference's fields
+    /// (session and turn, times, latencies, routing and admission history, handoff times)
+    /// plus every token time. Offline mode only.
     #[arg(long)]
     pub report_jsonl: Option<PathBuf>,
     /// Write SVG charts into this directory (created if missing): TTFT and ITL CDFs,
