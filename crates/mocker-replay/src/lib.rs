@@ -14,6 +14,8 @@ pub mod request_log;
 pub mod router;
 pub mod trace;
 pub mod trace_agentic;
+mod trace_applied;
+pub mod trace_dynamo;
 pub mod trace_source;
 pub mod workload;
 

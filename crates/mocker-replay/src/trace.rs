@@ -248,7 +248,7 @@ pub fn parse_trace(text: &str, format: TraceFormat, block_size: Option<usize>) -
         let msg = format!("must be in 1..={MAX_TRACE_BLOCK_SIZE} (got {})", p.block_size);
         return Err(p.err(0, "trace_block_size", msg));
     }
-    if matches!(format, TraceFormat::Weka | TraceFormat::AppliedComputeAgentic | TraceFormat::Dynamo) {
+    if matches!(format, TraceFormat::Weka) {
         return Err(p.err(0, "trace_format", "not implemented yet".into()));
     }
     let mut first = true;
@@ -263,6 +263,9 @@ pub fn parse_trace(text: &str, format: TraceFormat, block_size: Option<usize>) -
             continue;
         }
         p.row(i + 1, &row)?;
+    }
+    if format == TraceFormat::Dynamo {
+        p.finish_dynamo()?;
     }
     Ok(p.finish())
 }
@@ -296,6 +299,14 @@ pub(crate) struct Parser {
     history: Vec<usize>,
     /// See [`Trace::row_sessions`].
     pub(crate) row_sessions: Vec<(u32, String)>,
+    /// Dense ids handed out so far.
+    next_dense: u32,
+    /// Requests numbered so far, for formats with several requests per line.
+    requests_numbered: u32,
+    /// `dynamo`: the embedded block size, request ids seen and requests read.
+    pub(crate) dynamo_block_size: Option<usize>,
+    pub(crate) dynamo_ids: rustc_hash::FxHashSet<String>,
+    pub(crate) dynamo_requests: Vec<crate::trace_dynamo::DynamoRequest>,
 }
 
 /// A row's prompt and output, common to every format.
@@ -316,6 +327,31 @@ impl Parser {
             path: PathBuf::new(),
             row_sessions: self.row_sessions,
         }
+    }
+
+    /// The dense id of a trace's raw hash id.
+    pub(crate) fn dense_id(&mut self, raw: u64) -> u32 {
+        match self.ids.get(&raw) {
+            Some(&d) => d,
+            None => {
+                let d = self.fresh_id();
+                self.ids.insert(raw, d);
+                d
+            }
+        }
+    }
+
+    /// A dense id no raw hash id maps to (a block private to one session).
+    pub(crate) fn fresh_id(&mut self) -> u32 {
+        self.next_dense += 1;
+        self.next_dense - 1
+    }
+
+    /// The next request number (from 1), which stands for a line in request ids where a
+    /// line holds several requests.
+    pub(crate) fn next_request_ordinal(&mut self) -> u32 {
+        self.requests_numbered += 1;
+        self.requests_numbered
     }
 
     pub(crate) fn err(&self, line: usize, field: &str, message: String) -> TraceError {
@@ -414,8 +450,7 @@ impl Parser {
             let Some(id) = v.as_u64() else {
                 return Err(self.err(line, "hash_ids", format!("must be non-negative integers (got {v})")));
             };
-            let next = self.ids.len() as u32;
-            ids.push(*self.ids.entry(id).or_insert(next));
+            ids.push(self.dense_id(id));
         }
         let capacity = ids.len().saturating_mul(self.block_size);
         let input_length = match self.count(row, line, &["input_length", "input_tokens"])? {
@@ -445,6 +480,11 @@ impl Parser {
     }
 
     fn row(&mut self, line: usize, row: &Map<String, Value>) -> Result<(), TraceError> {
+        match self.format {
+            TraceFormat::AppliedComputeAgentic => return self.applied_row(line, row),
+            TraceFormat::Dynamo => return self.dynamo_row(line, row),
+            _ => {}
+        }
         if self.format == TraceFormat::AgenticMooncake {
             return if self.v2 { self.v2_row(line, row) } else { self.legacy_row(line, row) };
         }

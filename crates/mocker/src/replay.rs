@@ -210,6 +210,13 @@ impl ReplayArgs {
         if self.concurrency == Some(0) {
             return Err(UsageError("--concurrency: must be at least 1 (got 0)".into()));
         }
+        if format == TraceFormat::AppliedComputeAgentic && self.concurrency.is_none() {
+            return Err(UsageError(
+                "--concurrency: required with --trace-format applied-compute-agentic (its sessions carry no \
+                 timestamps)"
+                    .into(),
+            ));
+        }
         let trace = load_trace(path, format, self.trace_block_size).map_err(|e| UsageError(e.to_string()))?;
         Ok(Workload::Trace(TraceWorkload {
             trace: Arc::new(trace),
