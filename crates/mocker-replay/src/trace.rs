@@ -198,6 +198,10 @@ pub fn load_trace(path: &Path, format: TraceFormat, block_size: Option<usize>) -
         field: field.into(),
         message,
     };
+    if format == TraceFormat::Weka {
+        // A file or a directory of them.
+        return crate::trace_weka::load_weka(path, block_size);
+    }
     // A device (`/dev/zero`, a terminal) would be read forever or block; pipes are fine.
     let meta = std::fs::metadata(path).map_err(|e| fail(0, "trace", format!("cannot read: {e}")))?;
     if !(meta.is_file() || is_fifo(&meta)) {
@@ -248,8 +252,8 @@ pub fn parse_trace(text: &str, format: TraceFormat, block_size: Option<usize>) -
         let msg = format!("must be in 1..={MAX_TRACE_BLOCK_SIZE} (got {})", p.block_size);
         return Err(p.err(0, "trace_block_size", msg));
     }
-    if matches!(format, TraceFormat::Weka) {
-        return Err(p.err(0, "trace_format", "not implemented yet".into()));
+    if format == TraceFormat::Weka {
+        return crate::trace_weka::parse_weka_text(text, block_size);
     }
     let mut first = true;
     for (i, line) in text.lines().enumerate() {

@@ -120,3 +120,67 @@ fn dynamo_request_traces_match_the_reference() {
         &[&format!("{b}:3: request.output_tokens"), "missing output_tokens"],
     );
 }
+
+/// Two Weka plays: one conversation with a system preamble, a growing main stream, a fork
+/// whose edited prefix is spliced back, a parallel worker stream, a blocking subagent (its
+/// nested times relative to its marker) joined by the next parent request, a background
+/// subagent and a request without hash ids; and one of two interleaved conversations.
+#[test]
+fn weka_corpora_match_the_reference() {
+    let dir = scratch("weka");
+    let trace = fixture("weka_plays.jsonl");
+    let t = trace.to_str().unwrap();
+    let r = report(&dir, "both", &[t, "--trace-format", "weka"]);
+    assert_reference(
+        &r,
+        &[
+            ("num_requests", 22.0),
+            ("completed_requests", 22.0),
+            ("duration_ms", 11657.371067),
+            ("mean_ttft_ms", 21.883534772727),
+            ("mean_itl_ms", 5.96282602264151),
+            ("prefix_cache_reused_ratio", 0.592988824147483),
+        ],
+    );
+    // The first play alone, as a `.json` file inside a corpus directory, on 2 workers.
+    let corpus = dir.join("corpus");
+    std::fs::create_dir_all(corpus.join("sub")).unwrap();
+    let first = std::fs::read_to_string(&trace).unwrap().lines().next().unwrap().to_string();
+    std::fs::write(corpus.join("sub/play.json"), &first).unwrap();
+    std::fs::write(corpus.join("notes.txt"), "not a trace").unwrap();
+    let jsonl = dir.join("r.jsonl");
+    let c = corpus.to_str().unwrap();
+    let args = [c, "--trace-format", "weka", "--num-workers", "2", "--report-jsonl", jsonl.to_str().unwrap()];
+    let r = report(&dir, "one", &args);
+    assert_reference(
+        &r,
+        &[
+            ("num_requests", 14.0),
+            ("duration_ms", 11662.309252),
+            ("mean_ttft_ms", 22.020010428571),
+            ("mean_itl_ms", 5.775531627853879),
+            ("prefix_cache_reused_ratio", 0.3840783833435395),
+        ],
+    );
+    // Agentic records carry their dispatch time and their stream as the session.
+    let recs = records(&jsonl);
+    assert!(recs.iter().all(|r| r["dispatched_at_ms"] == r["arrival_time_ms"] && r["turn_index"].is_null()));
+    let sessions: std::collections::BTreeSet<&str> =
+        recs.iter().map(|r| r["session_id"].as_str().unwrap()).collect();
+    assert_eq!(sessions.len(), 4, "main, worker and two subagent streams: {sessions:?}");
+
+    // Malformed corpora: file, line (the trace object's) and field.
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, format!("{first}\n{}\n", first.replace("\"local\"", "\"global\""))).unwrap();
+    let b = bad.to_str().unwrap();
+    assert_exit_2(&["replay", b, "--trace-format", "weka"], &[&format!("{b}:2: hash_id_scope"), "local"]);
+    std::fs::write(&bad, first.replacen("\"in\": 200", "\"in\": 0", 1)).unwrap();
+    assert_exit_2(&["replay", b, "--trace-format", "weka"], &[&format!("{b}:1: requests[0].in"), "1..="]);
+    assert_exit_2(
+        &["replay", t, "--trace-format", "weka", "--trace-block-size", "512"],
+        &[&format!("{t}:1: block_size"), "--trace-block-size is 512"],
+    );
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    assert_exit_2(&["replay", empty.to_str().unwrap(), "--trace-format", "weka"], &["no .json or .jsonl"]);
+}
