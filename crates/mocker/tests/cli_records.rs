@@ -277,3 +277,54 @@ fn queued_routing_matches_the_reference() {
         assert_eq!(wave.iter().sum::<u64>(), 1, "{workers:?}");
     }
 }
+
+/// 4 requests of 300 + 400 tokens on 20 blocks of 64: decode growth preempts three of
+/// them, and each re-admission is recorded (with the prefix it found cached) as the
+/// reference records it.
+#[test]
+fn readmissions_after_preemption_match_the_reference() {
+    let dir = scratch("preempt");
+    let recs = records(
+        &dir,
+        &[
+            "--input-tokens",
+            "300",
+            "--output-tokens",
+            "400",
+            "--request-count",
+            "4",
+            "--concurrency",
+            "4",
+            "--engine-args",
+            r#"{"block_size": 64, "num_gpu_blocks": 20}"#,
+        ],
+    );
+    // (terminal, re-admission time and reuse)
+    let want = [
+        (12627.462245, None),
+        (14595.60597, Some((12627.462245, 576))),
+        (22831.963705, Some((12627.462245, 0))),
+        (26060.216743, Some((14595.60597, 0))),
+    ];
+    for (r, (end, again)) in recs.iter().zip(want) {
+        close(&r["terminal_time_ms"], end, "terminal_time_ms");
+        let adm = r["admission_history"].as_array().unwrap();
+        close(&adm[0]["at_ms"], 0.0, "first admission");
+        assert_eq!(adm[0]["is_readmission"], false);
+        match again {
+            None => assert_eq!((adm.len(), r["readmission_count"].as_u64()), (1, Some(0))),
+            Some((at, reused)) => {
+                assert_eq!((adm.len(), r["readmission_count"].as_u64()), (2, Some(1)));
+                close(&adm[1]["at_ms"], at, "re-admission");
+                assert_eq!(adm[1]["reused_input_tokens"], reused);
+                assert_eq!(adm[1]["is_readmission"], true);
+                assert_eq!(
+                    (adm[1]["admission_ordinal"].as_u64(), adm[1]["pool_admission_ordinal"].as_u64()),
+                    (Some(1), Some(1))
+                );
+            }
+        }
+        // The record's reuse is the best admission's, as the report counts it.
+        assert_eq!(r["reused_input_tokens"], again.map_or(0, |a| a.1));
+    }
+}
