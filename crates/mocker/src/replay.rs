@@ -21,14 +21,16 @@ use crate::UsageError;
 /// Workload, engine, router and report flags (names as in Dynamo's `python -m dynamo.replay`).
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
-    /// Trace file to replay (Mooncake JSONL); without it a synthetic workload is generated.
+    /// Trace file to replay (a Weka corpus may be a directory); without it a synthetic
+    /// workload is generated.
     pub trace: Option<PathBuf>,
     /// Trace format: mooncake, mooncake-delta, agentic-mooncake, weka,
     /// applied-compute-agentic or dynamo.
     #[arg(long, default_value = "mooncake")]
     pub trace_format: String,
-    /// Tokens per trace hash id (default 512; an agentic v2 header's `block_size` is used
-    /// when the flag is not given, and must agree with it when it is).
+    /// Tokens per trace hash id (default 512; the block size a trace states, in an agentic
+    /// v2 header, a Weka trace or a Dynamo record, is used when the flag is not given, and
+    /// must agree with it when it is).
     #[arg(long)]
     pub trace_block_size: Option<usize>,
     /// Replay the trace this many times back to back, each copy shifted by the trace's
