@@ -4,7 +4,10 @@
 use crate::gaps::GapStats;
 use crate::options::Sla;
 use crate::report::{ExactDistribution, GoodputInputs, SummaryInputs};
-use crate::request_log::{RequestLog, RequestRecord};
+use std::sync::Arc;
+
+use crate::request_log::{PoolKind, RequestLog, RequestRecord};
+use crate::trace::Trace;
 
 /// Index of a live request's record.
 pub type RecordId = u32;
@@ -77,6 +80,67 @@ impl Collector {
         self
     }
 
+    /// With a request log: records name their trace session and turn from `trace`, and
+    /// give router overlaps in tokens of `block_size`.
+    pub fn with_record_labels(mut self, trace: Option<Arc<Trace>>, block_size: usize) -> Self {
+        if let Some(log) = &mut self.log {
+            if let Some(t) = trace {
+                log.set_trace(t);
+            }
+            log.set_block_size(block_size);
+        }
+        self
+    }
+
+    /// The run is over: hands out the records still held back for arrival order (those
+    /// after a request the simulated-time cap left unfinished).
+    pub fn flush_requests(&mut self) {
+        if let Some(log) = &mut self.log {
+            log.flush();
+        }
+    }
+
+    /// Per-request records: the request is `uuid` and asks for `max_output` tokens.
+    #[inline]
+    pub fn describe(&mut self, id: RecordId, uuid: u128, max_output: usize) {
+        if let Some(log) = &mut self.log {
+            log.describe(id, uuid, max_output);
+        }
+    }
+
+    /// Per-request records: the request entered the router queue at `t_ns`.
+    #[inline]
+    pub fn on_queued(&mut self, id: RecordId, t_ns: u64) {
+        if let Some(log) = &mut self.log {
+            log.queued(id, t_ns);
+        }
+    }
+
+    /// Per-request records: the request was routed within `pool` to `worker` at `t_ns`;
+    /// `overlap` is the router's (chosen, best) overlap in blocks (best: KV router only).
+    #[inline]
+    pub fn on_routed(
+        &mut self,
+        id: RecordId,
+        pool: PoolKind,
+        worker: usize,
+        overlap: (u32, Option<u32>),
+        t_ns: u64,
+    ) {
+        if let Some(log) = &mut self.log {
+            log.routed(id, pool, worker as u32, overlap, t_ns);
+        }
+    }
+
+    /// Per-request records: a decode worker admitted the request again (after a
+    /// preemption) at `t_ns`, reusing `reused` cached tokens.
+    #[inline]
+    pub fn on_decode_readmission(&mut self, id: RecordId, reused: u32, t_ns: u64) {
+        if let Some(log) = &mut self.log {
+            log.admitted(id, PoolKind::Decode, reused, t_ns);
+        }
+    }
+
     /// Whether per-request records are kept (so steady tokens must be reported one by one
     /// through [`Collector::on_steady_token`]).
     #[inline]
@@ -133,7 +197,8 @@ impl Collector {
     /// The request was admitted by its engine at `t_ns`, reusing `reused` cached tokens.
     pub fn on_admission(&mut self, id: RecordId, reused: u32, t_ns: u64) {
         if let Some(log) = &mut self.log {
-            log.admission(id, t_ns);
+            let pool = log.entry_pool(id);
+            log.admitted(id, pool, reused, t_ns);
         }
         let r = &mut self.records[id as usize];
         if !r.admitted {
@@ -214,7 +279,7 @@ impl Collector {
         self.free.push(id);
         let completed = r.admitted && r.tokens > 0;
         if let Some(log) = &mut self.log {
-            log.end(id, completed, (r.worker, r.input_len, r.reused_max));
+            log.end(id, completed, t_ns, (r.worker, r.input_len, r.reused_max));
         }
         if !completed {
             return;
@@ -246,12 +311,13 @@ impl Collector {
         }
     }
 
-    /// The request ended without completing (rejected); it counts only in `num_requests`.
-    pub fn on_rejected(&mut self, id: RecordId) {
+    /// The request ended at `t_ns` without completing (rejected); it counts only in
+    /// `num_requests`.
+    pub fn on_rejected(&mut self, id: RecordId, t_ns: u64) {
         self.free.push(id);
         if let Some(log) = &mut self.log {
             let r = &self.records[id as usize];
-            log.end(id, false, (r.worker, r.input_len, r.reused_max));
+            log.end(id, false, t_ns, (r.worker, r.input_len, r.reused_max));
         }
     }
 
@@ -303,7 +369,7 @@ mod tests {
         }
         c.on_complete(a, 21_000_000);
         let b = c.on_arrival(0, 5);
-        c.on_rejected(b);
+        c.on_rejected(b, 0);
         let mut s = c.finish();
         assert_eq!(s.num_requests, 2);
         assert_eq!(s.completed_requests, 1);

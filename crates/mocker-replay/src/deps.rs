@@ -6,7 +6,7 @@
 use rustc_hash::FxHashMap;
 
 use crate::options::ms_to_ns;
-use crate::trace::{DepTrigger, Trace, TraceFormat};
+use crate::trace::{DepTrigger, Trace};
 
 /// Index of a started session in the driver's table.
 pub(crate) type SessionId = u32;
@@ -37,7 +37,7 @@ pub(crate) struct Deps {
 impl Deps {
     /// The bookkeeping for `trace`, if it is agentic (delays divided by `speedup`).
     pub(crate) fn new(trace: &Trace, speedup: f64) -> Option<Self> {
-        if trace.format != TraceFormat::AgenticMooncake {
+        if !trace.format.is_agentic() {
             return None;
         }
         let mut waiters: FxHashMap<u32, Vec<Waiter>> = FxHashMap::default();

@@ -20,6 +20,7 @@ use crate::deps::{Deps, SessionId};
 use crate::feed::{FeedOptions, PlannedSession, PlannedTurn, PromptHashing, SessionFeed};
 use crate::options::{ms_to_ns, Cluster, ReplayError, ReplayOptions, Workload};
 use crate::report::Summary;
+use crate::request_log::PoolKind;
 use crate::request_log::RequestRecord;
 use crate::router::{RouteId, RouteRequest, Router, RouterQueue};
 use crate::trace::DepTrigger;
@@ -265,7 +266,11 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     let started = Instant::now();
     let mut collector = Collector::with_sla(options.sla);
     if hooks.request_ended.is_some() {
-        collector = collector.with_request_log();
+        let trace = match &options.workload {
+            Workload::Trace(t) => Some(t.trace.clone()),
+            Workload::Synthetic(_) => None,
+        };
+        collector = collector.with_request_log().with_record_labels(trace, block_size);
     }
     if options.workload.total_requests() >= GAP_THREAD_MIN_REQUESTS {
         collector = collector.with_gap_thread();
@@ -298,6 +303,10 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     let total = options.workload.total_requests();
     let cap = options.max_sim_time_ms.map(ms_to_ns);
     sim.run(cap, total, &mut hooks)?;
+    sim.collector.flush_requests();
+    if let Some(sink) = hooks.request_ended.as_mut() {
+        sim.collector.take_ended_requests().for_each(&mut **sink);
+    }
     if cap.is_none() {
         // A finished replay leaves every engine empty: no held source, no reservation,
         // no block in use (debug builds, so the test suite checks every replay it runs).
@@ -491,6 +500,11 @@ impl Sim {
                     pass.start_ns,
                 );
             }
+        } else if self.collector.logs_requests() {
+            for a in &pass.admissions {
+                let rec = worker.owners[a.key.0 as usize].record;
+                self.collector.on_decode_readmission(rec, a.reused_tokens, pass.start_ns);
+            }
         }
         for (steady, itl_ns) in pass.steady_runs() {
             if steady > 0 {
@@ -507,7 +521,7 @@ impl Sim {
             let owner = &mut worker.owners[o.key.0 as usize];
             let SlotOwner { record: rec, session: sid, route, handoff, .. } = *owner;
             if o.rejected {
-                self.collector.on_rejected(rec);
+                self.collector.on_rejected(rec, t);
                 if let (Role::Prefill, Some(h)) = (role, handoffs.as_mut()) {
                     h.push((handoff, false));
                 }
@@ -585,7 +599,8 @@ impl Sim {
                 // Every remaining turn ends unfinished; it counts only in num_requests.
                 while let Some(turn) = self.sessions.next_turn(sid) {
                     let rec = self.collector.on_arrival(now, turn.input_length);
-                    self.collector.on_rejected(rec);
+                    self.collector.describe(rec, turn.uuid, turn.max_output_tokens);
+                    self.collector.on_rejected(rec, now);
                     self.finished += 1;
                     deps.fire(turn.uuid, DepTrigger::Dispatch, now, false);
                     deps.fire(turn.uuid, DepTrigger::Completion, now, false);
@@ -671,6 +686,7 @@ impl Sim {
             return Ok(());
         };
         let rec = self.collector.on_arrival(arrival_ns, turn.input_length);
+        self.collector.describe(rec, turn.uuid, turn.max_output_tokens);
         self.in_flight += 1;
         if let Some(d) = &mut self.deps {
             d.fire(turn.uuid, DepTrigger::Dispatch, arrival_ns, true);
@@ -690,6 +706,7 @@ impl Sim {
                 let hashes = turn.block_hashes.get_or_insert_with(|| PromptHashes::of(&turn.tokens, bs));
                 let best = r.best_cached_tokens(&hashes.sequence);
                 let isl = turn.input_length;
+                self.collector.on_queued(rec, arrival_ns);
                 q.push(Queued { sid, record: rec, turn }, arrival_ns as f64 / 1e9, isl, best);
                 return Ok(());
             }
@@ -707,6 +724,8 @@ impl Sim {
             shareable: turn.shareable_blocks.unwrap_or(hashes.len()),
         });
         self.collector.set_worker(rec, p.worker);
+        let pool = if self.disagg.is_some() { PoolKind::Prefill } else { PoolKind::Agg };
+        self.collector.on_routed(rec, pool, p.worker, (p.overlap_blocks, p.best_overlap_blocks), now);
         self.interrupt_run(p.worker, now);
         let worker = &mut self.workers[p.worker];
         let request = Request {

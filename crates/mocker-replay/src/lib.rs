@@ -14,7 +14,10 @@ pub mod request_log;
 pub mod router;
 pub mod trace;
 pub mod trace_agentic;
+mod trace_applied;
+pub mod trace_dynamo;
 pub mod trace_source;
+mod trace_weka;
 pub mod workload;
 
 pub use driver::{run_replay, run_synthetic, Hooks, ReplayOutcome};

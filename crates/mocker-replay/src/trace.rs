@@ -22,6 +22,15 @@ pub enum TraceFormat {
     /// Agentic request graphs: legacy rows (`request_id`, `wait_for`) or the v2 form (a
     /// `dynamo.agentic_mooncake` header, rows with `dependencies`); see `trace_agentic`.
     AgenticMooncake,
+    /// Weka/AgentX agent traces (a trace object per `.json` file or `.jsonl` line, or a
+    /// directory of them), lowered to an agentic request graph; see `trace_weka`.
+    Weka,
+    /// One agent conversation per line (turn lengths and tool latencies, no timestamps);
+    /// see `trace_applied`.
+    AppliedComputeAgentic,
+    /// Dynamo's request traces (`dynamo.request.trace.v1` `request_end` records); see
+    /// `trace_dynamo`.
+    Dynamo,
 }
 
 impl TraceFormat {
@@ -31,12 +40,40 @@ impl TraceFormat {
             "mooncake" => Some(Self::Mooncake),
             "mooncake-delta" => Some(Self::MooncakeDelta),
             "agentic-mooncake" => Some(Self::AgenticMooncake),
+            "weka" => Some(Self::Weka),
+            "applied-compute-agentic" => Some(Self::AppliedComputeAgentic),
+            "dynamo" => Some(Self::Dynamo),
             _ => None,
         }
     }
 
     /// Names accepted by [`TraceFormat::parse`], for error messages.
-    pub const NAMES: &'static str = "mooncake, mooncake-delta, agentic-mooncake";
+    pub const NAMES: &'static str =
+        "mooncake, mooncake-delta, agentic-mooncake, weka, applied-compute-agentic, dynamo";
+
+    /// Whether the format's requests form agentic graphs (their per-request records carry
+    /// a dispatch time).
+    pub fn is_agentic(self) -> bool {
+        matches!(self, Self::AgenticMooncake | Self::Weka)
+    }
+
+    /// Whether per-request records number a session's turns (the reference does for the
+    /// session formats, not for request graphs or Dynamo's request traces).
+    pub fn numbers_turns(self) -> bool {
+        matches!(self, Self::Mooncake | Self::MooncakeDelta | Self::AppliedComputeAgentic)
+    }
+}
+
+/// How per-request records name a session.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum SessionName {
+    /// No name (null).
+    #[default]
+    Unnamed,
+    /// A session-less row: `request_<line>`.
+    Row,
+    /// The trace's own session id.
+    Key(String),
 }
 
 /// One turn of a trace session, prompt still as block ids.
@@ -67,6 +104,8 @@ pub struct TraceSession {
     /// Index in [`Trace::gates`] when the first turn waits for other requests (a join,
     /// a dispatch trigger, or a fork off a request that is not its session's last turn).
     pub gate: Option<u32>,
+    /// What per-request records call it.
+    pub name: SessionName,
 }
 
 /// What of an upstream request a dependency waits for.
@@ -111,6 +150,9 @@ pub struct Trace {
     pub gates: Vec<TraceGate>,
     /// The file it was read from (empty for [`parse_trace`]), for errors found later.
     pub path: PathBuf,
+    /// Request graphs: the session each row names, by line (ascending), for per-request
+    /// records (mocker's own sessions group a graph's rows differently).
+    pub row_sessions: Vec<(u32, String)>,
 }
 
 /// A malformed trace: file, 1-based line and field.
@@ -156,6 +198,10 @@ pub fn load_trace(path: &Path, format: TraceFormat, block_size: Option<usize>) -
         field: field.into(),
         message,
     };
+    if format == TraceFormat::Weka {
+        // A file or a directory of them.
+        return crate::trace_weka::load_weka(path, block_size);
+    }
     // A device (`/dev/zero`, a terminal) would be read forever or block; pipes are fine.
     let meta = std::fs::metadata(path).map_err(|e| fail(0, "trace", format!("cannot read: {e}")))?;
     if !(meta.is_file() || is_fifo(&meta)) {
@@ -206,6 +252,9 @@ pub fn parse_trace(text: &str, format: TraceFormat, block_size: Option<usize>) -
         let msg = format!("must be in 1..={MAX_TRACE_BLOCK_SIZE} (got {})", p.block_size);
         return Err(p.err(0, "trace_block_size", msg));
     }
+    if format == TraceFormat::Weka {
+        return crate::trace_weka::parse_weka_text(text, block_size);
+    }
     let mut first = true;
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
@@ -219,7 +268,10 @@ pub fn parse_trace(text: &str, format: TraceFormat, block_size: Option<usize>) -
         }
         p.row(i + 1, &row)?;
     }
-    Ok(Trace { format, block_size: p.block_size, sessions: p.sessions, gates: p.gates, path: PathBuf::new() })
+    if format == TraceFormat::Dynamo {
+        p.finish_dynamo()?;
+    }
+    Ok(p.finish())
 }
 
 /// Where an agentic request sits: its session and turn.
@@ -249,6 +301,16 @@ pub(crate) struct Parser {
     /// `mooncake-delta`: per session, the tokens its next turn's prompt starts with (earlier
     /// deltas and outputs).
     history: Vec<usize>,
+    /// See [`Trace::row_sessions`].
+    pub(crate) row_sessions: Vec<(u32, String)>,
+    /// Dense ids handed out so far.
+    next_dense: u32,
+    /// Requests numbered so far, for formats with several requests per line.
+    requests_numbered: u32,
+    /// `dynamo`: the embedded block size, request ids seen and requests read.
+    pub(crate) dynamo_block_size: Option<usize>,
+    pub(crate) dynamo_ids: rustc_hash::FxHashSet<String>,
+    pub(crate) dynamo_requests: Vec<crate::trace_dynamo::DynamoRequest>,
 }
 
 /// A row's prompt and output, common to every format.
@@ -259,6 +321,43 @@ pub(crate) struct RowPrompt {
 }
 
 impl Parser {
+    /// The parsed trace.
+    pub(crate) fn finish(self) -> Trace {
+        Trace {
+            format: self.format,
+            block_size: self.block_size,
+            sessions: self.sessions,
+            gates: self.gates,
+            path: PathBuf::new(),
+            row_sessions: self.row_sessions,
+        }
+    }
+
+    /// The dense id of a trace's raw hash id.
+    pub(crate) fn dense_id(&mut self, raw: u64) -> u32 {
+        match self.ids.get(&raw) {
+            Some(&d) => d,
+            None => {
+                let d = self.fresh_id();
+                self.ids.insert(raw, d);
+                d
+            }
+        }
+    }
+
+    /// A dense id no raw hash id maps to (a block private to one session).
+    pub(crate) fn fresh_id(&mut self) -> u32 {
+        self.next_dense += 1;
+        self.next_dense - 1
+    }
+
+    /// The next request number (from 1), which stands for a line in request ids where a
+    /// line holds several requests.
+    pub(crate) fn next_request_ordinal(&mut self) -> u32 {
+        self.requests_numbered += 1;
+        self.requests_numbered
+    }
+
     pub(crate) fn err(&self, line: usize, field: &str, message: String) -> TraceError {
         TraceError { path: PathBuf::new(), line, field: field.into(), message }
     }
@@ -355,8 +454,7 @@ impl Parser {
             let Some(id) = v.as_u64() else {
                 return Err(self.err(line, "hash_ids", format!("must be non-negative integers (got {v})")));
             };
-            let next = self.ids.len() as u32;
-            ids.push(*self.ids.entry(id).or_insert(next));
+            ids.push(self.dense_id(id));
         }
         let capacity = ids.len().saturating_mul(self.block_size);
         let input_length = match self.count(row, line, &["input_length", "input_tokens"])? {
@@ -386,6 +484,11 @@ impl Parser {
     }
 
     fn row(&mut self, line: usize, row: &Map<String, Value>) -> Result<(), TraceError> {
+        match self.format {
+            TraceFormat::AppliedComputeAgentic => return self.applied_row(line, row),
+            TraceFormat::Dynamo => return self.dynamo_row(line, row),
+            _ => {}
+        }
         if self.format == TraceFormat::AgenticMooncake {
             return if self.v2 { self.v2_row(line, row) } else { self.legacy_row(line, row) };
         }
@@ -423,7 +526,12 @@ impl Parser {
                 if explicit_delay.is_some_and(|d| d > 0.0) {
                     return Err(self.err(line, "delay", "sets delay on the first turn of a session".into()));
                 }
-                self.new_session(timestamp, TraceTurn { delay_ms: 0.0, ..turn }, None)
+                let index = self.new_session(timestamp, TraceTurn { delay_ms: 0.0, ..turn }, None);
+                self.sessions[index].name = match &session_key {
+                    Some(k) => SessionName::Key(k.clone()),
+                    None => SessionName::Row,
+                };
+                index
             }
         };
         if self.format == TraceFormat::MooncakeDelta {
@@ -460,7 +568,12 @@ impl Parser {
         turn: TraceTurn,
         gate: Option<u32>,
     ) -> usize {
-        self.sessions.push(TraceSession { first_arrival_ms, turns: vec![turn], gate });
+        self.sessions.push(TraceSession {
+            first_arrival_ms,
+            turns: vec![turn],
+            gate,
+            name: SessionName::Unnamed,
+        });
         self.history.push(0);
         self.sessions.len() - 1
     }
@@ -633,6 +746,8 @@ mod tests {
     fn format_names_parse_in_both_spellings() {
         assert_eq!(TraceFormat::parse("mooncake_delta"), Some(TraceFormat::MooncakeDelta));
         assert_eq!(TraceFormat::parse("agentic-mooncake"), Some(TraceFormat::AgenticMooncake));
-        assert_eq!(TraceFormat::parse("weka"), None);
+        assert_eq!(TraceFormat::parse("applied_compute_agentic"), Some(TraceFormat::AppliedComputeAgentic));
+        assert_eq!(TraceFormat::parse("weka"), Some(TraceFormat::Weka));
+        assert_eq!(TraceFormat::parse("sharegpt"), None);
     }
 }

@@ -26,10 +26,10 @@ use crate::trace::{
 pub const V2_SCHEMA: &str = "dynamo.agentic_mooncake";
 
 /// A dependency as read, before it is resolved to a row.
-struct RawDep {
-    id: String,
-    trigger: DepTrigger,
-    delay_ms: f64,
+pub(crate) struct RawDep {
+    pub(crate) id: String,
+    pub(crate) trigger: DepTrigger,
+    pub(crate) delay_ms: f64,
 }
 
 impl Parser {
@@ -158,7 +158,14 @@ impl Parser {
                 return Err(self.err(line, "dependencies", format!("must be a list of objects (got {v})")))
             }
         };
-        self.place(line, "dependencies", Some(id), prompt, deps, not_before, not_before, not_before)
+        let session_id = self.key(row, line, "session_id")?;
+        self.place(line, "dependencies", Some(id), prompt, deps, not_before, not_before, not_before)?;
+        // Records name a request by its own row's session (a gated or chained request
+        // sits in a session of mocker's making).
+        if let Some(key) = session_id {
+            self.row_sessions.push((line as u32, key));
+        }
+        Ok(())
     }
 
     fn v2_dep(&self, line: usize, d: &Value) -> Result<RawDep, TraceError> {
@@ -212,7 +219,7 @@ impl Parser {
     /// Adds a request: a session of its own (a root), the next turn of its upstream's
     /// session (a chain step), or a gated session.
     #[allow(clippy::too_many_arguments)] // one call per generation; a struct would only rename them
-    fn place(
+    pub(crate) fn place(
         &mut self,
         line: usize,
         field: &str,

@@ -74,7 +74,7 @@ fn one_request_pays_prefill_transfer_and_a_decode_pass() {
             "prefill_worker_seconds",
         );
         close(&s["decode_worker_seconds"], s["duration_ms"].as_f64().unwrap() / 1e3, "decode_worker_seconds");
-        let h = records[0].handoff.as_ref().expect("a disaggregated record");
+        let h = &records[0].handoff;
         close(&json!(h.source_held_ms), 32.105859, "source_held_ms");
         close(&json!(h.destination_activated_ms), activated, "destination_activated_ms");
         close(&json!(h.source_released_ms), activated, "source_released_ms");
@@ -110,7 +110,7 @@ fn two_by_two_matches_the_reference() {
             close(&s[key], want, key);
         }
         let first = records.iter().find(|r| r.request_index == 0).unwrap();
-        close(&json!(first.handoff.as_ref().unwrap().source_held_ms), 169.092758, "request 0 held");
+        close(&json!(first.handoff.source_held_ms), 169.092758, "request 0 held");
         close(&json!(first.first_token_ms), 175.243323, "request 0 first token");
     }
 }
@@ -132,7 +132,7 @@ fn timed_transfers_stay_within_a_pass_of_the_reference() {
     // reference), and its held time stays the prefill's end.
     let waited = records
         .iter()
-        .filter_map(|r| r.handoff.as_ref())
+        .map(|r| &r.handoff)
         .filter(|h| (h.source_held_ms.unwrap() - 338.185516).abs() < 1e-6)
         .map(|h| h.destination_reserved_ms.unwrap())
         .fold(f64::INFINITY, f64::min);
@@ -216,9 +216,9 @@ proptest! {
         for r in &records {
             prop_assert_eq!(r.status, "completed");
             prop_assert_eq!(r.output_tokens as usize, osl);
-            let h = r.handoff.as_ref().expect("handoff times");
-            prop_assert!(h.prefill_worker_idx < p as u32);
-            prop_assert!(h.decode_worker_idx.is_some_and(|w| w < d as u32));
+            let h = &r.handoff;
+            prop_assert!(r.prefill_worker_idx.is_some_and(|w| w < p as u32));
+            prop_assert!(r.decode_worker_idx.is_some_and(|w| w < d as u32));
             let (held, reserved, activated) =
                 (h.source_held_ms.unwrap(), h.destination_reserved_ms.unwrap(), h.destination_activated_ms.unwrap());
             prop_assert!(r.admission_ms.unwrap() <= held && held <= reserved && reserved <= activated);

@@ -319,7 +319,7 @@ impl Driver<'_> {
         };
         let t = o.sim_time_ns + offsets[f.worker];
         if o.rejected {
-            self.collector.on_rejected(f.record);
+            self.collector.on_rejected(f.record, t);
         } else if o.token_id.is_some() {
             let itl = if o.index == 0 { 0 } else { t - f.last_ns };
             self.collector.on_token(f.record, t, o.index, itl);

@@ -21,13 +21,16 @@ use crate::UsageError;
 /// Workload, engine, router and report flags (names as in Dynamo's `python -m dynamo.replay`).
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
-    /// Trace file to replay (Mooncake JSONL); without it a synthetic workload is generated.
+    /// Trace file to replay (a Weka corpus may be a directory); without it a synthetic
+    /// workload is generated.
     pub trace: Option<PathBuf>,
-    /// Trace format: mooncake, mooncake-delta or agentic-mooncake.
+    /// Trace format: mooncake, mooncake-delta, agentic-mooncake, weka,
+    /// applied-compute-agentic or dynamo.
     #[arg(long, default_value = "mooncake")]
     pub trace_format: String,
-    /// Tokens per trace hash id (default 512; an agentic v2 header's `block_size` is used
-    /// when the flag is not given, and must agree with it when it is).
+    /// Tokens per trace hash id (default 512; the block size a trace states, in an agentic
+    /// v2 header, a Weka trace or a Dynamo record, is used when the flag is not given, and
+    /// must agree with it when it is).
     #[arg(long)]
     pub trace_block_size: Option<usize>,
     /// Replay the trace this many times back to back, each copy shifted by the trace's
@@ -112,8 +115,9 @@ pub struct ReplayArgs {
     /// Write the full JSON report here (a directory gets `mocker_replay_report.json`).
     #[arg(long)]
     pub report_json: Option<PathBuf>,
-    /// Write one JSON record per request here (arrival, admission, every token time,
-    /// input/output/cached tokens, worker), in the order requests end. Offline mode only.
+    /// Write one JSON record per request here, in arrival order: the reference's fields
+    /// (session and turn, times, latencies, routing and admission history, handoff times)
+    /// plus every token time. Offline mode only.
     #[arg(long)]
     pub report_jsonl: Option<PathBuf>,
     /// Write SVG charts into this directory (created if missing): TTFT and ITL CDFs,
@@ -207,6 +211,13 @@ impl ReplayArgs {
         }
         if self.concurrency == Some(0) {
             return Err(UsageError("--concurrency: must be at least 1 (got 0)".into()));
+        }
+        if format == TraceFormat::AppliedComputeAgentic && self.concurrency.is_none() {
+            return Err(UsageError(
+                "--concurrency: required with --trace-format applied-compute-agentic (its sessions carry no \
+                 timestamps)"
+                    .into(),
+            ));
         }
         let trace = load_trace(path, format, self.trace_block_size).map_err(|e| UsageError(e.to_string()))?;
         Ok(Workload::Trace(TraceWorkload {

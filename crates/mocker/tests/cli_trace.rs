@@ -115,7 +115,10 @@ fn malformed_traces_and_bad_flags_exit_2_with_line_and_field() {
     assert_exit_2(&["replay", "/nonexistent/trace.jsonl"], &["/nonexistent/trace.jsonl", "cannot read"]);
     let good = conversation_prefix(&dir, 3);
     let g = good.to_str().unwrap();
-    assert_exit_2(&["replay", g, "--trace-format", "weka"], &["--trace-format", "mooncake-delta"]);
+    assert_exit_2(
+        &["replay", g, "--trace-format", "sharegpt"],
+        &["--trace-format", "mooncake-delta", "weka"],
+    );
     assert_exit_2(&["replay", g, "--router", "random"], &["--router", "round-robin", "kv"]);
     assert_exit_2(
         &["replay", g, "--router", "kv", "--router-config", "{\"tmp\": 1}"],

@@ -21,6 +21,7 @@ use super::{Sim, SlotOwner};
 use crate::collector::RecordId;
 use crate::deps::SessionId;
 use crate::options::ms_to_ns;
+use crate::request_log::PoolKind;
 use crate::router::{RouteId, RouteRequest, Router};
 
 /// Index of a live handoff in [`Disagg`].
@@ -158,6 +159,10 @@ impl Sim {
             let p = d.router.route(RouteRequest { isl: r.prompt_len(), hashes, shareable });
             let w = d.first_decode + p.worker;
             let timed = d.transfer.delay_ms(r.prompt_len(), None).is_some_and(|ms| ms > 0.0);
+            let record = d.get(h).record;
+            let overlap = (p.overlap_blocks, p.best_overlap_blocks);
+            self.collector.on_routed(record, PoolKind::Decode, p.worker, overlap, t);
+            let d = self.disagg();
             let handoff = d.get_mut(h);
             handoff.decode_worker = w;
             handoff.route = p.id;
@@ -232,7 +237,7 @@ impl Sim {
                 let uuid = handoff.request.uuid;
                 self.workers[handoff.prefill_worker].engine.release_held(handoff.source, uuid);
                 self.mark_dirty(handoff.prefill_worker);
-                self.collector.on_rejected(handoff.record);
+                self.collector.on_rejected(handoff.record, t);
                 self.ended.push((handoff.session, uuid, true));
                 true
             }

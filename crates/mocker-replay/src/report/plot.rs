@@ -305,7 +305,7 @@ mod tests {
             input_tokens: 10,
             output_tokens: tokens.len() as u32,
             cached_tokens: 0,
-            handoff: None,
+            ..Default::default()
         }
     }
 

@@ -48,6 +48,8 @@ pub struct Placement {
     pub id: RouteId,
     /// Blocks the index believed the worker held (the reference's routing evidence).
     pub overlap_blocks: u32,
+    /// KV router: the most blocks the index believed any worker held.
+    pub best_overlap_blocks: Option<u32>,
 }
 
 #[derive(Debug, Default)]
@@ -180,8 +182,9 @@ impl KvRouter {
         }
         let worker = self.select();
         let overlap_blocks = self.overlap[worker];
+        let best_overlap_blocks = self.overlap.iter().copied().max();
         let id = self.admit(worker, req, overlap_blocks);
-        Placement { worker, id, overlap_blocks }
+        Placement { worker, id, overlap_blocks, best_overlap_blocks }
     }
 
     fn select(&mut self) -> usize {
@@ -319,7 +322,7 @@ impl Router {
             Self::RoundRobin { next, n } => {
                 let worker = *next;
                 *next = (*next + 1) % *n;
-                Placement { worker, id: 0, overlap_blocks: 0 }
+                Placement { worker, id: 0, overlap_blocks: 0, best_overlap_blocks: None }
             }
             Self::Kv(r) => r.route(req),
         }
