@@ -1,28 +1,39 @@
 //! Measured timing profiles for mocker's core: the file formats and the I/O the pure core
 //! leaves to its shells.
 //!
-//! A profile names a file or directory; [`load`] reads it into the core's
-//! [`ProfileTable`], and [`resolve_launch`] does that for every engine configuration that
-//! asks for `timing_model: {"type": "external", "provider": "dynamo_profile", ...}`, so the
-//! engines built from it are timed by the table.
+//! A profile names a file or directory; [`load`] reads it, and [`resolve_launch`] makes the
+//! engines of a launch configuration timed by the profile it names (`timing_model:
+//! {"type": "external", "provider": "dynamo_profile", "config": {"path": ...}}`) and sizes
+//! their KV cache from the profile's memory facts where the configuration asks for that.
 //!
-//! Accepted forms, as the reference accepts them:
-//! - the converted lookup table, `perf_data.npz` (`prefill_isl`, `prefill_ttft_ms`,
-//!   `decode_active_kv_tokens`, `decode_context_length`, `decode_itl`);
+//! Accepted forms:
+//! - a table file (`.npz`): Dynamo's converted lookup table (`prefill_isl`,
+//!   `prefill_ttft_ms`, `decode_active_kv_tokens`, `decode_context_length`, `decode_itl`),
+//!   optionally with mocker's extensions (prefill by cached prefix, measured mixed passes,
+//!   `meta_json`) written by `scripts/aic_profile.py`; see `docs/profiles.md`;
 //! - a planner profiler results directory (`selected_prefill_interpolation/raw_data.npz` and
 //!   `selected_decode_interpolation/raw_data.npz`, or `prefill_raw_data.json` and
-//!   `decode_raw_data.json`), converted as in [`planner`].
+//!   `decode_raw_data.json`), converted as in [`planner`];
+//! - a profile bundled into the binary, by name ([`bundled`]).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use mocker_core::config::{EngineConfig, LaunchConfig, TimingModelConfig};
-use mocker_core::timing::{ProfileArrays, ProfileTable};
+use mocker_core::config::{LaunchConfig, TimingModelConfig};
+use mocker_core::timing::ProfileTable;
 use serde_json::{json, Value};
 
+mod bundled;
+mod capacity;
+mod meta;
 mod npz;
 pub mod planner;
+mod table;
+
+pub use bundled::{bundled, bundled_names};
+pub use meta::ProfileMeta;
+pub use table::{read_table, write_table};
 
 /// Why a profile could not be read; names the file and, where it applies, the array.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -54,15 +65,22 @@ impl fmt::Display for LoadError {
     }
 }
 
-/// The arrays of the converted table, in file order.
-const TABLE_ARRAYS: [&str; 5] =
-    ["prefill_isl", "prefill_ttft_ms", "decode_active_kv_tokens", "decode_context_length", "decode_itl"];
+/// A profile as read: the timing table, and what a generated profile says about the
+/// hardware (absent in Dynamo's tables).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profile {
+    /// Pass timing.
+    pub table: ProfileTable,
+    /// Model and GPU facts, for sizing the KV cache.
+    pub meta: Option<ProfileMeta>,
+}
 
-/// Reads a profile: a converted `.npz` table or a profiler results directory.
-pub fn load(path: &Path) -> Result<ProfileTable, LoadError> {
+/// Reads a profile: a table file (`.npz`) or a profiler results directory.
+pub fn load(path: &Path) -> Result<Profile, LoadError> {
     if path.is_dir() {
         if planner::is_results_dir(path) {
-            return planner::convert_results_dir(path, planner::DEFAULT_RESOLUTION);
+            let table = planner::convert_results_dir(path, planner::DEFAULT_RESOLUTION)?;
+            return Ok(Profile { table, meta: None });
         }
         return Err(LoadError::file(
             path,
@@ -73,66 +91,8 @@ pub fn load(path: &Path) -> Result<ProfileTable, LoadError> {
     read_table(path)
 }
 
-/// Reads a converted lookup table (`perf_data.npz`).
-pub fn read_table(path: &Path) -> Result<ProfileTable, LoadError> {
-    let mut npz = npz::Npz::open(path)?;
-    if let Some(missing) = TABLE_ARRAYS.iter().find(|n| !npz.has(n)) {
-        return Err(LoadError::array(
-            path,
-            missing,
-            format!("missing: a profile table has {}", TABLE_ARRAYS.join(", ")),
-        ));
-    }
-    let mut vector = |name: &'static str| -> Result<Vec<f64>, LoadError> {
-        let a = npz.array(name)?;
-        if a.shape.len() != 1 {
-            return Err(LoadError::array(path, name, format!("must be 1-D, has shape {:?}", a.shape)));
-        }
-        Ok(a.values)
-    };
-    let prefill_isl = vector("prefill_isl")?;
-    let prefill_ttft_ms = vector("prefill_ttft_ms")?;
-    let decode_active_kv_tokens = vector("decode_active_kv_tokens")?;
-    let decode_context_length = vector("decode_context_length")?;
-    let itl = npz.array("decode_itl")?;
-    let &[rows, cols] = itl.shape.as_slice() else {
-        return Err(LoadError::array(path, "decode_itl", format!("must be 2-D, has shape {:?}", itl.shape)));
-    };
-    ProfileTable::new(ProfileArrays {
-        prefill_isl,
-        prefill_ttft_ms,
-        decode_active_kv_tokens,
-        decode_context_length,
-        decode_itl: itl.values,
-        decode_itl_shape: (rows, cols),
-    })
-    .map_err(|e| {
-        let array = match &e {
-            mocker_core::timing::ProfileError::PrefillLength { .. } => "prefill_ttft_ms",
-            mocker_core::timing::ProfileError::DecodeShape { .. } => "decode_itl",
-            mocker_core::timing::ProfileError::Axis { array, .. }
-            | mocker_core::timing::ProfileError::NotFinite { array, .. } => array,
-        };
-        LoadError::array(path, array, e.to_string())
-    })
-}
-
-/// Writes `table` as a converted lookup table that [`read_table`] (and the reference) reads.
-pub fn write_table(path: &Path, table: &ProfileTable) -> Result<(), LoadError> {
-    let a = table.arrays();
-    npz::write(
-        path,
-        &[
-            ("prefill_isl", &a.prefill_isl, None),
-            ("prefill_ttft_ms", &a.prefill_ttft_ms, None),
-            ("decode_active_kv_tokens", &a.decode_active_kv_tokens, None),
-            ("decode_context_length", &a.decode_context_length, None),
-            ("decode_itl", &a.decode_itl, Some(a.decode_itl_shape)),
-        ],
-    )
-}
-
-/// The engine-args `timing_model` that times passes by the profile at `path`.
+/// The engine-args `timing_model` that times passes by the profile at `path` (read later
+/// by [`resolve_launch`]).
 pub fn timing_model_for(path: &Path) -> TimingModelConfig {
     TimingModelConfig::External {
         provider: "dynamo_profile".into(),
@@ -141,25 +101,57 @@ pub fn timing_model_for(path: &Path) -> TimingModelConfig {
     }
 }
 
-/// Reads the profile an engine configuration names, if any, into it.
-pub fn resolve_engine(engine: &mut EngineConfig) -> Result<(), LoadError> {
-    if let TimingModelConfig::External { provider, config, profile } = &mut engine.timing_model {
-        if provider == "dynamo_profile" && profile.is_none() {
-            let path = match config.get("path") {
-                Some(Value::String(p)) => PathBuf::from(p),
-                _ => {
-                    return Err(LoadError::file(Path::new(""), "engine.timing_model.config.path is not set"))
-                }
-            };
-            *profile = Some(Arc::new(load(&path)?));
-        }
-    }
-    Ok(())
+/// Why a launch configuration and its profile do not fit together.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ResolveError {
+    /// The profile could not be read.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// A launch key conflicts with the profile or needs one (named by `key`).
+    #[error("{key}: {reason}")]
+    Key {
+        /// The engine-args key.
+        key: &'static str,
+        /// Why.
+        reason: String,
+    },
 }
 
-/// [`resolve_engine`] for a launch configuration's engine.
-pub fn resolve_launch(launch: &mut LaunchConfig) -> Result<(), LoadError> {
-    resolve_engine(&mut launch.engine)
+/// Makes a launch configuration's engine timed by `profile` (already read, named `label`)
+/// and sizes its KV cache from the profile's memory facts.
+pub fn use_profile(launch: &mut LaunchConfig, label: &str, profile: Profile) -> Result<(), ResolveError> {
+    launch.engine.timing_model = TimingModelConfig::External {
+        provider: "dynamo_profile".into(),
+        config: json!({ "path": label }),
+        profile: Some(Arc::new(profile.table)),
+    };
+    capacity::apply(launch, profile.meta.as_ref())
+}
+
+/// Reads the profile the launch configuration's engine names (if any) into it, and sizes
+/// the KV cache from the profile where the configuration leaves that to memory; memory
+/// keys without a profile that can size anything are refused.
+pub fn resolve_launch(launch: &mut LaunchConfig) -> Result<(), ResolveError> {
+    let path = match &launch.engine.timing_model {
+        TimingModelConfig::External { provider, config, profile: None } if provider == "dynamo_profile" => {
+            match config.get("path") {
+                Some(Value::String(p)) => Some(PathBuf::from(p)),
+                _ => {
+                    return Err(
+                        LoadError::file(Path::new(""), "engine.timing_model.config.path is not set").into()
+                    )
+                }
+            }
+        }
+        _ => None,
+    };
+    match path {
+        Some(path) => {
+            let profile = load(&path)?;
+            use_profile(launch, &path.to_string_lossy(), profile)
+        }
+        None => capacity::apply(launch, None),
+    }
 }
 
 #[cfg(test)]
@@ -201,7 +193,7 @@ mod tests {
 
     /// Writes a table file with arbitrary (possibly inconsistent) arrays.
     fn write_raw(path: &Path, arrays: &[npz::Named<'_>]) {
-        npz::write(path, arrays).unwrap();
+        npz::write(path, arrays, &[]).unwrap();
     }
 
     #[test]
@@ -217,7 +209,7 @@ mod tests {
                     ("prefill_ttft_ms", &axis[..2], None),
                     ("decode_active_kv_tokens", &axis[..2], None),
                     ("decode_context_length", &axis[..2], None),
-                    ("decode_itl", &grid, Some((2, 2))),
+                    ("decode_itl", &grid, Some(vec![2, 2])),
                 ],
                 "prefill_ttft_ms",
                 "Prefill array length mismatch: isl=3, ttft=2",
@@ -228,7 +220,7 @@ mod tests {
                     ("prefill_ttft_ms", &axis, None),
                     ("decode_active_kv_tokens", &axis, None),
                     ("decode_context_length", &axis[..2], None),
-                    ("decode_itl", &grid, Some((2, 2))),
+                    ("decode_itl", &grid, Some(vec![2, 2])),
                 ],
                 "decode_itl",
                 "Decode array dimension mismatch",
@@ -239,7 +231,7 @@ mod tests {
                     ("prefill_ttft_ms", &axis, None),
                     ("decode_active_kv_tokens", &axis[..2], None),
                     ("decode_context_length", &axis[..2], None),
-                    ("decode_itl", &grid, Some((2, 2))),
+                    ("decode_itl", &grid, Some(vec![2, 2])),
                 ],
                 "prefill_isl",
                 "strictly increasing",
@@ -249,7 +241,7 @@ mod tests {
                     ("prefill_isl", &axis, None),
                     ("prefill_ttft_ms", &axis, None),
                     ("decode_active_kv_tokens", &axis[..2], None),
-                    ("decode_itl", &grid, Some((2, 2))),
+                    ("decode_itl", &grid, Some(vec![2, 2])),
                 ],
                 "decode_context_length",
                 "missing",
@@ -276,15 +268,16 @@ mod tests {
     }
 
     #[test]
-    fn resolving_an_engine_config_loads_its_table_once() {
-        let mut engine = EngineConfig { timing_model: timing_model_for(&h200()), ..Default::default() };
-        resolve_engine(&mut engine).unwrap();
-        let TimingModelConfig::External { profile: Some(table), .. } = &engine.timing_model else {
+    fn resolving_a_launch_config_loads_its_table_once() {
+        let mut launch = LaunchConfig::default();
+        launch.engine.timing_model = timing_model_for(&h200());
+        resolve_launch(&mut launch).unwrap();
+        let TimingModelConfig::External { profile: Some(table), .. } = &launch.engine.timing_model else {
             panic!("profile not loaded");
         };
         assert_eq!(table.arrays().decode_itl_shape, (100, 100));
-        let mut missing =
-            EngineConfig { timing_model: timing_model_for(Path::new("/no/such.npz")), ..Default::default() };
-        assert!(resolve_engine(&mut missing).unwrap_err().to_string().contains("/no/such.npz"));
+        let mut missing = LaunchConfig::default();
+        missing.engine.timing_model = timing_model_for(Path::new("/no/such.npz"));
+        assert!(resolve_launch(&mut missing).unwrap_err().to_string().contains("/no/such.npz"));
     }
 }

@@ -33,7 +33,11 @@ pub(crate) struct NumArray {
 impl<'p> Npz<'p> {
     /// Opens `path` as an `.npz` archive.
     pub(crate) fn open(path: &'p Path) -> Result<Self, LoadError> {
-        let bytes = read_capped(path)?;
+        Self::from_bytes(path, read_capped(path)?)
+    }
+
+    /// Opens an archive already in memory; `path` names it in errors.
+    pub(crate) fn from_bytes(path: &'p Path, bytes: Vec<u8>) -> Result<Self, LoadError> {
         let zip = zip::ZipArchive::new(Cursor::new(bytes))
             .map_err(|e| LoadError::file(path, format!("not a NumPy .npz archive: {e}")))?;
         Ok(Self { path, zip })
@@ -87,6 +91,7 @@ fn decode(bytes: &[u8]) -> Result<NumArray, String> {
         .or_else(|| read::<i32>(bytes, f64::from))
         .or_else(|| read::<u64>(bytes, |v| v as f64))
         .or_else(|| read::<u32>(bytes, f64::from))
+        .or_else(|| read::<u8>(bytes, f64::from))
         .ok_or_else(|| {
             format!(
                 "dtype {} is not a float or integer type (or the data is truncated)",
@@ -109,21 +114,22 @@ pub(crate) fn read_capped(path: &Path) -> Result<Vec<u8>, LoadError> {
     Ok(bytes)
 }
 
-/// One array to write: its name, values, and (rows, cols) if it is 2-D.
-pub(crate) type Named<'a> = (&'a str, &'a [f64], Option<(usize, usize)>);
+/// One array to write: its name, values, and its shape if it is not 1-D.
+pub(crate) type Named<'a> = (&'a str, &'a [f64], Option<Vec<usize>>);
 
-/// Writes named `f64` arrays as an uncompressed `.npz`.
-pub(crate) fn write(path: &Path, arrays: &[Named<'_>]) -> Result<(), LoadError> {
+/// Writes named `f64` arrays, and byte arrays (as `uint8`), as an uncompressed `.npz`.
+pub(crate) fn write(path: &Path, arrays: &[Named<'_>], bytes: &[(&str, &[u8])]) -> Result<(), LoadError> {
     let io = |e: &dyn std::fmt::Display| LoadError::file(path, format!("cannot write: {e}"));
     let file = std::fs::File::create(path).map_err(|e| io(&e))?;
     let mut npz = NpzWriter::new(file);
-    for &(name, values, shape) in arrays {
-        let dims = match shape {
-            Some((r, c)) => vec![r, c],
-            None => vec![values.len()],
-        };
+    for (name, values, shape) in arrays {
+        let dims = shape.clone().unwrap_or_else(|| vec![values.len()]);
         let a = ArrayD::from_shape_vec(IxDyn(&dims), values.to_vec()).map_err(|e| io(&e))?;
-        npz.add_array(name, &a).map_err(|e| io(&e))?;
+        npz.add_array(*name, &a).map_err(|e| io(&e))?;
+    }
+    for (name, b) in bytes {
+        let a = ndarray::Array1::from(b.to_vec());
+        npz.add_array(*name, &a).map_err(|e| io(&e))?;
     }
     npz.finish().map_err(|e| io(&e))?;
     Ok(())

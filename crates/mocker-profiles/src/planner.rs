@@ -109,6 +109,7 @@ pub fn convert_results_dir(dir: &Path, resolution: usize) -> Result<ProfileTable
         decode_context_length: ctx_axis,
         decode_itl: itl,
         decode_itl_shape: (resolution, resolution),
+        ..Default::default()
     })
     .map_err(|e| LoadError::file(dir, format!("the converted table is unusable: {e}")))
 }

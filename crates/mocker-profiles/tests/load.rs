@@ -32,7 +32,7 @@ fn decode(t: &ProfileTable, batch: usize, kv: usize) -> f64 {
 
 #[test]
 fn the_h200_table_reads_and_predicts_between_its_points() {
-    let t = load(&h200().join("perf_data.npz")).unwrap();
+    let t = load(&h200().join("perf_data.npz")).unwrap().table;
     let a = t.arrays();
     assert_eq!((a.prefill_isl.len(), a.decode_itl_shape), (17, (24, 6)));
     // On a profiled point the table gives the measurement itself.
@@ -48,8 +48,10 @@ fn the_h200_table_reads_and_predicts_between_its_points() {
 fn the_raw_directory_converts_as_the_reference_launcher_does() {
     // The reference (ai-dynamo 1.6.1's converter) run on the same directory.
     let reference =
-        read_table(&repo().join("crates/mocker-profiles/tests/data/h200_reference_converted.npz")).unwrap();
-    let ours = load(&h200()).unwrap();
+        read_table(&repo().join("crates/mocker-profiles/tests/data/h200_reference_converted.npz"))
+            .unwrap()
+            .table;
+    let ours = load(&h200()).unwrap().table;
     let (r, o) = (reference.arrays(), ours.arrays());
     assert_eq!(o.decode_itl_shape, (100, 100));
     let close = |x: &[f64], y: &[f64], what: &str| {
@@ -82,6 +84,7 @@ fn a_written_table_reads_back_identically() {
     write_table(&file, &t).unwrap();
     let back = read_table(&file).unwrap();
     assert_eq!(back, t);
+    let (back, t) = (back.table, t.table);
     for (b, isl) in [(1, 777), (8, 4096)] {
         assert_eq!(prefill(&back, b, isl, 0), prefill(&t, b, isl, 0));
     }

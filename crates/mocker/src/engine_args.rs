@@ -42,6 +42,12 @@ pub struct EngineFlags {
     /// "config": {"path": PATH}}`; applies to every engine of the run.
     #[arg(long, value_name = "PATH")]
     pub planner_profile_data: Option<PathBuf>,
+    /// Time passes by a profile bundled into mocker, by name (`mocker profiles` lists them):
+    /// a named model on a named GPU, generated from NVIDIA AIConfigurator's measurements.
+    /// Unless `num_gpu_blocks` is given, the KV cache is sized from the profile's memory
+    /// facts (`gpu_memory_utilization`, `mem_fraction_static`, `free_gpu_memory_fraction`).
+    #[arg(long, value_name = "NAME")]
+    pub timing_profile: Option<String>,
 }
 
 /// Builds the launch config from `--engine-args` (JSON or @file, flat or nested) with
@@ -51,20 +57,39 @@ pub fn launch_config(engine_args: Option<&str>, flags: &EngineFlags) -> Result<L
     launch_config_for("--engine-args", engine_args, flags)
 }
 
-/// Applies `--planner-profile-data` and reads the profile a launch config names, so the
-/// engines built from it are timed by that table; profile errors name the flag they came from.
+/// Applies `--planner-profile-data` or `--timing-profile` and reads the profile a launch
+/// config names, so the engines built from it are timed by that table (and, for profiles
+/// that state memory, sized by it); errors name the flag or key they came from.
 fn load_timing(flag: &str, launch: &mut LaunchConfig, flags: &EngineFlags) -> Result<(), UsageError> {
-    let mut source = flag;
-    if let Some(path) = &flags.planner_profile_data {
-        if launch.engine.timing_model != TimingModelConfig::Polynomial {
-            return Err(UsageError(format!(
-                "--planner-profile-data: conflicts with {flag} timing_model; give one timing source"
-            )));
-        }
-        launch.engine.timing_model = mocker_profiles::timing_model_for(path);
-        source = "--planner-profile-data";
+    let given = [
+        ("--planner-profile-data", flags.planner_profile_data.is_some()),
+        ("--timing-profile", flags.timing_profile.is_some()),
+    ];
+    let mut sources: Vec<&str> = given.iter().filter(|(_, g)| *g).map(|(f, _)| *f).collect();
+    if launch.engine.timing_model != TimingModelConfig::Polynomial {
+        sources.push(flag);
     }
-    mocker_profiles::resolve_launch(launch).map_err(|e| UsageError(format!("{source}: {e}")))
+    if sources.len() > 1 {
+        let named =
+            sources.iter().map(|s| if *s == flag { format!("{flag} timing_model") } else { s.to_string() });
+        return Err(UsageError(format!("{}: give one timing source", named.collect::<Vec<_>>().join(", "))));
+    }
+    let source = sources.first().copied().unwrap_or(flag);
+    let err = |e: mocker_profiles::ResolveError| UsageError(format!("{source}: {e}"));
+    if let Some(path) = &flags.planner_profile_data {
+        launch.engine.timing_model = mocker_profiles::timing_model_for(path);
+    }
+    if let Some(name) = &flags.timing_profile {
+        let profile = mocker_profiles::bundled(name).ok_or_else(|| {
+            UsageError(format!(
+                "--timing-profile: no bundled profile {name:?}; choose one of: {}",
+                mocker_profiles::bundled_names().join(", ")
+            ))
+        })?;
+        let profile = profile.map_err(|e| err(e.into()))?;
+        return mocker_profiles::use_profile(launch, &format!("bundled:{name}"), profile).map_err(err);
+    }
+    mocker_profiles::resolve_launch(launch).map_err(err)
 }
 
 /// The JSON text of an engine-args value: inline, or the contents of `@file`.

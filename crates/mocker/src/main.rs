@@ -6,6 +6,7 @@ mod bench;
 mod engine_args;
 mod online;
 mod output;
+mod profiles;
 mod progress;
 mod replay;
 mod serve;
@@ -53,6 +54,8 @@ enum Command {
     /// Replay one workload over a grid of engine args, worker counts and routers, in
     /// parallel, and write one summary row per point (CSV and/or JSON).
     Sweep(sweep::SweepArgs),
+    /// List the timing profiles bundled into mocker (for `--timing-profile NAME`).
+    Profiles,
 }
 
 /// A user error: printed with the field it concerns, exit code 2.
@@ -66,6 +69,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args).map(|()| ExitCode::SUCCESS),
         Command::Serve(args) => serve::run(args),
         Command::Sweep(args) => sweep::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Profiles => profiles::list().map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
