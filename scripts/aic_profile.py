@@ -249,6 +249,17 @@ def memory(model_path, system, backend, version, tp, moe_tp, moe_ep) -> dict:
     }
 
 
+def quant_modes(model_path, backend, tp, moe_tp, moe_ep) -> dict:
+    """The precisions AIC infers from the model's config (weights, MoE, KV cache, attention)."""
+    from aiconfigurator_core.sdk.config_builders import build_model_config
+    from aiconfigurator_core.sdk.models import get_model
+
+    cfg = build_model_config(tp_size=tp, pp_size=1, attention_dp_size=1, moe_tp_size=moe_tp, moe_ep_size=moe_ep)
+    built = get_model(model_path, cfg, backend).config
+    keys = ("gemm_quant_mode", "moe_quant_mode", "kvcache_quant_mode", "fmha_quant_mode", "comm_quant_mode")
+    return {k: getattr(getattr(built, k, None), "name", None) for k in keys}
+
+
 def op_sources(model_path, system, backend, version, tp, moe_tp, moe_ep) -> dict:
     """Where AIC's answer for each operator comes from, on two representative passes.
 
@@ -287,6 +298,7 @@ def build(args) -> tuple[dict[str, np.ndarray], dict]:
             arrays = sample(model)
             mem = memory(model_path, args.system, args.backend, version, args.tp, moe_tp, args.moe_ep)
             sources = op_sources(model_path, args.system, args.backend, version, args.tp, moe_tp, args.moe_ep)
+            quant = quant_modes(model_path, args.backend, args.tp, moe_tp, args.moe_ep)
         except SystemExit:
             raise
         except Exception as exc:
@@ -307,6 +319,7 @@ def build(args) -> tuple[dict[str, np.ndarray], dict]:
         "non_kv_bytes_per_gpu": {k: mem[k] for k in (
             "activation_bytes_per_gpu", "runtime_overhead_bytes_per_gpu", "comm_overhead_bytes_per_gpu")},
         "memory_max_num_tokens": MEMORY_MAX_NUM_TOKENS,
+        "quant_modes": quant,
         "op_sources": sources,
         "command": " ".join(["python", "scripts/aic_profile.py"] + _canonical_args(args)),
         "notes": (
