@@ -35,6 +35,11 @@ pub struct EngineOptions {
     /// reference gives rank `r` of worker `w` the offset `w * dp_size + r`, so ranks draw
     /// distinct, reproducible acceptance streams.
     pub seed_offset: u64,
+    /// Ranks in this rank's data-parallel group (0 and 1 both mean none): SGLang ranks
+    /// split `chunked_prefill_size` between them and scale `schedule_conservativeness` by
+    /// 0.3 (SGLang's attention-DP launch normalization), vLLM ranks follow
+    /// `prefill_schedule_interval`. Groups step in lock-step waves (`crate::wave`).
+    pub dp_size: usize,
 }
 
 /// Why an engine could not be built or a request not accepted.
@@ -54,6 +59,14 @@ pub enum EngineError {
     /// The request is malformed.
     #[error(transparent)]
     Submit(#[from] SubmitError),
+    /// SGLang data-parallel ranks split `chunked_prefill_size`; it must leave each one token.
+    #[error("engine.sglang.chunked_prefill_size: dp_size {dp_size} reduces chunked_prefill_size={chunked_prefill_size} to zero per rank")]
+    DpChunkedPrefill {
+        /// Ranks in the group.
+        dp_size: usize,
+        /// The configured size.
+        chunked_prefill_size: usize,
+    },
 }
 
 /// The scheduler core of the configured backend. The vLLM core is stored inline so its
@@ -97,14 +110,17 @@ impl Engine {
             aggregate_steady_tokens,
             opaque_output_blocks,
             seed_offset,
+            dp_size,
         } = options;
         let timing = build_timing_model(&config)?;
+        let dp_size = dp_size.max(1);
         let opts = SchedulerOptions {
             dp_rank,
             record_kv_events,
             aggregate_steady_tokens,
             opaque_output_blocks,
             seed_offset,
+            dp_size: dp_size.min(u32::MAX as usize) as u32,
         };
         let core = match config.backend {
             Backend::Sglang => {
@@ -115,6 +131,16 @@ impl Engine {
                 if config.aic_nextn.is_some() {
                     let feature = "MTP speculative decoding (aic_nextn)";
                     return Err(EngineError::Unsupported { backend: config.backend, feature });
+                }
+                let mut config = config;
+                if dp_size > 1 {
+                    let s = &mut config.sglang;
+                    let chunked_prefill_size = s.chunked_prefill_size;
+                    if chunked_prefill_size < dp_size {
+                        return Err(EngineError::DpChunkedPrefill { dp_size, chunked_prefill_size });
+                    }
+                    s.chunked_prefill_size /= dp_size;
+                    s.schedule_conservativeness *= 0.3;
                 }
                 Core::Sglang(Box::new(SglangScheduler::new(&config, timing, opts)))
             }
@@ -140,6 +166,18 @@ impl Engine {
     #[inline]
     pub fn step(&mut self, now_ns: u64) -> &Pass {
         dispatch!(mut self, s => s.step(now_ns))
+    }
+
+    /// Sets the wave counter of the coming pass (data-parallel groups, see `crate::wave`).
+    pub(crate) fn prepare_wave(&mut self, wave_step: u64) {
+        if let Core::Vllm(s) = &mut self.core {
+            s.prepare_wave(wave_step);
+        }
+    }
+
+    /// Moves the last pass's end to its group's wave end `end_ns` (not before its own).
+    pub(crate) fn stretch_last_pass(&mut self, end_ns: u64) {
+        dispatch!(mut self, s => s.stretch_last_pass(end_ns))
     }
 
     /// Turns the last pass into a run of the passes that would follow it back to back, as

@@ -14,6 +14,7 @@ pub mod request;
 pub mod scheduler;
 pub mod timing;
 pub mod transfer;
+pub mod wave;
 
 pub use engine::{Engine, EngineError, EngineOptions};
 pub use request::{Admission, Output, OutputToken, Request, SeqKey};

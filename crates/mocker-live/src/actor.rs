@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mocker_core::metrics::ForwardPassMetrics;
+use mocker_core::wave::Waves;
 use mocker_core::SeqKey;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -81,6 +82,8 @@ pub(crate) struct Actor {
     now_ns: u64,
     failed: Vec<(SeqKey, u128)>,
     lanes_closed: bool,
+    /// The ranks' lock-step waves (shared with offline replay).
+    waves: Waves,
 }
 
 /// How many queued messages one idle or boundary snapshot applies (so a lane that is
@@ -98,7 +101,18 @@ impl Actor {
         token: CancellationToken,
         epoch: Instant,
     ) -> Self {
-        Self { ranks, cmd_rx, cancel_rx, token, epoch, now_ns: 0, failed: Vec::new(), lanes_closed: false }
+        let waves = Waves::new(ranks.len());
+        Self {
+            ranks,
+            cmd_rx,
+            cancel_rx,
+            token,
+            epoch,
+            now_ns: 0,
+            failed: Vec::new(),
+            lanes_closed: false,
+            waves,
+        }
     }
 
     fn elapsed_ns(&self) -> u64 {
@@ -213,15 +227,15 @@ impl Actor {
                 let idle = boundary_at.elapsed().as_nanos().min(u64::MAX as u128) as u64;
                 (self.now_ns + idle).max(self.elapsed_ns().saturating_sub(TIMER_TICK_NS))
             };
-            let mut end = start;
+            // One wave: every rank with work runs a pass, all ending with the slowest.
+            let end = self.waves.step(&mut self.ranks, start, |r| (&mut r.engine, !r.retired));
             let mut effect = false;
-            for r in &mut self.ranks {
-                r.stepped = !r.retired && r.engine.has_work();
+            for (i, r) in self.ranks.iter_mut().enumerate() {
+                r.stepped = self.waves.stepped(i);
                 if !r.stepped {
                     continue;
                 }
-                let pass = r.engine.step(start);
-                end = end.max(pass.end_ns);
+                let pass = r.engine.last_pass();
                 effect |= pass.had_effect();
                 for a in &pass.admissions {
                     if let Some(slot) = r.slots.get_mut(a.key.0 as usize).and_then(Option::as_mut) {

@@ -172,7 +172,8 @@ impl LiveEngine {
         let (cancel_tx, cancel_rx) = mpsc::channel(CANCEL_LANE);
         let token = CancellationToken::new();
         let epoch = Instant::now();
-        let mut states = Vec::with_capacity(options.len());
+        let n = options.len();
+        let mut states = Vec::with_capacity(n);
         let mut ranks = Vec::with_capacity(options.len());
         for (r, o) in options.into_iter().enumerate() {
             let engine = Engine::new(EngineOptions {
@@ -181,6 +182,7 @@ impl LiveEngine {
                 record_kv_events: o.kv_events.is_some(),
                 // One worker: rank r draws MTP acceptances from seed + r, as the reference.
                 seed_offset: r as u64,
+                dp_size: n,
                 ..Default::default()
             })
             .map_err(|e| LiveError::InvalidArguments(e.to_string()))?;

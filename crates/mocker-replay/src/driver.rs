@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use mocker_core::config::{Backend, LaunchConfig};
 use mocker_core::hashing::PromptHashes;
+use mocker_core::wave::Waves;
 use mocker_core::{Engine, EngineOptions, Request};
 
 use crate::collector::{Collector, RecordId};
@@ -133,6 +134,11 @@ struct Sim {
     deps: Option<Deps>,
     /// Requests that ended in the pass being delivered: (session, id, rejected).
     ended: Vec<(SessionId, u128, bool)>,
+    /// Data-parallel ranks per aggregated worker: with more than one, `workers` holds
+    /// every rank (worker `i`'s rank `r` at `i * dp + r`, the router's index too) and
+    /// each worker's ranks step in lock-step waves (`waves`, one per worker).
+    dp: usize,
+    waves: Vec<Waves>,
 }
 
 /// Started sessions and their remaining turns.
@@ -189,10 +195,12 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     let router_config = options.router_config.with_runtime(&entry.launch.dynamo);
     // A disaggregated cluster routes each pool as the reference derives it.
     let entry_router_config = if disaggregated { router_config.for_prefill_pool() } else { router_config };
+    // Offline aggregated workers only (validated): the router places on ranks.
+    let dp = entry.launch.dp_size.max(1);
     let router = Router::new(
         options.router,
         entry_router_config,
-        entry.workers,
+        entry.workers * dp,
         block_size,
         entry.launch.engine.max_num_batched_tokens,
     );
@@ -200,38 +208,42 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     // block is never looked up by another request, and KV events stay with our router.
     let outputs_reappear = matches!(&options.workload,
         Workload::Trace(t) if t.trace.format == crate::trace::TraceFormat::MooncakeDelta);
-    let new_worker = |launch: &LaunchConfig, role: Role, record_kv_events: bool, index: usize| {
-        let engine = Engine::new(EngineOptions {
-            // The reference seeds each rank's MTP sampler at `worker * dp_size + rank`.
-            seed_offset: (index * launch.dp_size) as u64,
-            config: launch.engine.clone(),
-            record_kv_events,
-            // Per-request logs need every token's time; aggregate reports only counts.
-            aggregate_steady_tokens: hooks.request_ended.is_none(),
-            opaque_output_blocks: !outputs_reappear,
-            ..Default::default()
-        })?;
-        Ok::<_, ReplayError>(Worker {
-            engine,
-            role,
-            busy: false,
-            generation: 0,
-            iteration: 0,
-            dirty: false,
-            owners: Vec::new(),
-        })
-    };
+    let new_worker =
+        |launch: &LaunchConfig, role: Role, record_kv_events: bool, index: usize, rank: usize| {
+            let engine = Engine::new(EngineOptions {
+                // The reference seeds each rank's MTP sampler at `worker * dp_size + rank`.
+                seed_offset: (index * launch.dp_size + rank) as u64,
+                dp_rank: rank as u32,
+                dp_size: launch.dp_size,
+                config: launch.engine.clone(),
+                record_kv_events,
+                // Per-request logs need every token's time; aggregate reports only counts.
+                aggregate_steady_tokens: hooks.request_ended.is_none(),
+                opaque_output_blocks: !outputs_reappear,
+            })?;
+            Ok::<_, ReplayError>(Worker {
+                engine,
+                role,
+                busy: false,
+                generation: 0,
+                iteration: 0,
+                dirty: false,
+                owners: Vec::new(),
+            })
+        };
     let entry_role = if disaggregated { Role::Prefill } else { Role::Aggregated };
-    let mut workers = Vec::with_capacity(options.cluster.total_workers());
+    let mut workers = Vec::with_capacity(options.cluster.total_workers() * dp);
     for i in 0..entry.workers {
-        workers.push(new_worker(&entry.launch, entry_role, router.wants_kv_events(), i)?);
+        for r in 0..dp {
+            workers.push(new_worker(&entry.launch, entry_role, router.wants_kv_events(), i, r)?);
+        }
     }
     let disagg = match options.cluster.decode() {
         None => None,
         Some(decode) => {
             // The decode pool's router balances load only: it reads no KV events.
             for i in 0..decode.workers {
-                workers.push(new_worker(&decode.launch, Role::Decode, false, i)?);
+                workers.push(new_worker(&decode.launch, Role::Decode, false, i, 0)?);
             }
             let router = Router::new(
                 options.router,
@@ -299,6 +311,8 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
             Workload::Synthetic(_) => None,
         },
         ended: Vec::new(),
+        dp,
+        waves: if dp > 1 { vec![Waves::new(dp); entry.workers] } else { Vec::new() },
     };
     let total = options.workload.total_requests();
     let cap = options.max_sim_time_ms.map(ms_to_ns);
@@ -422,6 +436,12 @@ impl Sim {
                 self.workers[w].busy = false;
                 self.deliver(w, now);
                 self.mark_dirty(w);
+                if self.dp > 1 {
+                    // The wave is over for the whole worker: idle ranks that got work
+                    // during it start with the next one.
+                    let g = w / self.dp * self.dp;
+                    (g..g + self.dp).for_each(|r| self.mark_dirty(r));
+                }
                 changed = true;
             }
             // KV transfers that end now (after the passes, as the reference orders them).
@@ -434,7 +454,17 @@ impl Sim {
             for &w in &dirty {
                 self.workers[w].dirty = false;
             }
+            let mut last_group = usize::MAX;
             for &w in &dirty {
+                if self.dp > 1 {
+                    // Ranks of one worker are contiguous in `dirty` (sorted): one wave each.
+                    let g = w / self.dp;
+                    if g != last_group {
+                        last_group = g;
+                        changed |= self.start_wave(g, now, iteration)?;
+                    }
+                    continue;
+                }
                 // A decode worker takes up waiting reservations as a pass starts.
                 let reserving = self.workers[w].role == Role::Decode && !self.workers[w].busy;
                 if reserving && self.reserve_pending(w, now) {
@@ -474,6 +504,37 @@ impl Sim {
                 return Ok(());
             }
         }
+    }
+
+    /// Starts a wave on aggregated worker `g`'s ranks at `now` unless one is under way;
+    /// returns whether anything happened.
+    fn start_wave(&mut self, g: usize, now: u64, iteration: u32) -> Result<bool, ReplayError> {
+        let ranks = g * self.dp..(g + 1) * self.dp;
+        let group = &mut self.workers[ranks.clone()];
+        if group.iter().any(|w| w.busy) || !group.iter().any(|w| w.engine.has_work()) {
+            return Ok(false);
+        }
+        let end = self.waves[g].step(group, now, |w| (&mut w.engine, true));
+        let mut effect = false;
+        for (i, w) in ranks.enumerate() {
+            if !self.waves[g].stepped(i) {
+                continue;
+            }
+            let worker = &mut self.workers[w];
+            effect |= worker.engine.last_pass().had_effect();
+            if end > now {
+                worker.busy = true;
+                worker.iteration = iteration;
+                self.passes.push(Reverse((end, now, iteration, w, worker.generation)));
+            } else {
+                self.deliver(w, now);
+                self.mark_dirty(w);
+            }
+        }
+        if end == now && !effect {
+            return Err(ReplayError::DeadEnd(self.in_flight));
+        }
+        Ok(true)
     }
 
     /// Hands worker `w`'s last pass outputs to the collector and router, stamped at `t`.
@@ -723,9 +784,19 @@ impl Sim {
             hashes,
             shareable: turn.shareable_blocks.unwrap_or(hashes.len()),
         });
-        self.collector.set_worker(rec, p.worker);
+        let mut p = p;
+        if self.dp > 1 {
+            if let Router::RoundRobin { n, .. } = self.router {
+                // Round robin over workers, and over each worker's ranks in turn: the
+                // i-th request goes to worker i mod W, rank (i div W) mod dp.
+                let workers = n / self.dp;
+                p.worker = p.worker % workers * self.dp + p.worker / workers;
+            }
+        }
+        self.collector.set_worker(rec, p.worker / self.dp);
         let pool = if self.disagg.is_some() { PoolKind::Prefill } else { PoolKind::Agg };
-        self.collector.on_routed(rec, pool, p.worker, (p.overlap_blocks, p.best_overlap_blocks), now);
+        let overlap = (p.overlap_blocks, p.best_overlap_blocks);
+        self.collector.on_routed(rec, pool, p.worker / self.dp, overlap, now);
         self.interrupt_run(p.worker, now);
         let worker = &mut self.workers[p.worker];
         let request = Request {

@@ -251,6 +251,30 @@ pub struct SchedulerOptions {
     pub opaque_output_blocks: bool,
     /// Added to `aic_mtp_seed` (see `EngineOptions::seed_offset`).
     pub seed_offset: u64,
+    /// Ranks in the worker's data-parallel group (see `EngineOptions::dp_size`).
+    pub dp_size: u32,
+}
+
+/// Moves every token of `pass` `delta` ns later (its end moved to its group's wave end):
+/// the first token of each request's burst gets a gap `delta` longer, counted steady
+/// tokens too; `set_last` records each emitting request's new last token time.
+pub(crate) fn stretch_outputs(pass: &mut Pass, delta: u64, mut set_last: impl FnMut(SeqKey, u64)) {
+    let end = pass.end_ns;
+    let mut prev = None;
+    for o in pass.outputs.iter_mut().chain(pass.steady.iter_mut()) {
+        if !o.has_token() {
+            continue;
+        }
+        // MTP bursts are consecutive outputs of one request; only their first has a gap.
+        if prev != Some(o.key) && o.index > 0 {
+            o.itl_ns += delta;
+        }
+        prev = Some(o.key);
+        set_last(o.key, end);
+    }
+    if pass.steady_count > 0 {
+        pass.steady_itl_ns += delta;
+    }
 }
 
 #[cfg(test)]

@@ -122,6 +122,9 @@ pub struct VllmScheduler {
     timing: Box<dyn TimingModel>,
     /// Speculative decoding (`aic_nextn`), if configured.
     mtp: Option<mtp::Mtp>,
+    /// Lock-step DP waves (see `crate::wave`): prefills wait for every
+    /// `prefill_schedule_interval`-th wave on a rank that decodes.
+    cadence: Cadence,
 
     seqs: Vec<Option<Seq>>,
     free_slots: Vec<u32>,
@@ -159,6 +162,21 @@ struct Budget {
     /// Ready requests that decode in this pass (fresh prefills sample from their prefill).
     decode_batch: usize,
     decode_kv: usize,
+    /// This pass defers local prefill work (`prefill_schedule_interval`, DP only).
+    defer_prefill: bool,
+}
+
+/// vLLM's prefill cadence under data parallelism (`prefill_schedule_interval`).
+#[derive(Debug, Clone, Copy)]
+struct Cadence {
+    /// Ranks in the worker's group; the cadence acts only above 1 (and only on vLLM).
+    dp_size: u32,
+    interval: u64,
+    /// The group's wave counter for the coming pass.
+    wave_step: u64,
+    /// The last pass that scheduled prefills left requests waiting for capacity: the next
+    /// pass may prefill even off-cadence.
+    capacity_bound: bool,
 }
 
 impl VllmScheduler {
@@ -191,6 +209,12 @@ impl VllmScheduler {
                     config.aic_mtp_seed.wrapping_add(options.seed_offset),
                 )
             }),
+            cadence: Cadence {
+                dp_size: if config.backend == Backend::Vllm { options.dp_size.max(1) } else { 1 },
+                interval: config.prefill_schedule_interval.max(1) as u64,
+                wave_step: 0,
+                capacity_bound: false,
+            },
             seqs: Vec::new(),
             free_slots: Vec::new(),
             retired_slots: Vec::new(),
@@ -410,12 +434,16 @@ impl VllmScheduler {
         pass.clear(now_ns);
         self.free_slots.append(&mut self.retired_slots);
         self.pass_id += 1;
-        let mut b = Budget { tokens: self.max_num_batched_tokens, ..Default::default() };
+        let defer_prefill = self.defers_prefill();
+        let mut b = Budget { tokens: self.max_num_batched_tokens, defer_prefill, ..Default::default() };
 
         self.schedule_running(&mut b, &mut pass);
         // A pass that had to preempt admits nothing new.
         if b.preempted == 0 {
             self.admit_waiting(&mut b, &mut pass);
+        }
+        if !defer_prefill && b.preempted == 0 {
+            self.cadence.capacity_bound = !self.waiting.is_empty();
         }
         if self.mtp.is_some() {
             self.mtp_reserve(&mut b);
@@ -444,6 +472,43 @@ impl VllmScheduler {
         &self.pass
     }
 
+    /// Whether this pass is off the prefill cadence: DP ranks (vLLM) prefill only every
+    /// `prefill_schedule_interval`-th wave while they decode, unless the last prefilling
+    /// pass left requests waiting for capacity.
+    fn defers_prefill(&self) -> bool {
+        let c = &self.cadence;
+        c.dp_size > 1
+            && !c.wave_step.is_multiple_of(c.interval)
+            && !c.capacity_bound
+            && self.running.iter().any(|e| {
+                let seq = self.seq(e.key);
+                seq.num_computed >= seq.prompt_len
+            })
+    }
+
+    /// Sets the group's wave counter for the next pass (see `crate::wave`).
+    pub(crate) fn prepare_wave(&mut self, wave_step: u64) {
+        self.cadence.wave_step = wave_step;
+    }
+
+    /// Moves the last pass's end to `end_ns` (its group's wave end, not before its own):
+    /// its tokens are emitted then, so their gaps and every later gap count from it.
+    pub(crate) fn stretch_last_pass(&mut self, end_ns: u64) {
+        let delta = end_ns - self.pass.end_ns;
+        if delta == 0 {
+            return;
+        }
+        let pass = &mut self.pass;
+        pass.end_ns = end_ns;
+        pass.metrics.wall_time_secs = (end_ns - pass.start_ns) as f64 / 1e9;
+        super::stretch_outputs(pass, delta, |key, t| {
+            if let Some(seq) = self.seqs[key.0 as usize].as_mut() {
+                seq.last_token_ns = t;
+            }
+        });
+        self.last_end_ns = end_ns;
+    }
+
     /// (a) Running requests first, in running order, while budget remains.
     fn schedule_running(&mut self, b: &mut Budget, pass: &mut Pass) {
         let mut i = 0;
@@ -458,6 +523,11 @@ impl VllmScheduler {
             }
             self.catch_up(i, false);
             let key = self.running[i].key;
+            if b.defer_prefill && self.seq(key).num_computed < self.seq(key).prompt_len {
+                // A prompt still being computed waits for the prefill cadence.
+                i += 1;
+                continue;
+            }
             match self.schedule(key, None, b, pass, &mut i) {
                 Scheduled::Yes => i += 1,
                 Scheduled::Blocked => break,
@@ -542,6 +612,10 @@ impl VllmScheduler {
                 ((seq.len as usize).div_ceil(bs) - reused_blocks, free_capacity)
             };
             if needed > available {
+                break;
+            }
+            if b.defer_prefill && seq.len - cost.cached > 1 {
+                // Off the prefill cadence only near-total prefix hits are admitted.
                 break;
             }
             let budget_before = b.tokens;

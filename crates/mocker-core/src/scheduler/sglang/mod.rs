@@ -292,6 +292,23 @@ impl SglangScheduler {
         &self.pass
     }
 
+    /// Moves the last pass's end to `end_ns` (its group's wave end, not before its own).
+    pub(crate) fn stretch_last_pass(&mut self, end_ns: u64) {
+        let delta = end_ns - self.pass.end_ns;
+        if delta == 0 {
+            return;
+        }
+        let pass = &mut self.pass;
+        pass.end_ns = end_ns;
+        pass.metrics.wall_time_secs = (end_ns - pass.start_ns) as f64 / 1e9;
+        super::stretch_outputs(pass, delta, |key, t| {
+            if let Some(seq) = self.seqs[key.0 as usize].as_mut() {
+                seq.last_token_ns = t;
+            }
+        });
+        self.last_end_ns = end_ns;
+    }
+
     /// Nothing runs and nothing was admitted: partially prefilled requests that lpm moved
     /// behind others may hold pages the head cannot get. Continue the first of them and let
     /// the others give their KV back (they restart later).
