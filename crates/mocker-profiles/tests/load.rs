@@ -138,3 +138,28 @@ fn files_that_are_not_profiles_are_refused_naming_path_and_array() {
     let e = load(&raw).unwrap_err();
     assert_eq!(e.array.as_deref(), Some("prefill_ttft"), "{e}");
 }
+
+#[test]
+fn a_generated_profile_round_trips_with_its_extensions_and_memory_facts() {
+    let file = repo().join("profiles/aic/b300-qwen3-32b-vllm-tp1.npz");
+    let p = load(&file).unwrap();
+    assert_eq!(p.table.has_extensions(), (true, true));
+    let meta = p.meta.as_ref().expect("meta_json");
+    assert_eq!((meta.model.as_str(), meta.system.as_str(), meta.tp), ("Qwen/Qwen3-32B", "b300_sxm", 1));
+    let dir = scratch("generated");
+    let copy = dir.join("copy.npz");
+    write_table(&copy, &p).unwrap();
+    let back = read_table(&copy).unwrap();
+    assert_eq!(back, p);
+    let d = DecodeShape { batch: 32, active_kv_tokens: 32 * 3000, total_kv_tokens: 1 << 24 };
+    for (batch, isl, prefix) in [(1, 512, 0), (2, 3000, 1000), (1, 9000, 0)] {
+        let s = PrefillShape { batch, mean_isl: isl, mean_prefix: prefix };
+        assert_eq!(back.table.prefill_ms(s), p.table.prefill_ms(s));
+        assert_eq!(back.table.mixed_ms(s, d), p.table.mixed_ms(s, d));
+    }
+    // A measured mixed pass costs less than its prefill and decode priced apart.
+    let s = PrefillShape { batch: 1, mean_isl: 2048, mean_prefix: 0 };
+    let (pre, dec) = p.table.mixed_ms(s, d);
+    assert!(pre + dec < p.table.prefill_ms(s) + p.table.decode_ms(d), "{pre} + {dec}");
+    assert_eq!(dec, p.table.decode_ms(d));
+}

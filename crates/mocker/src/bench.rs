@@ -81,7 +81,25 @@ fn suite() -> Vec<Case> {
             pools: Some((2, 2)),
             ..c("P-disagg-2p2d-4k-200", 4000, 200, 2000, Load::Concurrency(64), json!({}))
         },
+        // The H200 profile's workload, timed by the table and by the polynomial: the
+        // lookup must not make a pass measurably slower.
+        c(
+            "H-table-3k-300-c128",
+            3000,
+            300,
+            2000,
+            Load::Concurrency(128),
+            json!({"timing_model": h200_table()}),
+        ),
+        c("H-poly-3k-300-c128", 3000, 300, 2000, Load::Concurrency(128), json!({})),
     ]
+}
+
+/// The Dynamo H200 profile, named as the reference takes it; the path is relative to the
+/// repository root, where `mocker bench` and `scripts/bench_vs_reference.py` run.
+fn h200_table() -> Value {
+    json!({"type": "external", "provider": "dynamo_profile",
+           "config": {"path": "profiles/dynamo/h200-llama3.1-8b-fp8-tp1/perf_data.npz"}})
 }
 
 fn load_json(load: Load) -> Value {
@@ -125,7 +143,12 @@ pub fn run(args: BenchArgs) -> Result<(), UsageError> {
                 .as_object_mut()
                 .expect("engine args are an object")
                 .extend(extra.as_object().cloned().unwrap());
-            LaunchConfig::from_value(json!({ "engine": engine })).map_err(|e| UsageError(e.to_string()))
+            let mut launch = LaunchConfig::from_value(json!({ "engine": engine }))
+                .map_err(|e| UsageError(e.to_string()))?;
+            mocker_profiles::resolve_launch(&mut launch).map_err(|e| {
+                UsageError(format!("{}: {e} (run mocker bench from the repository root)", c.name))
+            })?;
+            Ok::<_, UsageError>(launch)
         };
         let cluster = match c.pools {
             None => Cluster::aggregated(launch(json!({}))?, 1),

@@ -205,3 +205,148 @@ fn bad_profiles_exit_2_naming_the_path_and_the_source() {
     // Serve refuses a bad profile before it binds anything.
     assert_exit_2(&["serve", "--port", "0", "--planner-profile-data", "/no/such/dir"], &["/no/such/dir"]);
 }
+
+#[test]
+fn every_bundled_profile_runs_a_small_replay() {
+    let out = cli::mocker(&["profiles"]);
+    assert!(out.status.success());
+    let listing = cli::stdout(&out);
+    let names: Vec<&str> = listing.lines().map(|l| l.split('\t').next().unwrap()).collect();
+    assert!(names.len() >= 9, "{listing}");
+    for want in ["h100-llama3.1-8b-vllm-tp1", "h200-qwen3-32b-sglang-tp2", "h100-llama3.1-8b-trtllm-tp1"] {
+        assert!(names.contains(&want), "{want} missing from {listing}");
+    }
+    let dir = scratch("bundled");
+    let mut ttfts = Vec::new();
+    for name in &names {
+        let s = report(
+            &dir,
+            name,
+            &[
+                "--input-tokens",
+                "3000",
+                "--output-tokens",
+                "20",
+                "--request-count",
+                "8",
+                "--concurrency",
+                "4",
+                "--timing-profile",
+                name,
+            ],
+        );
+        assert_eq!(s["completed_requests"], 8, "{name}: {s}");
+        let ttft = s["mean_ttft_ms"].as_f64().unwrap();
+        assert!(ttft > 0.0, "{name}");
+        ttfts.push(ttft);
+    }
+    // Different hardware and models time differently.
+    ttfts.sort_by(f64::total_cmp);
+    ttfts.dedup();
+    assert_eq!(ttfts.len(), names.len(), "two profiles gave identical TTFTs");
+}
+
+#[test]
+fn a_profiles_memory_facts_size_the_kv_cache() {
+    let dir = scratch("capacity");
+    let run = |name: &str, engine: &str| {
+        report(
+            &dir,
+            name,
+            &[
+                "--input-tokens",
+                "70000",
+                "--output-tokens",
+                "2",
+                "--request-count",
+                "1",
+                "--concurrency",
+                "1",
+                "--timing-profile",
+                "b300-qwen3-32b-vllm-tp1",
+                "--engine-args",
+                engine,
+            ],
+        )
+    };
+    // At 0.9 of a B300 the 70k-token prompt fits; at 0.3 the weights leave room for ~60k tokens.
+    assert_eq!(run("roomy", r#"{"block_size":16}"#)["completed_requests"], 1);
+    assert_eq!(run("tight", r#"{"block_size":16,"gpu_memory_utilization":0.3}"#)["completed_requests"], 0);
+    // An explicit block count wins; the profile's TP sets the GPUs each worker counts.
+    assert_eq!(run("explicit", r#"{"block_size":16,"num_gpu_blocks":100000}"#)["completed_requests"], 1);
+    let tp2 = report(
+        &dir,
+        "tp2",
+        &[
+            "--input-tokens",
+            "100",
+            "--output-tokens",
+            "2",
+            "--request-count",
+            "1",
+            "--concurrency",
+            "1",
+            "--timing-profile",
+            "b300-qwen3-32b-vllm-tp2",
+        ],
+    );
+    assert_eq!(tp2["decode_gpus_per_worker"], 2);
+}
+
+#[test]
+fn memory_keys_and_profile_names_that_cannot_apply_exit_2() {
+    let base = [
+        "replay",
+        "--input-tokens",
+        "100",
+        "--output-tokens",
+        "2",
+        "--request-count",
+        "1",
+        "--concurrency",
+        "1",
+    ];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> { base.iter().chain(extra).copied().collect() };
+    assert_exit_2(
+        &with(&["--timing-profile", "h900-nothing"]),
+        &["--timing-profile", "h100-llama3.1-8b-vllm-tp1"],
+    );
+    assert_exit_2(
+        &with(&["--engine-args", r#"{"gpu_memory_utilization": 0.8}"#]),
+        &["gpu_memory_utilization", "num_gpu_blocks"],
+    );
+    assert_exit_2(
+        &with(&[
+            "--timing-profile",
+            "b300-qwen3-32b-vllm-tp1",
+            "--engine-args",
+            r#"{"mem_fraction_static": 0.8}"#,
+        ]),
+        &["mem_fraction_static", "vllm"],
+    );
+    assert_exit_2(
+        &with(&[
+            "--timing-profile",
+            "b300-qwen3-32b-vllm-tp1",
+            "--engine-args",
+            r#"{"num_gpu_blocks": 100, "gpu_memory_utilization": 0.8}"#,
+        ]),
+        &["gpu_memory_utilization", "num_gpu_blocks"],
+    );
+    assert_exit_2(
+        &with(&[
+            "--timing-profile",
+            "b300-qwen3-32b-vllm-tp1",
+            "--engine-args",
+            r#"{"tensor_parallel_size": 4}"#,
+        ]),
+        &["tensor_parallel_size", "TP 1"],
+    );
+    let path = table();
+    let args: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain(["--timing-profile", "b300-qwen3-32b-vllm-tp1", "--planner-profile-data", &path])
+        .collect();
+    assert_exit_2(&args, &["--planner-profile-data", "--timing-profile", "one timing source"]);
+}
