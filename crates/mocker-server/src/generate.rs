@@ -18,7 +18,7 @@ use crate::error::ApiError;
 use crate::metrics::{FinishReason, FinishedRequest};
 use crate::openai::request::{Generation, PromptInput};
 use crate::openai::response::{ContentFrames, Endpoint, ResponseHeader, Usage, UsageMode};
-use crate::tokenizer::StreamDecoder;
+use crate::output::sampler::Sampler;
 
 /// A validated, tokenized request ready for the engine.
 pub struct Prepared {
@@ -58,6 +58,10 @@ pub async fn generate(
         ));
     }
     check_context(&state, &tokens, &mut generation)?;
+    let sampler = match generation.seed {
+        Some(seed) => Sampler::seeded(seed, &tokens, 0),
+        None => Sampler::random(),
+    };
     let prompt_tokens = tokens.len();
     let max_tokens = generation.max_tokens as usize;
     let submitted = Instant::now();
@@ -104,7 +108,7 @@ pub async fn generate(
         cached_tokens: first.cached_tokens.unwrap_or(0),
         generated: 0,
         done: false,
-        decoder: StreamDecoder::default(),
+        sampler,
     };
     state.metrics.observe_first_token(
         rank,
@@ -170,7 +174,8 @@ struct TokenStream {
     cached_tokens: usize,
     generated: usize,
     done: bool,
-    decoder: StreamDecoder,
+    /// Picks each output token from the tokenizer's output pool.
+    sampler: Sampler,
 }
 
 impl TokenStream {
@@ -234,11 +239,13 @@ async fn full_response(
     header: ResponseHeader,
     first: OutputSignal,
 ) -> Result<Response, ApiError> {
-    let mut ids = Vec::new();
+    let mut text = String::new();
     let mut signal = Some(first);
+    let state = stream.state.clone();
+    let pool = state.tokenizer.output_vocab();
     while let Some(s) = signal {
         if stream.account(&s) {
-            ids.push(s.token_id.expect("accounted tokens carry an id"));
+            text.push_str(pool.text(stream.sampler.token(s.index, pool.len())));
         }
         if s.completed {
             break;
@@ -248,7 +255,6 @@ async fn full_response(
     if !stream.done {
         return Err(stream.cut_short());
     }
-    let text = stream.state.tokenizer.decode(&ids).map_err(|e| ApiError::internal(e.to_string()))?;
     let body = header.body(&text, stream.usage());
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
@@ -261,8 +267,6 @@ struct SseState {
     stream: TokenStream,
     header: ResponseHeader,
     frames: ContentFrames,
-    /// The newest token's text, reused from token to token.
-    text: String,
     mode: UsageMode,
     pending: Option<OutputSignal>,
     opened: bool,
@@ -273,14 +277,14 @@ impl SseState {
     /// Appends the frames of one signal (and the closing frames after the last).
     fn emit(&mut self, s: &OutputSignal, out: &mut Vec<u8>) {
         self.stream.account(s);
-        self.text.clear();
-        if let Some(id) = s.token_id {
-            let stream = &mut self.stream;
-            if stream.decoder.push_to(&stream.state.tokenizer, id, &mut self.text).is_err() {
-                self.text.clear();
+        let text = match s.token_id {
+            Some(_) => {
+                let pool = self.stream.state.tokenizer.output_vocab();
+                pool.text(self.stream.sampler.token(s.index, pool.len()))
             }
-        }
-        self.frames.write(out, &self.text, s.completed, self.stream.usage());
+            None => "",
+        };
+        self.frames.write(out, text, s.completed, self.stream.usage());
         if s.completed {
             if self.mode.include_usage {
                 self.header.usage_frame(out, self.stream.usage());
@@ -310,16 +314,8 @@ fn sse_response(
     mode: UsageMode,
 ) -> Response {
     let frames = header.content_frames(mode);
-    let init = SseState {
-        stream,
-        header,
-        frames,
-        text: String::new(),
-        mode,
-        pending: Some(first),
-        opened: false,
-        finished: false,
-    };
+    let init =
+        SseState { stream, header, frames, mode, pending: Some(first), opened: false, finished: false };
     let body = futures_util::stream::unfold(init, |mut st| async move {
         if st.finished {
             return None;

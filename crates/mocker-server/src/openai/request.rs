@@ -43,6 +43,8 @@ struct Common {
     ignore_eos: Option<bool>,
     #[serde(default)]
     add_special_tokens: Option<bool>,
+    #[serde(default)]
+    seed: Option<i64>,
 }
 
 /// The prompt as the client gave it.
@@ -81,6 +83,8 @@ pub struct Generation {
     pub continuous_usage: bool,
     /// Whether the tokenizer adds special tokens to a text prompt.
     pub add_special_tokens: bool,
+    /// Sampling seed: the same seed and prompt give the same output.
+    pub seed: Option<u64>,
 }
 
 /// The body as a JSON object, and the fields both endpoints share.
@@ -150,6 +154,8 @@ impl Common {
             include_usage: options.include_usage.unwrap_or(false),
             continuous_usage: options.continuous_usage_stats.unwrap_or(false),
             add_special_tokens: self.add_special_tokens.unwrap_or(true),
+            // Negative seeds are valid in vLLM (any 64-bit integer); their bits key the draws.
+            seed: self.seed.map(|s| s as u64),
         })
     }
 }

@@ -1,0 +1,6 @@
+//! What the simulated model writes: the token pool output is drawn from, the keyed sampler
+//! behind text and log-probabilities, stop conditions, and JSON generated from schemas.
+
+pub mod sampler;
+pub mod vocab;
+pub mod words;
