@@ -2,5 +2,6 @@
 //! behind text and log-probabilities, stop conditions, and JSON generated from schemas.
 
 pub mod sampler;
+pub mod stop;
 pub mod vocab;
 pub mod words;
