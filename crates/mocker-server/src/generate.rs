@@ -17,8 +17,9 @@ use crate::app::AppState;
 use crate::error::ApiError;
 use crate::metrics::{FinishReason, FinishedRequest};
 use crate::openai::request::{Generation, PromptInput};
-use crate::openai::response::{ContentFrames, Endpoint, ResponseHeader, Usage, UsageMode};
-use crate::tokenizer::StreamDecoder;
+use crate::openai::response::{ContentFrames, Endpoint, Finish, ResponseHeader, Usage, UsageMode};
+use crate::output::sampler::Sampler;
+use crate::output::stop::{StopRules, StopScan};
 
 /// A validated, tokenized request ready for the engine.
 pub struct Prepared {
@@ -44,12 +45,17 @@ pub async fn generate(
             return Err(ApiError::model_not_found(model));
         }
     }
-    let tokens = match prompt {
-        PromptInput::Ids(ids) => ids,
-        PromptInput::Text(text) => state
-            .tokenizer
-            .encode(&text, generation.add_special_tokens)
-            .map_err(|e| ApiError::internal(e.to_string()))?,
+    let codec = |e: crate::tokenizer::TokenizerError| ApiError::internal(e.to_string());
+    let (tokens, echo) = match prompt {
+        PromptInput::Ids(ids) => {
+            let echo =
+                if generation.echo { Some(state.tokenizer.decode(&ids).map_err(codec)?) } else { None };
+            (ids, echo)
+        }
+        PromptInput::Text(text) => {
+            let tokens = state.tokenizer.encode(&text, generation.add_special_tokens).map_err(codec)?;
+            (tokens, generation.echo.then_some(text))
+        }
     };
     if tokens.is_empty() {
         return Err(ApiError::invalid_field(
@@ -58,6 +64,10 @@ pub async fn generate(
         ));
     }
     check_context(&state, &tokens, &mut generation)?;
+    let sampler = match generation.seed {
+        Some(seed) => Sampler::seeded(seed, &tokens, 0),
+        None => Sampler::random(),
+    };
     let prompt_tokens = tokens.len();
     let max_tokens = generation.max_tokens as usize;
     let submitted = Instant::now();
@@ -92,7 +102,7 @@ pub async fn generate(
     let scheduled_ns = first.scheduled_ns.unwrap_or(first_sim_ns).min(first_sim_ns);
     let stream = TokenStream {
         state: state.clone(),
-        live,
+        live: Some(live),
         rank,
         arrived,
         queue: (epoch + Duration::from_nanos(scheduled_ns)).saturating_duration_since(submitted),
@@ -104,7 +114,10 @@ pub async fn generate(
         cached_tokens: first.cached_tokens.unwrap_or(0),
         generated: 0,
         done: false,
-        decoder: StreamDecoder::default(),
+        sampler,
+        scan: generation.stop.is_active().then(|| StopScan::new(&generation.stop)),
+        rules: generation.stop,
+        finish: None,
     };
     state.metrics.observe_first_token(
         rank,
@@ -114,39 +127,53 @@ pub async fn generate(
     if generation.stream {
         let mode =
             UsageMode { include_usage: generation.include_usage, continuous: generation.continuous_usage };
-        Ok(sse_response(stream, header, first, mode))
+        Ok(sse_response(stream, header, first, mode, echo))
     } else {
-        full_response(stream, header, first).await
+        full_response(stream, header, first, echo).await
     }
 }
 
 /// vLLM's context-window rules: the prompt must leave room for one token; an output length
-/// the client did not set is clipped to the room left, one it did set must fit.
+/// the client did not set is clipped to the room left (chat: it is the room left), one it
+/// did set must fit.
 fn check_context(state: &AppState, tokens: &[u32], generation: &mut Generation) -> Result<(), ApiError> {
-    let Some(max_len) = state.max_model_len else { return Ok(()) };
     let prompt = tokens.len();
-    if prompt >= max_len {
-        return Err(ApiError::invalid_field(
-            "prompt",
-            format!(
-                "This model's maximum context length is {max_len} tokens. However, your request has {prompt} \
-                 input tokens. Please reduce the length of the input messages."
-            ),
-        ));
+    if let Some(max_len) = state.max_model_len {
+        if prompt >= max_len {
+            return Err(ApiError::invalid_field(
+                "prompt",
+                format!(
+                    "This model's maximum context length is {max_len} tokens. However, your request has \
+                     {prompt} input tokens. Please reduce the length of the input messages."
+                ),
+            ));
+        }
+        let room = (max_len - prompt) as u32;
+        if generation.max_tokens_given && generation.max_tokens > room {
+            let max = generation.max_tokens;
+            return Err(ApiError::invalid_field(
+                "max_tokens",
+                format!(
+                    "This model's maximum context length is {max_len} tokens. However, you requested {} \
+                     tokens ({prompt} in the messages, {max} in the completion). Please reduce the length \
+                     of the messages or completion.",
+                    prompt + max as usize
+                ),
+            ));
+        }
     }
-    let room = (max_len - prompt) as u32;
     if !generation.max_tokens_given {
-        generation.max_tokens = generation.max_tokens.min(room);
-    } else if generation.max_tokens > room {
-        let max = generation.max_tokens;
+        // Without --max-model-len the longest sequence is what one rank's KV pool holds.
+        let room = state.max_model_len.unwrap_or(state.served_max_model_len).saturating_sub(prompt).max(1);
+        let room = u32::try_from(room).unwrap_or(u32::MAX);
+        generation.max_tokens =
+            if generation.default_to_context { room } else { generation.max_tokens.min(room) };
+    }
+    if generation.stop.min_tokens > generation.max_tokens {
+        let (min, max) = (generation.stop.min_tokens, generation.max_tokens);
         return Err(ApiError::invalid_field(
-            "max_tokens",
-            format!(
-                "This model's maximum context length is {max_len} tokens. However, you requested {} tokens \
-                 ({prompt} in the messages, {max} in the completion). Please reduce the length of the \
-                 messages or completion.",
-                prompt + max as usize
-            ),
+            "min_tokens",
+            format!("min_tokens ({min}) must be less than or equal to the output length ({max})"),
         ));
     }
     Ok(())
@@ -155,7 +182,9 @@ fn check_context(state: &AppState, tokens: &[u32], generation: &mut Generation) 
 /// A request's remaining outputs plus what the response and the metrics need.
 struct TokenStream {
     state: Arc<AppState>,
-    live: LiveRequest,
+    /// The engine's stream; dropped (cancelling the request, freeing its KV) when a stop
+    /// condition ends the output early.
+    live: Option<LiveRequest>,
     /// Position of the rank serving it.
     rank: usize,
     arrived: Instant,
@@ -170,12 +199,20 @@ struct TokenStream {
     cached_tokens: usize,
     generated: usize,
     done: bool,
-    decoder: StreamDecoder,
+    /// Picks each output token from the tokenizer's output pool.
+    sampler: Sampler,
+    rules: StopRules,
+    /// Present when stop conditions are set.
+    scan: Option<StopScan>,
+    /// How the output ended, once it has.
+    finish: Option<Finish>,
 }
 
 impl TokenStream {
-    /// Accounts one signal; `true` when it carried a token.
-    fn account(&mut self, signal: &OutputSignal) -> bool {
+    /// Accounts one signal and appends the text it adds to `text`; sets `finish` when the
+    /// output ended (the engine's last token, or a stop condition, which also cancels the
+    /// engine request as vLLM aborts a stopped sequence, freeing its KV at once).
+    fn step(&mut self, signal: &OutputSignal, text: &mut String) {
         let had_token = signal.token_id.is_some();
         if had_token {
             let gap = (signal.index > 0).then(|| signal.observed_at.saturating_duration_since(self.last_at));
@@ -183,28 +220,60 @@ impl TokenStream {
         }
         self.last_at = signal.observed_at;
         self.generated += usize::from(had_token);
-        if signal.completed {
-            self.done = true;
-            let ns = |from: u64, to: u64| Duration::from_nanos(to.saturating_sub(from));
-            self.state.metrics.observe_finished(&FinishedRequest {
-                rank: self.rank,
-                e2e: signal.observed_at.saturating_duration_since(self.arrived),
-                queue: self.queue,
-                prefill: ns(self.scheduled_ns, self.first_sim_ns),
-                decode: ns(self.first_sim_ns, signal.sim_time_ns),
-                prompt_tokens: self.prompt_tokens,
-                generated: self.generated,
-                max_tokens: self.max_tokens,
-                n: 1,
-                reason: FinishReason::Length,
-            });
+        if had_token {
+            let pool = self.state.tokenizer.output_vocab();
+            let i = self.sampler.token(signal.index, pool.len());
+            match &mut self.scan {
+                None => text.push_str(pool.text(i)),
+                Some(scan) => {
+                    let step = scan.push(&self.rules, pool.id(i), pool.text(i));
+                    text.push_str(&scan.text()[step.send]);
+                    if let Some(why) = step.stop {
+                        self.live = None;
+                        self.end(signal, Finish::stopped(why), FinishReason::Stop);
+                        return;
+                    }
+                }
+            }
         }
-        had_token
+        if signal.completed {
+            if let Some(scan) = &mut self.scan {
+                let step = scan.finish(None);
+                text.push_str(&scan.text()[step.send]);
+            }
+            self.end(signal, Finish::LENGTH, FinishReason::Length);
+        }
+    }
+
+    fn end(&mut self, signal: &OutputSignal, finish: Finish, reason: FinishReason) {
+        self.done = true;
+        self.finish = Some(finish);
+        let ns = |from: u64, to: u64| Duration::from_nanos(to.saturating_sub(from));
+        self.state.metrics.observe_finished(&FinishedRequest {
+            rank: self.rank,
+            e2e: signal.observed_at.saturating_duration_since(self.arrived),
+            queue: self.queue,
+            prefill: ns(self.scheduled_ns, self.first_sim_ns),
+            decode: ns(self.first_sim_ns, signal.sim_time_ns),
+            prompt_tokens: self.prompt_tokens,
+            generated: self.generated,
+            max_tokens: self.max_tokens,
+            n: 1,
+            reason,
+        });
+    }
+
+    async fn recv(&mut self) -> Option<OutputSignal> {
+        self.live.as_mut()?.recv().await
+    }
+
+    fn try_recv(&mut self) -> Option<OutputSignal> {
+        self.live.as_mut()?.try_recv()
     }
 
     /// Why the stream ended before its last token.
     fn cut_short(&self) -> ApiError {
-        if self.live.overflowed() {
+        if self.live.as_ref().is_some_and(LiveRequest::overflowed) {
             ApiError::unavailable(
                 "the request was cancelled: its client read the stream too slowly and its output buffer \
                  (--stream-buffer-tokens) overflowed",
@@ -233,23 +302,19 @@ async fn full_response(
     mut stream: TokenStream,
     header: ResponseHeader,
     first: OutputSignal,
+    echo: Option<String>,
 ) -> Result<Response, ApiError> {
-    let mut ids = Vec::new();
+    let mut text = echo.unwrap_or_default();
     let mut signal = Some(first);
     while let Some(s) = signal {
-        if stream.account(&s) {
-            ids.push(s.token_id.expect("accounted tokens carry an id"));
-        }
-        if s.completed {
+        stream.step(&s, &mut text);
+        if stream.done {
             break;
         }
-        signal = stream.live.recv().await;
+        signal = stream.recv().await;
     }
-    if !stream.done {
-        return Err(stream.cut_short());
-    }
-    let text = stream.state.tokenizer.decode(&ids).map_err(|e| ApiError::internal(e.to_string()))?;
-    let body = header.body(&text, stream.usage());
+    let Some(finish) = stream.finish.take() else { return Err(stream.cut_short()) };
+    let body = header.body(&text, stream.usage(), &finish);
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
@@ -261,27 +326,29 @@ struct SseState {
     stream: TokenStream,
     header: ResponseHeader,
     frames: ContentFrames,
-    /// The newest token's text, reused from token to token.
+    /// The current signal's text, reused from token to token.
     text: String,
     mode: UsageMode,
     pending: Option<OutputSignal>,
     opened: bool,
+    /// Whether the first content frame was written (it keeps the echoed prompt).
+    opened_text: bool,
     finished: bool,
 }
 
 impl SseState {
     /// Appends the frames of one signal (and the closing frames after the last).
     fn emit(&mut self, s: &OutputSignal, out: &mut Vec<u8>) {
-        self.stream.account(s);
-        self.text.clear();
-        if let Some(id) = s.token_id {
-            let stream = &mut self.stream;
-            if stream.decoder.push_to(&stream.state.tokenizer, id, &mut self.text).is_err() {
-                self.text.clear();
-            }
+        // The echoed prompt (completions `echo`) leads the first frame; later frames start empty.
+        if !self.opened_text {
+            self.opened_text = true;
+        } else {
+            self.text.clear();
         }
-        self.frames.write(out, &self.text, s.completed, self.stream.usage());
-        if s.completed {
+        self.stream.step(s, &mut self.text);
+        let last = self.stream.finish.as_ref();
+        self.frames.write(out, &self.text, last, self.stream.usage());
+        if last.is_some() {
             if self.mode.include_usage {
                 self.header.usage_frame(out, self.stream.usage());
             }
@@ -308,16 +375,18 @@ fn sse_response(
     header: ResponseHeader,
     first: OutputSignal,
     mode: UsageMode,
+    echo: Option<String>,
 ) -> Response {
     let frames = header.content_frames(mode);
     let init = SseState {
         stream,
         header,
         frames,
-        text: String::new(),
+        text: echo.unwrap_or_default(),
         mode,
         pending: Some(first),
         opened: false,
+        opened_text: false,
         finished: false,
     };
     let body = futures_util::stream::unfold(init, |mut st| async move {
@@ -331,7 +400,7 @@ fn sse_response(
         st.opened = true;
         let signal = match st.pending.take() {
             Some(s) => Some(s),
-            None => st.stream.live.recv().await,
+            None => st.stream.recv().await,
         };
         let Some(signal) = signal else {
             let err = st.stream.cut_short();
@@ -350,7 +419,7 @@ fn sse_response(
             if st.finished {
                 break;
             }
-            next = st.stream.live.try_recv();
+            next = st.stream.try_recv();
         }
         // A signal taken when the chunk is full opens the next chunk.
         st.pending = next;

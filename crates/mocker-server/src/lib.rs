@@ -11,6 +11,7 @@ pub mod error;
 pub mod generate;
 pub mod metrics;
 pub mod openai;
+pub mod output;
 mod raw_errors;
 pub mod server;
 pub mod tokenizer;

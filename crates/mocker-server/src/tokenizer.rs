@@ -1,12 +1,18 @@
 //! Text ↔ token ids for the server: a Hugging Face `tokenizer.json`, or a built-in word
 //! tokenizer when none is given (so `mocker serve` needs no files to start).
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
 use xxhash_rust::xxh3::xxh3_64;
 
-/// Ids the built-in tokenizer uses: words hash into this range, and any id decodes to one
-/// word, so its text re-tokenizes to the same count (what client-side token counting needs).
+use crate::output::vocab::OutputVocab;
+use crate::output::words::WORDS;
+
+/// Ids the built-in tokenizer uses: its output words are ids `0..WORDS.len()`, other words
+/// hash into the rest of this range, and any id decodes to one word, so its text
+/// re-tokenizes to the same count (what client-side token counting needs).
 const BUILTIN_VOCAB: u32 = 32_000;
 
 /// Largest tokenizer file read (256 MiB; real `tokenizer.json` files are a few MB, the
@@ -23,8 +29,11 @@ pub enum Tokenizer {
         /// Its vocabulary size with added tokens (computing it copies the vocabulary, so
         /// it is taken once).
         vocab_size: u32,
+        /// The tokens output is drawn from, selected once at load.
+        output: Arc<OutputVocab>,
     },
-    /// Whitespace words hashed to ids; id `i` decodes to the word `t{i}`.
+    /// Whitespace words to ids: the 2048 output words are ids `0..2048`, other words hash
+    /// to the ids above; ids beyond the words decode to `t{id}`.
     Builtin,
 }
 
@@ -73,7 +82,19 @@ impl Tokenizer {
         tokenizer.with_padding(None);
         tokenizer.with_truncation(None).map_err(|e| TokenizerError::Codec(e.to_string()))?;
         let vocab_size = tokenizer.get_vocab_size(true).max(1) as u32;
-        Ok(Self::HuggingFace { tokenizer: Box::new(tokenizer), vocab_size })
+        let output = OutputVocab::from_tokenizer(&tokenizer, vocab_size).ok_or_else(|| {
+            load_err("fewer than 16 vocabulary entries are whole words that re-tokenize to themselves".into())
+        })?;
+        Ok(Self::HuggingFace { tokenizer: Box::new(tokenizer), vocab_size, output: Arc::new(output) })
+    }
+
+    /// The tokens generated output is made of.
+    pub fn output_vocab(&self) -> &OutputVocab {
+        static BUILTIN: OnceLock<OutputVocab> = OnceLock::new();
+        match self {
+            Self::HuggingFace { output, .. } => output,
+            Self::Builtin => BUILTIN.get_or_init(OutputVocab::builtin),
+        }
     }
 
     /// Number of ids the tokenizer can decode.
@@ -99,7 +120,7 @@ impl Tokenizer {
     /// tokens are full 32-bit values.
     pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
         match self {
-            Self::HuggingFace { tokenizer, vocab_size } => {
+            Self::HuggingFace { tokenizer, vocab_size, .. } => {
                 let ids: Vec<u32> = ids.iter().map(|&id| id % vocab_size).collect();
                 tokenizer.decode(&ids, true).map_err(|e| TokenizerError::Codec(e.to_string()))
             }
@@ -118,12 +139,25 @@ impl Tokenizer {
 }
 
 fn builtin_word_id(word: &str) -> u32 {
-    (xxh3_64(word.as_bytes()) % u64::from(BUILTIN_VOCAB)) as u32
+    static IDS: OnceLock<HashMap<&'static str, u32>> = OnceLock::new();
+    let ids = IDS.get_or_init(|| WORDS.iter().enumerate().map(|(i, &w)| (w, i as u32)).collect());
+    match ids.get(word) {
+        Some(&id) => id,
+        None => {
+            let others = u64::from(BUILTIN_VOCAB) - WORDS.len() as u64;
+            WORDS.len() as u32 + (xxh3_64(word.as_bytes()) % others) as u32
+        }
+    }
 }
 
-/// Appends the word of `id`, `t{id % BUILTIN_VOCAB}`, without going through `fmt`.
+/// Appends the word of `id` (after wrapping it into the vocabulary): an output word, else
+/// `t{id}`, without going through `fmt`.
 fn push_builtin_word(out: &mut String, id: u32) {
     let mut n = id % BUILTIN_VOCAB;
+    if let Some(word) = WORDS.get(n as usize) {
+        out.push_str(word);
+        return;
+    }
     let mut digits = [0u8; 5];
     let mut at = digits.len();
     loop {
@@ -138,70 +172,23 @@ fn push_builtin_word(out: &mut String, id: u32) {
     out.push_str(std::str::from_utf8(&digits[at..]).expect("ASCII digits"));
 }
 
-/// Turns a stream of generated ids into text deltas, vLLM-style: it decodes a short window
-/// and emits only what the newest token added, so multi-token characters and word-piece
-/// joins come out right without re-decoding the whole output each time.
-#[derive(Debug, Default)]
-pub struct StreamDecoder {
-    ids: Vec<u32>,
-    /// The built-in tokenizer needs no window, only whether a word came before.
-    builtin_started: bool,
-    prefix_offset: usize,
-    read_offset: usize,
-}
-
-impl StreamDecoder {
-    /// Adds one token and returns the text it completes (possibly empty).
-    pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<String, TokenizerError> {
-        let mut text = String::new();
-        self.push_to(tokenizer, id, &mut text)?;
-        Ok(text)
-    }
-
-    /// Adds one token and appends the text it completes to `out`: a stream reuses one
-    /// buffer instead of allocating a string per token.
-    pub fn push_to(
-        &mut self,
-        tokenizer: &Tokenizer,
-        id: u32,
-        out: &mut String,
-    ) -> Result<(), TokenizerError> {
-        if let Tokenizer::Builtin = tokenizer {
-            if self.builtin_started {
-                out.push(' ');
-            }
-            self.builtin_started = true;
-            push_builtin_word(out, id);
-            return Ok(());
-        }
-        self.ids.push(id);
-        let prefix = tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset])?;
-        let full = tokenizer.decode(&self.ids[self.prefix_offset..])?;
-        // An incomplete UTF-8 sequence decodes to U+FFFD: wait for the next token.
-        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.starts_with(&prefix) {
-            out.push_str(&full[prefix.len()..]);
-            self.prefix_offset = self.read_offset;
-            self.read_offset = self.ids.len();
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn builtin_text_retokenizes_to_the_same_count() {
+    fn builtin_text_retokenizes_to_the_same_ids() {
         let t = Tokenizer::Builtin;
-        let ids = [5u32, 31_999, 123_456_789, 7];
+        let ids = [5u32, 2047, 0, 7];
         let text = t.decode(&ids).unwrap();
-        assert_eq!(t.encode(&text, true).unwrap().len(), ids.len());
-        let mut d = StreamDecoder::default();
-        let streamed: String = ids.iter().map(|&i| d.push(&t, i).unwrap()).collect();
-        assert_eq!(streamed, text);
-        assert_eq!(text, "t5 t31999 t789 t7");
-        assert_eq!(t.decode(&[0, 10, 32_000]).unwrap(), "t0 t10 t0");
+        assert_eq!(t.encode(&text, true).unwrap(), ids);
+        let pool = t.output_vocab();
+        let streamed: String = ids.iter().map(|&i| pool.text(i as usize)).collect();
+        assert_eq!(streamed.trim_start(), text);
+        // Ids past the words (prompt words hashed there) still decode to one word each.
+        let far = t.decode(&[3000, 10, 32_000]).unwrap();
+        assert_eq!(far, format!("t3000 {} {}", WORDS[10], WORDS[0]));
+        assert_eq!(t.encode(&far, true).unwrap().len(), 3);
     }
 
     #[test]

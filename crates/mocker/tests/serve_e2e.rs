@@ -50,6 +50,18 @@ fn metrics_are_vllms_exposition_and_request_ids_carry_through() {
     assert_eq!(result["ok"], true, "{result}");
 }
 
+/// Request fields through the openai SDK (tests/python/serve_fields.py): text that the
+/// client's own `tokenizers` re-encodes to exactly the reported ids, seed, stop strings and
+/// token ids (the stopped request's KV freed, the stop counted), min_tokens, echo, chat's
+/// default output length, and a 400 naming each field mocker does not simulate.
+#[test]
+fn request_fields_behave_as_in_vllm_or_are_refused_by_name() {
+    let server = Server::start(&["--max-model-len", "512", "--speedup-ratio", "200"]);
+    let tokenizer = repo_root().join("tests/fixtures/tokenizers/all-minilm-l6-v2/tokenizer.json");
+    let result = run_script("serve_fields.py", &[&server.base, KEY, tokenizer.to_str().unwrap(), "512"]);
+    assert_eq!(result["ok"], true, "{result}");
+}
+
 /// Pass-end times (ms from submission) of one request on an idle engine, from the core.
 fn modelled_arrivals_ms(prompt_len: usize, max_tokens: usize) -> Vec<f64> {
     let config = LaunchConfig::from_json_str("").unwrap().engine;

@@ -6,6 +6,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::ApiError;
+use crate::output::stop::StopRules;
 
 /// Output length when the client sets none (the OpenAI completions default).
 pub const DEFAULT_MAX_TOKENS: u32 = 16;
@@ -21,8 +22,10 @@ pub struct StreamOptions {
     pub continuous_usage_stats: Option<bool>,
 }
 
-/// Fields both endpoints share. Fields clients send that a simulator has no use for
-/// (temperature, logprobs, stop, ...) are accepted and ignored.
+/// Fields both endpoints share. Sampling knobs that only shape a real model's distribution
+/// (temperature, top_p, penalties, ...) are accepted: the simulated model has no
+/// distribution to shape. Fields whose effect mocker does not produce are refused, see
+/// [`refuse_unsupported`].
 #[derive(Debug, Default, Deserialize)]
 struct Common {
     #[serde(default)]
@@ -43,6 +46,12 @@ struct Common {
     ignore_eos: Option<bool>,
     #[serde(default)]
     add_special_tokens: Option<bool>,
+    #[serde(default)]
+    seed: Option<i64>,
+    #[serde(default)]
+    stop_token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    include_stop_str_in_output: Option<bool>,
 }
 
 /// The prompt as the client gave it.
@@ -81,6 +90,15 @@ pub struct Generation {
     pub continuous_usage: bool,
     /// Whether the tokenizer adds special tokens to a text prompt.
     pub add_special_tokens: bool,
+    /// Sampling seed: the same seed and prompt give the same output.
+    pub seed: Option<u64>,
+    /// `stop`, `stop_token_ids`, `min_tokens`, `include_stop_str_in_output`.
+    pub stop: StopRules,
+    /// `echo` (completions): the prompt text leads the output text.
+    pub echo: bool,
+    /// Without an output length, run to the end of the context (chat, as vLLM does)
+    /// instead of the completions default of 16.
+    pub default_to_context: bool,
 }
 
 /// The body as a JSON object, and the fields both endpoints share.
@@ -127,7 +145,7 @@ impl Common {
         let given = max_completion.or(max_tokens);
         let min_tokens = count("min_tokens", self.min_tokens, 0)?.unwrap_or(0);
         let max = given.unwrap_or(DEFAULT_MAX_TOKENS);
-        if min_tokens > max {
+        if given.is_some() && min_tokens > max {
             return Err(ApiError::invalid_field(
                 "min_tokens",
                 format!("min_tokens ({min_tokens}) must be less than or equal to {output_field} ({max})"),
@@ -141,7 +159,9 @@ impl Common {
                 "stream_options is only allowed when stream is true",
             ));
         }
-        let _ = self.ignore_eos; // EOS is never sampled in the simulation: outputs always run to length.
+        // The simulated model never samples EOS: outputs run to max_tokens or a stop, which is
+        // what ignore_eos=true asks for and what a model that never picks EOS does without it.
+        let _ = self.ignore_eos;
         Ok(Generation {
             model: self.model,
             max_tokens: max,
@@ -150,6 +170,16 @@ impl Common {
             include_usage: options.include_usage.unwrap_or(false),
             continuous_usage: options.continuous_usage_stats.unwrap_or(false),
             add_special_tokens: self.add_special_tokens.unwrap_or(true),
+            // Negative seeds are valid in vLLM (any 64-bit integer); their bits key the draws.
+            seed: self.seed.map(|s| s as u64),
+            stop: StopRules {
+                strings: Vec::new(),
+                token_ids: self.stop_token_ids.unwrap_or_default(),
+                min_tokens,
+                include_stop: self.include_stop_str_in_output.unwrap_or(false),
+            },
+            echo: false,
+            default_to_context: false,
         })
     }
 }
@@ -158,17 +188,135 @@ impl Common {
 pub fn parse_completion(body: &[u8]) -> Result<(Generation, PromptInput), ApiError> {
     let (value, common) = parse(body)?;
     let prompt = prompt_input(&value["prompt"])?;
-    Ok((common.into_generation("max_tokens")?, prompt))
+    refuse_unsupported(&value, COMPLETION_REFUSED)?;
+    let mut generation = common.into_generation("max_tokens")?;
+    generation.stop.strings = stop_strings(&value["stop"])?;
+    generation.echo = match &value["echo"] {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        other => {
+            return Err(ApiError::invalid_field(
+                "echo",
+                format!("echo: expected a boolean, got {}", kind(other)),
+            ))
+        }
+    };
+    Ok((generation, prompt))
 }
 
 /// Parses a `/v1/chat/completions` body.
 pub fn parse_chat(body: &[u8]) -> Result<(Generation, Vec<ChatMessage>), ApiError> {
     let (value, common) = parse(body)?;
     let messages = chat_messages(&value["messages"])?;
+    refuse_unsupported(&value, CHAT_REFUSED)?;
     let mut generation = common.into_generation("max_completion_tokens")?;
+    generation.stop.strings = stop_strings(&value["stop"])?;
     // The chat template already carries the special tokens.
     generation.add_special_tokens = false;
+    generation.default_to_context = true;
     Ok((generation, messages))
+}
+
+/// `stop`: a string, a list of strings, or null.
+fn stop_strings(value: &Value) -> Result<Vec<String>, ApiError> {
+    let bad = || {
+        ApiError::invalid_field("stop", format!("stop: expected a string or a list of strings, got {value}"))
+    };
+    match value {
+        Value::Null => Ok(Vec::new()),
+        Value::String(s) => Ok(vec![s.clone()]),
+        Value::Array(items) => items.iter().map(|v| v.as_str().map(str::to_string).ok_or_else(bad)).collect(),
+        _ => Err(bad()),
+    }
+}
+
+/// A field mocker does not simulate, and which of its values are harmless.
+struct Refused {
+    field: &'static str,
+    /// Values that ask for nothing (absent, null, false, empty, the default).
+    harmless: fn(&Value) -> bool,
+    why: &'static str,
+}
+
+fn off(v: &Value) -> bool {
+    match v {
+        Value::Null | Value::Bool(false) => true,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    }
+}
+
+fn text_format(v: &Value) -> bool {
+    off(v) || v.get("type").and_then(Value::as_str) == Some("text")
+}
+
+fn no_tool_calls(v: &Value) -> bool {
+    off(v) || v.as_str() == Some("none")
+}
+
+fn zero_or_off(v: &Value) -> bool {
+    off(v) || v.as_u64() == Some(0)
+}
+
+const COMMON_REFUSED: &[Refused] = &[
+    Refused { field: "logit_bias", harmless: off, why: "token biases are not simulated" },
+    Refused { field: "prompt_logprobs", harmless: off, why: "prompt log-probabilities are not simulated" },
+    Refused { field: "allowed_token_ids", harmless: off, why: "token restrictions are not simulated" },
+    Refused { field: "bad_words", harmless: off, why: "token restrictions are not simulated" },
+    Refused { field: "guided_json", harmless: off, why: "structured output is not simulated yet" },
+    Refused { field: "guided_regex", harmless: off, why: "structured output is not simulated yet" },
+    Refused { field: "guided_choice", harmless: off, why: "structured output is not simulated yet" },
+    Refused { field: "guided_grammar", harmless: off, why: "structured output is not simulated yet" },
+    Refused { field: "structured_outputs", harmless: off, why: "structured output is not simulated yet" },
+    Refused {
+        field: "response_format",
+        harmless: text_format,
+        why: "only {\"type\": \"text\"} is simulated yet",
+    },
+];
+
+const COMPLETION_REFUSED: &[Refused] = &[
+    Refused { field: "logprobs", harmless: off, why: "log-probabilities are not simulated yet" },
+    Refused { field: "suffix", harmless: off, why: "suffix is not supported (as in vLLM)" },
+    Refused {
+        field: "best_of",
+        harmless: |v| off(v) || v.as_u64() == Some(1),
+        why: "best_of > 1 is not supported",
+    },
+];
+
+const CHAT_REFUSED: &[Refused] = &[
+    Refused { field: "logprobs", harmless: off, why: "log-probabilities are not simulated yet" },
+    Refused { field: "top_logprobs", harmless: zero_or_off, why: "log-probabilities are not simulated yet" },
+    Refused {
+        field: "tools",
+        harmless: off,
+        why: "tool calls are not simulated yet; send tool_choice \"none\" to run without them",
+    },
+    Refused { field: "tool_choice", harmless: no_tool_calls, why: "tool calls are not simulated yet" },
+    Refused { field: "functions", harmless: off, why: "tool calls are not simulated yet" },
+    Refused {
+        field: "function_call",
+        harmless: |v| off(v) || v.as_str() == Some("none"),
+        why: "tool calls are not simulated yet",
+    },
+    Refused { field: "echo", harmless: off, why: "chat echo is not simulated" },
+    Refused { field: "audio", harmless: off, why: "audio output is not simulated" },
+];
+
+/// Refuses (HTTP 400 naming the field) what the request asks for that mocker would
+/// otherwise silently not do. `tools` with `tool_choice: "none"` is honoured: no call.
+fn refuse_unsupported(value: &Value, endpoint: &[Refused]) -> Result<(), ApiError> {
+    let tools_off = value.get("tool_choice").and_then(Value::as_str) == Some("none");
+    for r in COMMON_REFUSED.iter().chain(endpoint) {
+        let Some(v) = value.get(r.field) else { continue };
+        if (r.harmless)(v) || (r.field == "tools" && tools_off) {
+            continue;
+        }
+        return Err(ApiError::invalid_field(r.field, format!("{}: {}", r.field, r.why)));
+    }
+    Ok(())
 }
 
 const PROMPT_SHAPES: &str =
@@ -262,11 +410,21 @@ pub fn chat_messages(value: &Value) -> Result<Vec<ChatMessage>, ApiError> {
                 Some(Value::Array(parts)) => {
                     let mut text = String::new();
                     for (j, part) in parts.iter().enumerate() {
-                        match part.get("text").and_then(Value::as_str) {
-                            Some(t) => text.push_str(t),
-                            // Images and other media carry no tokens in the simulation.
-                            None if part.get("type").and_then(Value::as_str).is_some() => {}
-                            None => {
+                        match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+                            (Some("text") | None, Some(t)) => text.push_str(t),
+                            (Some("text"), None) => {
+                                let at = format!("{field}.content[{j}]");
+                                return Err(ApiError::invalid_field(&at, format!("{at}.text: expected a string")));
+                            }
+                            (Some(other), _) => {
+                                // Images and other media would need their token counts simulated.
+                                let at = format!("{field}.content[{j}]");
+                                return Err(ApiError::invalid_field(
+                                    &at,
+                                    format!("{at}: content parts of type {other:?} are not simulated yet; send text parts"),
+                                ));
+                            }
+                            (None, None) => {
                                 return Err(ApiError::invalid_field(
                                     &field,
                                     format!("{field}.content[{j}]: expected a part with a \"type\""),

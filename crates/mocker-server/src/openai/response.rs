@@ -3,6 +3,8 @@
 
 use serde::Serialize;
 
+use crate::output::stop::StopReason;
+
 /// Which endpoint a response belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -106,7 +108,35 @@ struct TextChoice<'a> {
     text: &'a str,
     logprobs: Option<()>,
     finish_reason: Option<&'static str>,
-    stop_reason: Option<()>,
+    stop_reason: Option<&'a StopReason>,
+}
+
+impl Serialize for StopReason {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Text(t) => s.serialize_str(t),
+            Self::Token(id) => s.serialize_u32(*id),
+        }
+    }
+}
+
+/// How a choice ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finish {
+    /// `finish_reason`: `length` or `stop`.
+    pub reason: &'static str,
+    /// `stop_reason`: the stop string or token that ended it.
+    pub stop_reason: Option<StopReason>,
+}
+
+impl Finish {
+    /// The length limit was reached.
+    pub const LENGTH: Finish = Finish { reason: "length", stop_reason: None };
+
+    /// A stop condition ended the output.
+    pub fn stopped(why: StopReason) -> Self {
+        Self { reason: "stop", stop_reason: Some(why) }
+    }
 }
 
 #[derive(Serialize)]
@@ -136,11 +166,8 @@ struct ChatChoice<'a> {
     message: ChatMessageOut<'a>,
     logprobs: Option<()>,
     finish_reason: &'static str,
-    stop_reason: Option<()>,
+    stop_reason: Option<&'a StopReason>,
 }
-
-/// Why generation stopped: the simulation never samples EOS, so always the length limit.
-pub const FINISH_REASON: &str = "length";
 
 /// How a stream reports usage, from `stream_options`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -212,7 +239,7 @@ impl ResponseHeader {
     }
 
     /// The whole non-streamed response.
-    pub fn body(&self, text: &str, usage: Usage) -> String {
+    pub fn body(&self, text: &str, usage: Usage, finish: &Finish) -> String {
         #[derive(Serialize)]
         struct Body<'a, C: Serialize> {
             id: &'a str,
@@ -233,8 +260,8 @@ impl ResponseHeader {
                     index: 0,
                     text,
                     logprobs: None,
-                    finish_reason: Some(FINISH_REASON),
-                    stop_reason: None,
+                    finish_reason: Some(finish.reason),
+                    stop_reason: finish.stop_reason.as_ref(),
                 }],
                 usage,
             }),
@@ -247,8 +274,8 @@ impl ResponseHeader {
                     index: 0,
                     message: ChatMessageOut { role: "assistant", content: text },
                     logprobs: None,
-                    finish_reason: FINISH_REASON,
-                    stop_reason: None,
+                    finish_reason: finish.reason,
+                    stop_reason: finish.stop_reason.as_ref(),
                 }],
                 usage,
             }),
@@ -268,19 +295,30 @@ pub struct ContentFrames {
 }
 
 impl ContentFrames {
-    /// Appends a content frame; `last` carries the finish reason.
-    pub fn write(&self, out: &mut Vec<u8>, text: &str, last: bool, usage: Usage) {
+    /// Appends a content frame; the last one carries how the choice ended.
+    pub fn write(&self, out: &mut Vec<u8>, text: &str, last: Option<&Finish>, usage: Usage) {
         out.extend_from_slice(&self.prefix);
         write_json_str(out, text);
         let tail: &[u8] = match (self.endpoint, last) {
-            (Endpoint::Completions, false) => {
+            (Endpoint::Completions, None) => {
                 b",\"logprobs\":null,\"finish_reason\":null,\"stop_reason\":null}]"
             }
-            (Endpoint::Completions, true) => {
+            (Endpoint::Completions, Some(Finish { reason: "length", stop_reason: None })) => {
                 b",\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null}]"
             }
-            (Endpoint::Chat, false) => b"},\"logprobs\":null,\"finish_reason\":null}]",
-            (Endpoint::Chat, true) => b"},\"logprobs\":null,\"finish_reason\":\"length\"}]",
+            (Endpoint::Completions, Some(f)) => {
+                out.extend_from_slice(b",\"logprobs\":null,\"finish_reason\":");
+                write_json_str(out, f.reason);
+                out.extend_from_slice(b",\"stop_reason\":");
+                serde_json::to_writer(&mut *out, &f.stop_reason).expect("stop reasons serialize");
+                b"}]"
+            }
+            (Endpoint::Chat, None) => b"},\"logprobs\":null,\"finish_reason\":null}]",
+            (Endpoint::Chat, Some(f)) => {
+                out.extend_from_slice(b"},\"logprobs\":null,\"finish_reason\":");
+                write_json_str(out, f.reason);
+                b"}]"
+            }
         };
         out.extend_from_slice(tail);
         match ResponseHeader::usage_field(self.mode, usage) {
@@ -328,13 +366,15 @@ mod tests {
     fn chunks_have_the_objects_clients_dispatch_on() {
         let usage = Usage::new(3, 1, 0);
         let mode = UsageMode { include_usage: true, continuous: false };
-        let c = parse_frame(|o| header(Endpoint::Chat).content_frames(mode).write(o, "a", true, usage));
+        let c = parse_frame(|o| {
+            header(Endpoint::Chat).content_frames(mode).write(o, "a", Some(&Finish::LENGTH), usage)
+        });
         assert_eq!(c["object"], "chat.completion.chunk");
         assert_eq!(c["choices"][0]["delta"]["content"], "a");
         assert_eq!(c["choices"][0]["finish_reason"], "length");
         assert!(c["usage"].is_null() && c.as_object().unwrap().contains_key("usage"));
         let t = parse_frame(|o| {
-            header(Endpoint::Completions).content_frames(UsageMode::default()).write(o, "b", false, usage)
+            header(Endpoint::Completions).content_frames(UsageMode::default()).write(o, "b", None, usage)
         });
         assert_eq!(t["object"], "text_completion");
         assert!(t["choices"][0]["finish_reason"].is_null());
@@ -360,11 +400,18 @@ mod tests {
             for h in [header(endpoint), ResponseHeader { endpoint, ..odd.clone() }] {
                 for mode in modes {
                     for text in ["", " t123", "a\"b\\c\nd\u{7}", "\u{fffd}\u{1f600}"] {
-                        for last in [false, true] {
+                        let finishes = [
+                            None,
+                            Some(Finish::LENGTH),
+                            Some(Finish::stopped(StopReason::Text("\"x".into()))),
+                            Some(Finish::stopped(StopReason::Token(7))),
+                        ];
+                        for last in &finishes {
                             let mut fast = Vec::new();
-                            h.content_frames(mode).write(&mut fast, text, last, usage);
+                            h.content_frames(mode).write(&mut fast, text, last.as_ref(), usage);
                             let mut reference = Vec::new();
-                            let finish_reason = last.then_some(FINISH_REASON);
+                            let finish_reason = last.as_ref().map(|f| f.reason);
+                            let stop_reason = last.as_ref().and_then(|f| f.stop_reason.as_ref());
                             let field = ResponseHeader::usage_field(mode, usage);
                             match endpoint {
                                 Endpoint::Completions => h.chunk(
@@ -374,7 +421,7 @@ mod tests {
                                         text,
                                         logprobs: None,
                                         finish_reason,
-                                        stop_reason: None,
+                                        stop_reason,
                                     }],
                                     field,
                                 ),
@@ -392,7 +439,7 @@ mod tests {
                             assert_eq!(
                                 String::from_utf8(fast).unwrap(),
                                 String::from_utf8(reference).unwrap(),
-                                "{endpoint:?} {mode:?} {text:?} last={last}"
+                                "{endpoint:?} {mode:?} {text:?} last={last:?}"
                             );
                         }
                     }
@@ -404,7 +451,8 @@ mod tests {
     #[test]
     fn bodies_carry_full_usage() {
         let b: Value =
-            serde_json::from_str(&header(Endpoint::Chat).body("hi", Usage::new(10, 2, 4))).unwrap();
+            serde_json::from_str(&header(Endpoint::Chat).body("hi", Usage::new(10, 2, 4), &Finish::LENGTH))
+                .unwrap();
         assert_eq!(b["object"], "chat.completion");
         assert_eq!(b["choices"][0]["message"]["content"], "hi");
         assert_eq!(b["usage"]["prompt_tokens_details"]["cached_tokens"], 4);

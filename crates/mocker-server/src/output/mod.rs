@@ -1,0 +1,7 @@
+//! What the simulated model writes: the token pool output is drawn from, the keyed sampler
+//! behind text and log-probabilities, stop conditions, and JSON generated from schemas.
+
+pub mod sampler;
+pub mod stop;
+pub mod vocab;
+pub mod words;
