@@ -366,7 +366,7 @@ mod tests {
         t.tick(u64::MAX, &mut Vec::new());
         t.touch(1); // 2 and 3 are now older
         let (_, _) = t.schedule_load(&[2], 0).unwrap(); // pinned: not evictable
-        assert_eq!(t.prepare_store(&[3, 4]), StoreOutcome::Retry, "3 is in the cohort, 2 pinned");
+        assert_eq!(t.prepare_store(&[1, 3, 4]), StoreOutcome::Retry, "1 and 3 are in the cohort, 2 pinned");
         assert_eq!(t.prepare_store(&[4]), StoreOutcome::Prepared(2));
         assert_eq!(t.lookup(3), HostLookup::Miss);
         assert_eq!(t.lookup(1), HostLookup::Hit);
