@@ -180,6 +180,15 @@ impl Engine {
         dispatch!(mut self, s => s.stretch_last_pass(end_ns))
     }
 
+    /// When an idle engine must step again although it has no work now: the next completion
+    /// of a host-tier transfer (`native_host_offload`), which may wake a waiting request.
+    pub fn next_wake_ns(&self) -> Option<u64> {
+        match &self.core {
+            Core::Vllm(s) => s.next_wake_ns(),
+            Core::Sglang(_) => None,
+        }
+    }
+
     /// Turns the last pass into a run of the passes that would follow it back to back, as
     /// long as each only counts the steady tokens of every running request, nothing waits
     /// and the run ends by `max_end_ns`: a discrete-event shell then handles one event for

@@ -383,12 +383,19 @@ impl Sim {
             let next_delayed = self.delayed.peek().map(|Reverse((t, _, _))| *t);
             let next_pass = self.next_pass_end();
             let next_handoff = self.disagg.as_ref().and_then(Disagg::next_due);
-            match [next_arrival, next_delayed, next_pass, next_handoff].into_iter().flatten().min() {
+            let next_wake = self.next_wake();
+            match [next_arrival, next_delayed, next_pass, next_handoff, next_wake].into_iter().flatten().min()
+            {
                 Some(t) if cap.is_some_and(|c| t > c) => return Ok(()),
                 Some(t) => now = t.max(now),
                 None => return Err(ReplayError::DeadEnd(self.in_flight)),
             }
         }
+    }
+
+    /// The earliest host-tier transfer completion of an idle worker (`native_host_offload`).
+    fn next_wake(&self) -> Option<u64> {
+        self.workers.iter().filter(|w| !w.busy).filter_map(|w| w.engine.next_wake_ns()).min()
     }
 
     /// End of the earliest pending pass, dropping stale heap entries on the way.
@@ -448,6 +455,13 @@ impl Sim {
             changed |= self.activate_due(now);
             // 2. Arrivals.
             changed |= self.release_arrivals(now)?;
+            // Idle workers whose host transfers complete by now step to take them up.
+            for w in 0..self.workers.len() {
+                let worker = &self.workers[w];
+                if !worker.busy && worker.engine.next_wake_ns().is_some_and(|t| t <= now) {
+                    self.mark_dirty(w);
+                }
+            }
             // 3. Idle workers with work run one pass, in worker order.
             std::mem::swap(&mut dirty, &mut self.dirty);
             dirty.sort_unstable();
@@ -471,7 +485,8 @@ impl Sim {
                     changed = true;
                 }
                 let worker = &mut self.workers[w];
-                if worker.busy || !worker.engine.has_work() {
+                let wake = worker.engine.next_wake_ns().is_some_and(|t| t <= now);
+                if worker.busy || !(worker.engine.has_work() || wake) {
                     continue;
                 }
                 let end = worker.engine.step(now).end_ns;
@@ -489,6 +504,11 @@ impl Sim {
                 } else if worker.engine.last_pass().had_effect() {
                     self.deliver(w, now);
                     self.mark_dirty(w);
+                } else if wake || worker.engine.next_wake_ns().is_some() {
+                    // It took up transfers, or waits for one (a request loading from host).
+                    if !wake {
+                        continue;
+                    }
                 } else if self.disagg.is_none() {
                     return Err(ReplayError::DeadEnd(self.in_flight));
                 } else {

@@ -200,6 +200,11 @@ impl Cluster {
                 if p.workers == 0 {
                     return Err(invalid("num_workers", "must be at least 1 (got 0)".into()));
                 }
+                if mode != "offline" && p.launch.engine.native_host_offload.is_some() {
+                    // Live engines are stepped by requests, not woken by transfer completions.
+                    let msg = format!("is simulated only by offline replay (--mode offline), got {mode}");
+                    return Err(invalid("engine.native_host_offload", msg));
+                }
                 if role(p) != WorkerType::Aggregated {
                     return Err(invalid(
                         "worker_type",

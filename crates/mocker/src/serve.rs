@@ -157,6 +157,11 @@ impl ServeArgs {
             launch.dp_size = v;
         }
         launch.validate().map_err(|e| UsageError(e.to_string()))?;
+        if launch.engine.native_host_offload.is_some() {
+            // Live engines are stepped by requests, not woken by transfer completions.
+            let msg = "engine.native_host_offload: is simulated only by offline replay (mocker replay)";
+            return Err(UsageError(msg.into()));
+        }
         Ok(launch)
     }
 

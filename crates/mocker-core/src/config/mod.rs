@@ -292,6 +292,12 @@ pub struct EngineConfig {
     /// KV bytes per token, for transfer-time modelling.
     #[serde(serialize_with = "canonical::whole_as_integer")]
     pub kv_transfer_bytes_per_token: Option<f64>,
+    /// KV bytes per cached token: the size of a host-tier block (`native_host_offload`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_cache_bytes_per_token: Option<u64>,
+    /// vLLM's native host-memory KV tier (OffloadingConnector), if configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub native_host_offload: Option<HostOffloadConfig>,
     /// Transfer bandwidth in GB/s; None or 0 means instantaneous.
     pub kv_transfer_bandwidth: Option<f64>,
     /// Which tokens a transfer is charged for.
@@ -328,11 +334,44 @@ impl Default for EngineConfig {
             emit_kv_events: false,
             emit_kv_token_ids: false,
             kv_transfer_bytes_per_token: None,
+            kv_cache_bytes_per_token: None,
+            native_host_offload: None,
             kv_transfer_bandwidth: None,
             kv_transfer_timing_mode: KvTransferTimingMode::FullPrompt,
             timing_model: TimingModelConfig::Polynomial,
             sglang: SglangConfig::default(),
             trtllm: TrtllmConfig::default(),
+        }
+    }
+}
+
+/// The host-memory KV tier of one rank (`native_host_offload`): prompt blocks are written
+/// through to it as they are computed and loaded back on a prefix hit, over one FIFO lane
+/// per direction.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HostOffloadConfig {
+    /// Capacity in blocks (of `block_size * kv_cache_bytes_per_token` bytes).
+    pub num_host_blocks: usize,
+    /// Device-to-host bandwidth, decimal GB/s; 0 is instantaneous.
+    pub d2h_bandwidth_gbps: f64,
+    /// Host-to-device bandwidth, decimal GB/s; 0 is instantaneous.
+    pub h2d_bandwidth_gbps: f64,
+    /// Delay before a transfer moves its first byte.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub latency_to_first_byte_ms: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}
+
+impl Default for HostOffloadConfig {
+    fn default() -> Self {
+        Self {
+            num_host_blocks: 0,
+            d2h_bandwidth_gbps: 32.0,
+            h2d_bandwidth_gbps: 32.0,
+            latency_to_first_byte_ms: 0.0,
         }
     }
 }

@@ -3,9 +3,9 @@
 use serde_json::{json, Map, Value};
 
 use super::{
-    invalid_choice, type_err, Backend, ConfigError, EngineConfig, EvictionPolicy, KvTransferTimingMode,
-    LaunchConfig, PreemptionMode, ReasoningConfig, Result, RuntimeConfig, SglangConfig, SglangSchedulePolicy,
-    TimingModelConfig, TrtllmConfig, WorkerType,
+    invalid_choice, type_err, Backend, ConfigError, EngineConfig, EvictionPolicy, HostOffloadConfig,
+    KvTransferTimingMode, LaunchConfig, PreemptionMode, ReasoningConfig, Result, RuntimeConfig, SglangConfig,
+    SglangSchedulePolicy, TimingModelConfig, TrtllmConfig, WorkerType,
 };
 
 type Conv<T> = fn(&Value, &str) -> Result<T>;
@@ -15,8 +15,10 @@ const ENGINE_KEYS: &str = "backend num_gpu_blocks block_size max_model_len max_n
     max_num_batched_tokens prefill_schedule_interval prefill_decode_interval \
     enable_prefix_caching enable_chunked_prefill speedup_ratio decode_speedup_ratio aic_nextn \
     aic_nextn_accept_rates aic_mtp_seed worker_type preemption_mode eviction_policy emit_kv_events \
-    emit_kv_token_ids kv_transfer_bytes_per_token kv_bytes_per_token kv_transfer_bandwidth \
-    kv_transfer_timing_mode timing_model sglang trtllm";
+    emit_kv_token_ids kv_transfer_bytes_per_token kv_bytes_per_token kv_cache_bytes_per_token \
+    native_host_offload g3_offload kv_transfer_bandwidth kv_transfer_timing_mode timing_model sglang trtllm";
+const HOST_OFFLOAD_KEYS: &str = "scope num_host_blocks d2h_bandwidth_gbps h2d_bandwidth_gbps \
+    shared_d2h_bandwidth_gbps shared_h2d_bandwidth_gbps latency_to_first_byte_ms kv_layout_id";
 const LAUNCH_KEYS: &str = "engine dp_size tensor_parallel_size startup_time \
     num_gpu_blocks_is_explicit gpu_memory_utilization mem_fraction_static \
     free_gpu_memory_fraction cuda_graph_reserved_bytes dynamo";
@@ -255,6 +257,13 @@ fn parse_engine(v: &Value, path: &str) -> Result<EngineConfig> {
     } else {
         set_opt!(o, c.kv_transfer_bytes_per_token, to_f64);
     }
+    set_opt!(o, c.kv_cache_bytes_per_token, to_uint);
+    set_opt!(o, c.native_host_offload, parse_host_offload);
+    if o.map.get("g3_offload").is_some_and(|v| !v.is_null()) {
+        // Its G3 tier (a third, disk/remote level) is not simulated.
+        let msg = "the G3 tier is not simulated by mocker; remove g3_offload (native_host_offload alone is)";
+        return Err(ConfigError::new(o.path("g3_offload"), msg));
+    }
     set_opt!(o, c.kv_transfer_bandwidth, to_f64);
     set!(o, c.kv_transfer_timing_mode, KvTransferTimingMode::parse);
     set!(o, c.timing_model, parse_timing);
@@ -265,6 +274,34 @@ fn parse_engine(v: &Value, path: &str) -> Result<EngineConfig> {
         set!(o, c.capacity_scheduler_policy, to_string);
         Ok(c)
     });
+    Ok(c)
+}
+
+fn parse_host_offload(v: &Value, path: &str) -> Result<HostOffloadConfig> {
+    let o = Obj::new(v, path, HOST_OFFLOAD_KEYS)?;
+    let mut c =
+        HostOffloadConfig { num_host_blocks: o.must("num_host_blocks", to_uint)?, ..Default::default() };
+    set!(o, c.d2h_bandwidth_gbps, to_f64);
+    set!(o, c.h2d_bandwidth_gbps, to_f64);
+    set!(o, c.latency_to_first_byte_ms, to_f64);
+    // Only a cluster-shared pool (not simulated) reads these; refused rather than ignored.
+    let scope = o.opt("scope", to_string)?;
+    match scope.as_deref() {
+        None | Some("dp_rank_local") => {}
+        Some("cluster_shared") => {
+            let msg = "cluster_shared host pools are not simulated by mocker; expected dp_rank_local";
+            return Err(ConfigError::new(o.path("scope"), msg));
+        }
+        Some(other) => {
+            return Err(invalid_choice(&o.path("scope"), other, &["dp_rank_local", "cluster_shared"]))
+        }
+    }
+    for key in ["shared_d2h_bandwidth_gbps", "shared_h2d_bandwidth_gbps", "kv_layout_id"] {
+        if o.map.contains_key(key) {
+            let msg = "applies only to a cluster_shared pool, which mocker does not simulate";
+            return Err(ConfigError::new(o.path(key), msg));
+        }
+    }
     Ok(c)
 }
 

@@ -52,6 +52,10 @@ impl LaunchConfig {
         self.engine.validate_at("engine")?;
         int_range("dp_size", self.dp_size, 1, MAX_PARALLEL)?;
         int_range("tensor_parallel_size", self.tensor_parallel_size, 1, MAX_PARALLEL)?;
+        if self.engine.native_host_offload.is_some() && self.dp_size > 1 {
+            let msg = "is not simulated with dp_size > 1 yet; use dp_size 1";
+            return Err(ConfigError::new("engine.native_host_offload".to_string(), msg));
+        }
         if let Some(t) = self.startup_time {
             float_range("startup_time", t, 0.0, MAX_STARTUP_S)?;
         }
@@ -132,6 +136,7 @@ impl EngineConfig {
         if let Some(bw) = self.kv_transfer_bandwidth {
             zero_or_range(f("kv_transfer_bandwidth"), bw, BANDWIDTH_RANGE)?;
         }
+        self.validate_host_offload(p)?;
         validate_timing(&self.timing_model, &f("timing_model"))?;
         let policy = &self.trtllm.capacity_scheduler_policy;
         if policy != "guaranteed_no_evict" {
@@ -151,6 +156,41 @@ impl EngineConfig {
             float_range(f("sglang.schedule_conservativeness"), sc, 0.0, MAX_CONSERVATIVENESS)?;
         }
         Ok(())
+    }
+}
+
+impl EngineConfig {
+    /// `native_host_offload` and the `kv_cache_bytes_per_token` it needs, with the
+    /// reference's restrictions (vLLM, aggregated, prefix caching, no MTP).
+    fn validate_host_offload(&self, p: &str) -> Result<()> {
+        let f = |key: &str| join(p, key);
+        let Some(h) = &self.native_host_offload else {
+            // Elsewhere the reference reads it only for layouts mocker does not simulate.
+            let msg = "is used only by native_host_offload here; set that too or remove it";
+            return ensure(self.kv_cache_bytes_per_token.is_none(), f("kv_cache_bytes_per_token"), msg);
+        };
+        let key = f("native_host_offload");
+        let backend = self.backend;
+        ensure(
+            backend == Backend::Vllm,
+            key.clone(),
+            format!("is supported only for backend=vllm (got {backend})"),
+        )?;
+        ensure(self.enable_prefix_caching, key.clone(), "requires enable_prefix_caching=true")?;
+        ensure(self.aic_nextn.is_none(), key.clone(), "does not support aic_nextn")?;
+        let wt = self.worker_type;
+        let msg = format!("is supported only for worker_type=aggregated (got {wt})");
+        ensure(wt == super::WorkerType::Aggregated, key.clone(), msg)?;
+        let msg = "requires kv_cache_bytes_per_token to derive the physical host block size";
+        let bytes = self.kv_cache_bytes_per_token.ok_or_else(|| ConfigError::new(key.clone(), msg))?;
+        int_range(f("kv_cache_bytes_per_token"), bytes, 1, MAX_KV_BYTES_PER_TOKEN as u64)?;
+        int_range(format!("{key}.num_host_blocks"), h.num_host_blocks, 1, MAX_NUM_GPU_BLOCKS)?;
+        for (name, x) in
+            [("d2h_bandwidth_gbps", h.d2h_bandwidth_gbps), ("h2d_bandwidth_gbps", h.h2d_bandwidth_gbps)]
+        {
+            zero_or_range(format!("{key}.{name}"), x, BANDWIDTH_RANGE)?;
+        }
+        float_range(format!("{key}.latency_to_first_byte_ms"), h.latency_to_first_byte_ms, 0.0, MAX_PASS_MS)
     }
 }
 

@@ -1,7 +1,10 @@
-//! KV-cache management: the vLLM-style paged block pool and SGLang's radix prefix cache.
+//! KV-cache management: the vLLM-style paged block pool, its host-memory tier and SGLang's
+//! radix prefix cache.
 
+pub mod host_tier;
 mod pool;
 pub mod radix;
 
+pub use host_tier::{HostTier, HostTierOptions};
 pub use pool::{BlockId, BlockPool, PrefixMatch, Scope};
 pub use radix::RadixCache;

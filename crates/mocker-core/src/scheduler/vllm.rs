@@ -16,6 +16,7 @@ use super::{Pass, PrefixCacheBusy, RunEntry, SchedulerOptions, SubmitError};
 
 mod handoff;
 mod mtp;
+mod offload;
 mod steady;
 pub use handoff::{Reservation, ReserveError};
 
@@ -70,6 +71,8 @@ struct Seq {
     pass_prefix: u32,
     /// Counted in this pass's decode batch.
     pass_decode: bool,
+    /// Host-offload connector state (only with `native_host_offload`).
+    host: Option<offload::HostSeq>,
 }
 
 impl Seq {
@@ -125,6 +128,8 @@ pub struct VllmScheduler {
     /// Lock-step DP waves (see `crate::wave`): prefills wait for every
     /// `prefill_schedule_interval`-th wave on a rank that decodes.
     cadence: Cadence,
+    /// The host-memory KV tier (`native_host_offload`), if configured.
+    offload: Option<Box<offload::Offload>>,
 
     seqs: Vec<Option<Seq>>,
     free_slots: Vec<u32>,
@@ -199,8 +204,11 @@ impl VllmScheduler {
             dp_rank: options.dp_rank,
             record_kv_events: options.record_kv_events && prefix_caching,
             kv_token_ids: config.emit_kv_token_ids,
-            // Bursts vary per pass: no two passes are alike, so no steady runs.
-            aggregate_steady: options.aggregate_steady_tokens && config.aic_nextn.is_none(),
+            // Bursts vary per pass: no two passes are alike, so no steady runs; host
+            // transfers complete between passes, which a run would step over.
+            aggregate_steady: options.aggregate_steady_tokens
+                && config.aic_nextn.is_none()
+                && config.native_host_offload.is_none(),
             opaque_output_blocks: options.opaque_output_blocks,
             timing,
             mtp: config.aic_nextn.map(|_| {
@@ -215,6 +223,10 @@ impl VllmScheduler {
                 wave_step: 0,
                 capacity_bound: false,
             },
+            offload: config.native_host_offload.as_ref().map(|h| {
+                let bytes = config.kv_cache_bytes_per_token.unwrap_or(1);
+                Box::new(offload::Offload::new(h, config.block_size, bytes, config.num_gpu_blocks))
+            }),
             seqs: Vec::new(),
             free_slots: Vec::new(),
             retired_slots: Vec::new(),
@@ -327,6 +339,7 @@ impl VllmScheduler {
             pass_prompt_tokens: 0,
             pass_prefix: 0,
             pass_decode: false,
+            host: self.offload.is_some().then(offload::HostSeq::new),
         };
         let key = super::insert_slot(&mut self.seqs, &mut self.free_slots, seq);
         self.waiting.push_back(key);
@@ -335,12 +348,17 @@ impl VllmScheduler {
 
     /// Whether a pass would do anything (there is running or waiting work).
     pub fn has_work(&self) -> bool {
-        !self.running.is_empty() || !self.waiting.is_empty()
+        !self.running.is_empty() || !self.waiting.is_empty() || self.has_ready_connector()
+    }
+
+    /// The next host-tier transfer completion, if any: an idle engine steps then.
+    pub fn next_wake_ns(&self) -> Option<u64> {
+        self.offload.as_ref().and_then(|o| o.next_deadline())
     }
 
     /// Requests held by the engine (running plus waiting).
     pub fn num_requests(&self) -> usize {
-        self.running.len() + self.waiting.len()
+        self.running.len() + self.waiting.len() + self.offload.as_ref().map_or(0, |o| o.queued())
     }
 
     /// Current engine metrics.
@@ -391,8 +409,8 @@ impl VllmScheduler {
         if live {
             if let Some(i) = self.running.iter().position(|e| e.key == key) {
                 self.running.remove(i);
-            } else if let Some(i) = self.waiting.iter().position(|&k| k == key) {
-                self.waiting.remove(i);
+            } else {
+                self.dequeue(key);
             }
             self.seq_mut(key).hold = false;
             self.retire(key);
@@ -436,11 +454,18 @@ impl VllmScheduler {
         self.pass_id += 1;
         let defer_prefill = self.defers_prefill();
         let mut b = Budget { tokens: self.max_num_batched_tokens, defer_prefill, ..Default::default() };
+        if self.offload.is_some() {
+            self.offload_tick(now_ns, &mut pass);
+        }
 
         self.schedule_running(&mut b, &mut pass);
         // A pass that had to preempt admits nothing new.
         if b.preempted == 0 {
-            self.admit_waiting(&mut b, &mut pass);
+            if self.offload.is_some() {
+                self.admit_waiting_offload(&mut b, &mut pass, now_ns);
+            } else {
+                self.admit_waiting(&mut b, &mut pass);
+            }
         }
         if !defer_prefill && b.preempted == 0 {
             self.cadence.capacity_bound = !self.waiting.is_empty();
@@ -449,12 +474,21 @@ impl VllmScheduler {
             self.mtp_reserve(&mut b);
             self.flush_evicted(&mut pass);
         }
+        let mut compute_start = now_ns;
+        if let Some(off) = &self.offload {
+            compute_start = off.compute_start(now_ns);
+            self.offer_stores();
+            self.flush_evicted(&mut pass);
+        }
         let (prefill_ns, decode_ns) = self.pass_cost(&b, &mut pass.metrics);
-        pass.end_ns = now_ns + prefill_ns + decode_ns;
+        pass.end_ns = compute_start + prefill_ns + decode_ns;
         if self.mtp.is_some() {
             self.emit_mtp(&mut pass);
         } else {
             self.emit(&mut pass);
+        }
+        if self.offload.is_some() {
+            self.offload_boundary(pass.end_ns, &mut pass);
         }
 
         let m = &mut pass.metrics;
@@ -722,8 +756,14 @@ impl VllmScheduler {
             let hits = &seq.hashes[..reusable.min(seq.hashes.len())];
             // Only an admission's cost matched this request's blocks.
             let matched = if cost.is_some() { &self.matched[..] } else { &[] };
+            let prev = seq.blocks.len();
             if self.pool.allocate_matched(&mut seq.blocks, target, hits, matched, &mut self.evicted) {
                 seq.num_computed = before + want;
+                if let Some(off) = self.offload.as_mut() {
+                    // Fresh blocks may still be read by a store to the host tier.
+                    let fresh_from = prev.max(hits.len().min(target));
+                    off.fence(&seq.blocks[fresh_from.min(seq.blocks.len())..], pass.start_ns);
+                }
                 break;
             }
             if self.trtllm {
@@ -782,7 +822,12 @@ impl VllmScheduler {
         b.prompt_tokens += prompt_tokens as usize;
         b.scheduled_tokens += want as usize;
         if from_waiting {
-            self.waiting.pop_front();
+            if self.offload.is_some() {
+                self.dequeue(key);
+                self.offload_admitted(key, cached);
+            } else {
+                self.waiting.pop_front();
+            }
             let seq = self.seq_mut(key);
             let readmission = seq.status == Status::Preempted;
             seq.status = Status::Running;
@@ -813,6 +858,9 @@ impl VllmScheduler {
     /// Recompute preemption: the victim loses its KV and goes back to the waiting front.
     fn preempt(&mut self, idx: usize, b: &mut Budget) {
         let key = self.running.remove(idx).key;
+        if self.offload.is_some() {
+            self.offload_preempted(key);
+        }
         let pass_id = self.pass_id;
         let worker_type = self.worker_type;
         let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
