@@ -124,7 +124,8 @@ def flag_outliers(rows: list[dict]) -> None:
             peers = [m["latency_ms"] for m in members[lo:hi] if m is not r]
             r["outlier"] = False
             if len(peers) >= 4:
-                ratio = r["latency_ms"] / statistics.median(peers)
+                r["peer_median_ms"] = statistics.median(peers)
+                ratio = r["latency_ms"] / r["peer_median_ms"]
                 r["outlier"] = ratio < 0.5 or ratio > 1.5
 
 
@@ -191,7 +192,8 @@ def evaluate(mocker: str, folder: Path, tp: int, run_cfg: dict, engine_args: dic
     passes = read_passes(folder)
     flag_outliers(passes)
     preds = predict(mocker, passes, profile, engine_args)
-    result: dict = {"tp": tp, "profile": profile, "passes": {}, "ratios": {}}
+    result: dict = {"tp": tp, "profile": profile, "passes": {}, "ratios": {},
+                    "outliers": [(r, p) for r, p in zip(passes, preds) if r["outlier"]]}
     for kind in KINDS:
         pairs = [(p, r) for p, r in zip(preds, passes) if r["phase"] == kind]
         err = [(p - r["latency_ms"]) / r["latency_ms"] for p, r in pairs]
@@ -237,6 +239,17 @@ def print_results(title: str, results: list[dict], note: dict[int, str]) -> None
               f"{fmt(e)}{tag}{failed}")
 
 
+def list_outliers(results: list[dict]) -> None:
+    print("outliers: tp kind segment ctx_tokens/ctx_requests/ctx_kv_tokens decode_requests/decode_kv_tokens "
+          "measured_ms peer_median_ms simulated_ms")
+    for res in results:
+        for r, p in res["outliers"]:
+            print(f"outlier: {res['tp']} {r['phase']} {r['workload_segment']} "
+                  f"{r['ctx_tokens']}/{r['ctx_requests']}/{r['ctx_kv_tokens']} "
+                  f"{r['decode_requests']}/{r['decode_kv_tokens']} {r['latency_ms']:.3f} "
+                  f"{r['peer_median_ms']:.3f} {p:.3f}")
+
+
 def markdown(results: list[dict]) -> None:
     print("| TP | context pass | decode pass | mixed pass | mixed w/o outliers | request E2E |")
     print("|---|---|---|---|---|---|")
@@ -254,6 +267,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--mocker", help="mocker binary (default: $MOCKER_BIN, target/release, target/debug, PATH)")
     ap.add_argument("--fit-on-tp", type=int, metavar="N",
                     help="also report with prefill/decode speedup ratios fitted on TP N's passes")
+    ap.add_argument("--list-outliers", action="store_true", help="print every pass the outlier rule flags")
     ap.add_argument("--markdown", action="store_true", help="also print the summary as a Markdown table")
     args = ap.parse_args(argv)
     try:
@@ -276,6 +290,8 @@ def main(argv: list[str]) -> int:
             print_results("uncorrected (nothing fitted)", results, {})
             if args.markdown:
                 markdown(results)
+            if args.list_outliers:
+                list_outliers(results)
             if args.fit_on_tp:
                 fit = next((r for r in results if r["tp"] == args.fit_on_tp), None)
                 if fit is None:
