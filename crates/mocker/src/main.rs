@@ -54,8 +54,9 @@ enum Command {
     /// Replay one workload over a grid of engine args, worker counts and routers, in
     /// parallel, and write one summary row per point (CSV and/or JSON).
     Sweep(sweep::SweepArgs),
-    /// List the timing profiles bundled into mocker (for `--timing-profile NAME`).
-    Profiles,
+    /// List the timing profiles bundled into mocker (for `--timing-profile NAME`), or
+    /// (`profiles predict`) print the pass times a timing profile gives recorded passes.
+    Profiles(profiles::ProfilesArgs),
 }
 
 /// A user error: printed with the field it concerns, exit code 2.
@@ -69,7 +70,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args).map(|()| ExitCode::SUCCESS),
         Command::Serve(args) => serve::run(args),
         Command::Sweep(args) => sweep::run(args).map(|()| ExitCode::SUCCESS),
-        Command::Profiles => profiles::list().map(|()| ExitCode::SUCCESS),
+        Command::Profiles(args) => profiles::run(args).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

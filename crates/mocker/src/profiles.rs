@@ -1,17 +1,171 @@
-//! `mocker profiles`: the bundled timing profiles, with what each was measured for.
+//! `mocker profiles`: the bundled timing profiles, with what each was measured for, and
+//! `mocker profiles predict`: the time the configured engine gives recorded passes.
 
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+use mocker_core::config::{Backend, WorkerType};
+use mocker_core::timing::{build_timing_model, pass_ms, scaled_nanos, PassWork};
+
+use crate::engine_args::{launch_config, EngineFlags};
 use crate::UsageError;
 
+/// `mocker profiles [predict ...]`.
+#[derive(Debug, clap::Args)]
+pub struct ProfilesArgs {
+    #[command(subcommand)]
+    action: Option<ProfilesAction>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum ProfilesAction {
+    /// Read forward passes (CSV) and print the time the configured engine's timing model
+    /// gives each, priced exactly as the vLLM/TRT-LLM scheduler prices a pass.
+    Predict(PredictArgs),
+}
+
+/// `mocker profiles predict`.
+#[derive(Debug, clap::Args)]
+pub struct PredictArgs {
+    /// CSV of passes with a header naming `ctx_tokens`, `ctx_requests`, `ctx_kv_tokens`,
+    /// `decode_requests`, `decode_kv_tokens` (or Dynamo's forward-pass-metric names
+    /// `sum_prefill_tokens`, `num_prefill_requests`, `sum_prefill_kv_tokens`,
+    /// `num_decode_requests`, `sum_decode_kv_tokens`); other columns are ignored. `-` or
+    /// nothing reads stdin.
+    #[arg(long, value_name = "FILE")]
+    input: Option<PathBuf>,
+    /// Engine configuration as JSON (inline or @file), as for `mocker replay`: the timing
+    /// model, `speedup_ratio`, `decode_speedup_ratio`, and (for the polynomial model) the
+    /// KV capacity.
+    #[arg(long)]
+    engine_args: Option<String>,
+    #[command(flatten)]
+    engine: EngineFlags,
+}
+
+/// Runs `mocker profiles` (list) or `mocker profiles predict`.
+pub fn run(args: ProfilesArgs) -> Result<(), UsageError> {
+    match args.action {
+        None => list(),
+        Some(ProfilesAction::Predict(p)) => predict(p),
+    }
+}
+
 /// Prints one line per bundled profile: name, model, GPU system, backend, TP.
-pub fn list() -> Result<(), UsageError> {
+fn list() -> Result<(), UsageError> {
+    let mut text = String::new();
     for name in mocker_profiles::bundled_names() {
         let profile = mocker_profiles::bundled(name)
             .expect("listed names exist")
             .map_err(|e| UsageError(format!("bundled profile {name}: {e}")))?;
-        match profile.meta {
-            Some(m) => println!("{name}\t{}\t{}\t{}\ttp{}", m.model, m.system, m.backend, m.tp),
-            None => println!("{name}\t(Dynamo planner table; no memory facts)"),
+        text += &match profile.meta {
+            Some(m) => format!("{name}\t{}\t{}\t{}\ttp{}\n", m.model, m.system, m.backend, m.tp),
+            None => format!("{name}\t(Dynamo planner table; no memory facts)\n"),
+        };
+    }
+    print_all(&text)
+}
+
+/// Writes `text` to stdout; a reader that stopped early (`| head`) is not an error.
+fn print_all(text: &str) -> Result<(), UsageError> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(UsageError(format!("stdout: {e}"))),
+        _ => Ok(()),
+    }
+}
+
+/// The input columns, each with its forward-pass-metric alias.
+const COLUMNS: [(&str, &str); 5] = [
+    ("ctx_tokens", "sum_prefill_tokens"),
+    ("ctx_requests", "num_prefill_requests"),
+    ("ctx_kv_tokens", "sum_prefill_kv_tokens"),
+    ("decode_requests", "num_decode_requests"),
+    ("decode_kv_tokens", "sum_decode_kv_tokens"),
+];
+
+/// Prints `prefill_ms,decode_ms,pass_ms` per input pass: each part scaled by its speedup
+/// ratio and rounded to whole nanoseconds, and their sum, as the simulated pass lasts.
+fn predict(args: PredictArgs) -> Result<(), UsageError> {
+    let launch = launch_config(args.engine_args.as_deref(), &args.engine)?;
+    let engine = &launch.engine;
+    if engine.backend == Backend::Sglang {
+        return Err(UsageError(
+            "--engine-type sglang: predict prices vLLM/TRT-LLM passes (SGLang never mixes prefill and decode)"
+                .into(),
+        ));
+    }
+    if engine.worker_type != WorkerType::Aggregated {
+        return Err(UsageError(format!(
+            "--engine-args worker_type {}: predict prices aggregated passes only",
+            engine.worker_type
+        )));
+    }
+    let timing = build_timing_model(engine).map_err(|e| UsageError(format!("--engine-args: {e}")))?;
+    let total_kv_tokens = engine.num_gpu_blocks * engine.block_size;
+    // Decode time is divided by both ratios, as the scheduler divides it.
+    let decode_ratio = engine.speedup_ratio * engine.decode_speedup_ratio;
+
+    let (label, text) = read_input(args.input.as_ref())?;
+    let mut rdr = csv::ReaderBuilder::new().from_reader(text.as_bytes());
+    let header = rdr.headers().map_err(|e| UsageError(format!("{label}: header: {e}")))?.clone();
+    let mut index = [0usize; 5];
+    for (slot, (name, alias)) in index.iter_mut().zip(COLUMNS) {
+        *slot = header
+            .iter()
+            .position(|h| h == name || h == alias)
+            .ok_or_else(|| UsageError(format!("{label}: header: missing column {name} (or {alias})")))?;
+    }
+    // Nothing is printed unless every row is valid.
+    let mut out = String::from("prefill_ms,decode_ms,pass_ms\n");
+    for (i, record) in rdr.records().enumerate() {
+        let line = i + 2;
+        let record = record.map_err(|e| UsageError(format!("{label}:{line}: {e}")))?;
+        let mut v = [0usize; 5];
+        for (k, &col) in index.iter().enumerate() {
+            let field = record.get(col).unwrap_or("").trim();
+            v[k] = field.parse().map_err(|_| {
+                UsageError(format!(
+                    "{label}:{line}: {}: must be a non-negative integer (got {field:?})",
+                    COLUMNS[k].0
+                ))
+            })?;
+        }
+        let work = PassWork {
+            prefill_tokens: v[0],
+            prefill_requests: v[1],
+            prefill_prefix_tokens: v[2],
+            decode_requests: v[3],
+            decode_kv_tokens: v[4],
+        };
+        if work.prefill_tokens > 0 && work.prefill_requests == 0 {
+            return Err(UsageError(format!(
+                "{label}:{line}: ctx_requests: must be at least 1 when ctx_tokens > 0"
+            )));
+        }
+        let (p, d) = pass_ms(timing.as_ref(), &work, total_kv_tokens);
+        let (p_ns, d_ns) = (scaled_nanos(p, engine.speedup_ratio), scaled_nanos(d, decode_ratio));
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let _ = writeln!(out, "{},{},{}", ms(p_ns), ms(d_ns), ms(p_ns + d_ns));
+    }
+    print_all(&out)
+}
+
+/// The input's name for messages and its text.
+fn read_input(path: Option<&PathBuf>) -> Result<(String, String), UsageError> {
+    match path.filter(|p| p.as_os_str() != "-") {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| UsageError(format!("--input: cannot read {}: {e}", p.display())))?;
+            Ok((p.display().to_string(), text))
+        }
+        None => {
+            let mut text = String::new();
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .map_err(|e| UsageError(format!("stdin: cannot read: {e}")))?;
+            Ok(("stdin".into(), text))
         }
     }
-    Ok(())
 }

@@ -10,7 +10,7 @@ use crate::hashing::{chain_hash, extend_hashes, local_block_hash, unique_block_i
 use crate::kv::{BlockId, BlockPool, Scope};
 use crate::metrics::{EngineMetrics, ForwardPassMetrics};
 use crate::request::{Admission, Output, OutputToken, Request, SeqKey};
-use crate::timing::{scaled_nanos, DecodeShape, PrefillShape, TimingModel};
+use crate::timing::{pass_ms, scaled_nanos, PassWork, TimingModel};
 
 use super::{Pass, PrefixCacheBusy, RunEntry, SchedulerOptions, SubmitError};
 
@@ -988,22 +988,18 @@ impl VllmScheduler {
         m.sum_decode_kv_tokens = kv;
         let prefills = b.batch_count > 0 && self.worker_type != WorkerType::Decode;
         let decodes = batch > 0 && self.worker_type != WorkerType::Prefill;
-        let prefill = || PrefillShape {
-            batch: b.batch_count,
-            mean_isl: b.total_isl / b.batch_count,
-            mean_prefix: b.total_prefix / b.batch_count,
-        };
-        let decode = || DecodeShape {
-            batch,
-            active_kv_tokens: kv,
-            total_kv_tokens: self.num_gpu_blocks * self.block_size as usize,
-        };
-        let (prefill_ms, decode_ms) = match (prefills, decodes) {
-            (true, true) => self.timing.mixed_ms(prefill(), decode()),
-            (true, false) => (self.timing.prefill_ms(prefill()), 0.0),
-            (false, true) => (0.0, self.timing.decode_ms(decode())),
-            (false, false) => (0.0, 0.0),
-        };
+        let mut work = PassWork::default();
+        if prefills {
+            work.prefill_requests = b.batch_count;
+            work.prefill_tokens = b.total_isl - b.total_prefix;
+            work.prefill_prefix_tokens = b.total_prefix;
+        }
+        if decodes {
+            work.decode_requests = batch;
+            work.decode_kv_tokens = kv;
+        }
+        let total_kv_tokens = self.num_gpu_blocks * self.block_size as usize;
+        let (prefill_ms, decode_ms) = pass_ms(self.timing.as_ref(), &work, total_kv_tokens);
         (scaled_nanos(prefill_ms, self.speedup), scaled_nanos(decode_ms, self.decode_speedup))
     }
 

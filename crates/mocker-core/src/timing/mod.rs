@@ -46,6 +46,45 @@ pub trait TimingModel: std::fmt::Debug + Send {
     }
 }
 
+/// The work one vLLM-style pass scheduled, summed over its requests: what the pass's
+/// forward-pass metrics report and what its timing is read from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PassWork {
+    /// Requests that computed prompt tokens.
+    pub prefill_requests: usize,
+    /// Prompt tokens computed in the pass.
+    pub prefill_tokens: usize,
+    /// Tokens those requests held before the pass (cache hits, earlier chunks).
+    pub prefill_prefix_tokens: usize,
+    /// Requests decoding one token.
+    pub decode_requests: usize,
+    /// Sum of their sequence lengths.
+    pub decode_kv_tokens: usize,
+}
+
+/// Raw (prefill, decode) cost in ms of a vLLM-style pass, from the shapes its scheduler
+/// builds: floored means per prefilled request, and a whole pass read from `mixed_ms` when
+/// it both prefills and decodes. `total_kv_tokens` is the rank's KV capacity in tokens.
+/// The scheduler prices every pass through here, and so does `mocker profiles predict`.
+#[inline]
+pub fn pass_ms<T: TimingModel + ?Sized>(timing: &T, w: &PassWork, total_kv_tokens: usize) -> (f64, f64) {
+    let prefills = w.prefill_requests > 0;
+    let decodes = w.decode_requests > 0;
+    let prefill = || PrefillShape {
+        batch: w.prefill_requests,
+        mean_isl: (w.prefill_prefix_tokens + w.prefill_tokens) / w.prefill_requests,
+        mean_prefix: w.prefill_prefix_tokens / w.prefill_requests,
+    };
+    let decode =
+        || DecodeShape { batch: w.decode_requests, active_kv_tokens: w.decode_kv_tokens, total_kv_tokens };
+    match (prefills, decodes) {
+        (true, true) => timing.mixed_ms(prefill(), decode()),
+        (true, false) => (timing.prefill_ms(prefill()), 0.0),
+        (false, true) => (0.0, timing.decode_ms(decode())),
+        (false, false) => (0.0, 0.0),
+    }
+}
+
 /// The reference's default: a quadratic in prefill tokens and a quadratic in KV utilisation.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Polynomial;
