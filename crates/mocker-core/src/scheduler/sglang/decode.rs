@@ -199,7 +199,12 @@ impl SglangScheduler {
             tokens += 1;
             if last {
                 finished = true;
-                self.finish_kv(key, pass);
+                if self.seqs[key.0 as usize].as_ref().expect("live seq").hold {
+                    // A disaggregation source keeps its KV for the transfer.
+                    self.seq_mut(key).status = Status::Held;
+                } else {
+                    self.finish_kv(key, pass);
+                }
             } else if self.prefix_caching && seq.materialized >= (seq.tree_depth + 1) * page {
                 // A page completed since the last insert (a prompt's tail page completes at
                 // an arbitrary token, so this is not just `materialized % page == 0`).
@@ -222,8 +227,9 @@ impl SglangScheduler {
             let seqs = &self.seqs;
             let retired = &mut self.retired;
             self.running.retain(|e| {
-                let done = seqs[e.key.0 as usize].as_ref().is_some_and(|s| s.remaining() == 0);
-                if done {
+                let Some(s) = seqs[e.key.0 as usize].as_ref() else { return true };
+                let done = s.remaining() == 0;
+                if done && s.status != Status::Held {
                     retired.push(e.key);
                 }
                 !done

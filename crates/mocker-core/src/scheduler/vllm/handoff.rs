@@ -27,9 +27,9 @@ pub enum ReserveError {
     /// The request is malformed.
     #[error(transparent)]
     Submit(#[from] SubmitError),
-    /// The backend has no disaggregated handoff.
-    #[error("disaggregated handoff is not supported for backend={0}")]
-    Unsupported(crate::config::Backend),
+    /// The request could never be decoded to its end on this engine.
+    #[error("request {0:#x}: the destination can never hold it")]
+    Unfit(u128),
     /// Not enough free blocks now.
     #[error("request {uuid:#x}: cannot reserve {needed} KV blocks, {available} available")]
     NoCapacity {
