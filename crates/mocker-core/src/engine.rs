@@ -48,14 +48,6 @@ pub enum EngineError {
     /// The configured timing model cannot be built.
     #[error(transparent)]
     Timing(#[from] TimingModelError),
-    /// The backend does not simulate this configuration or operation.
-    #[error("engine.backend: {feature} is not supported for backend={backend}")]
-    Unsupported {
-        /// The backend asked for.
-        backend: Backend,
-        /// What it lacks.
-        feature: &'static str,
-    },
     /// The request is malformed.
     #[error(transparent)]
     Submit(#[from] SubmitError),
@@ -124,10 +116,6 @@ impl Engine {
         };
         let core = match config.backend {
             Backend::Sglang => {
-                if config.aic_nextn.is_some() {
-                    let feature = "MTP speculative decoding (aic_nextn)";
-                    return Err(EngineError::Unsupported { backend: config.backend, feature });
-                }
                 let mut config = config;
                 if dp_size > 1 {
                     let s = &mut config.sglang;

@@ -7,6 +7,7 @@
 mod decode;
 mod handoff;
 mod kv;
+mod mtp;
 mod prefill;
 mod seq;
 mod steady;
@@ -21,6 +22,7 @@ use crate::metrics::EngineMetrics;
 use crate::request::{Output, OutputToken, Request, SeqKey};
 use crate::timing::{scaled_nanos, DecodeShape, PrefillShape, TimingModel};
 
+use super::draft::DraftSampler;
 use super::RunEntry;
 use super::{Pass, PrefixCacheBusy, SchedulerOptions, SubmitError};
 use prefill::PrefillBatch;
@@ -54,6 +56,11 @@ pub struct SglangScheduler {
     opaque_output_blocks: bool,
     /// Disaggregation role: a decode worker's (re-)prefills take no time.
     worker_type: WorkerType,
+    /// MTP draft acceptance (`aic_nextn`), used by decode passes.
+    sampler: Option<DraftSampler>,
+    /// Most tokens a decode pass emits per request (`aic_nextn + 1` with MTP off prefill
+    /// workers, else 1).
+    max_burst: u32,
     /// End of the previous pass: the last token time of requests in a steady run.
     last_end_ns: u64,
     timing: Box<dyn TimingModel>,
@@ -96,6 +103,14 @@ impl SglangScheduler {
         let mut cache = RadixCache::new(config.num_gpu_blocks, page);
         cache.set_reporting(record_kv_events);
         let min_ratio = (init_ratio * 0.14).min(1.0);
+        // Prefill workers emit their one token without verifying drafts.
+        let sampler = config.aic_nextn.filter(|_| config.worker_type != WorkerType::Prefill).map(|_| {
+            DraftSampler::new(
+                &config.mtp_accept_rates(),
+                config.aic_mtp_seed.wrapping_add(options.seed_offset),
+            )
+        });
+        let max_burst = sampler.as_ref().map_or(1, |s| s.max_burst);
         Self {
             page: page as u32,
             total_tokens: config.num_gpu_blocks.saturating_mul(page),
@@ -117,9 +132,12 @@ impl SglangScheduler {
             dp_rank: options.dp_rank,
             record_kv_events,
             kv_token_ids: config.emit_kv_token_ids,
-            aggregate_steady: options.aggregate_steady_tokens,
+            // Bursts vary per pass: MTP decodes are never steady.
+            aggregate_steady: options.aggregate_steady_tokens && sampler.is_none(),
             opaque_output_blocks: options.opaque_output_blocks,
             worker_type: config.worker_type,
+            sampler,
+            max_burst,
             last_end_ns: 0,
             timing,
             seqs: Vec::new(),
