@@ -1,6 +1,6 @@
 //! The engine: one rank's scheduler chosen by backend, built from one options value.
 
-use crate::config::{Backend, EngineConfig, WorkerType};
+use crate::config::{Backend, EngineConfig};
 use crate::events::KvEvent;
 use crate::kv::{BlockPool, RadixCache};
 use crate::metrics::EngineMetrics;
@@ -48,14 +48,6 @@ pub enum EngineError {
     /// The configured timing model cannot be built.
     #[error(transparent)]
     Timing(#[from] TimingModelError),
-    /// The backend does not simulate this configuration or operation.
-    #[error("engine.backend: {feature} is not supported for backend={backend}")]
-    Unsupported {
-        /// The backend asked for.
-        backend: Backend,
-        /// What it lacks.
-        feature: &'static str,
-    },
     /// The request is malformed.
     #[error(transparent)]
     Submit(#[from] SubmitError),
@@ -124,14 +116,6 @@ impl Engine {
         };
         let core = match config.backend {
             Backend::Sglang => {
-                if config.worker_type != WorkerType::Aggregated {
-                    let feature = "disaggregated serving (worker_type prefill/decode)";
-                    return Err(EngineError::Unsupported { backend: config.backend, feature });
-                }
-                if config.aic_nextn.is_some() {
-                    let feature = "MTP speculative decoding (aic_nextn)";
-                    return Err(EngineError::Unsupported { backend: config.backend, feature });
-                }
                 let mut config = config;
                 if dp_size > 1 {
                     let s = &mut config.sglang;
@@ -236,47 +220,38 @@ impl Engine {
     }
 
     /// Queues a disaggregation source: when it finishes, its KV stays held (for the
-    /// transfer) until [`Engine::release_held`] or a cancellation. vLLM/TRT-LLM only.
+    /// transfer) until [`Engine::release_held`] or a cancellation.
     pub fn submit_held(&mut self, request: Request) -> Result<SeqKey, EngineError> {
-        match &mut self.core {
-            Core::Vllm(s) => Ok(s.submit_held(request)?),
-            Core::Sglang(_) => {
-                Err(EngineError::Unsupported { backend: Backend::Sglang, feature: "disaggregated handoff" })
-            }
-        }
+        Ok(dispatch!(mut self, s => s.submit_held(request))?)
     }
 
     /// Frees a finished source's held KV; false when `key` is not a held source.
     pub fn release_held(&mut self, key: SeqKey, uuid: u128) -> bool {
-        match &mut self.core {
-            Core::Vllm(s) => s.release_held(key, uuid),
-            Core::Sglang(_) => false,
-        }
+        dispatch!(mut self, s => s.release_held(key, uuid))
     }
 
-    /// Reserves a disaggregation destination's prompt blocks now; it decodes after
-    /// [`Engine::activate`]. vLLM/TRT-LLM only.
+    /// Reserves a disaggregation destination's prompt blocks (pages) now; it decodes after
+    /// [`Engine::activate`].
     pub fn reserve(&mut self, request: Request) -> Result<Reservation, ReserveError> {
-        match &mut self.core {
-            Core::Vllm(s) => s.reserve(request),
-            Core::Sglang(_) => Err(ReserveError::Unsupported(Backend::Sglang)),
-        }
+        dispatch!(mut self, s => s.reserve(request))
     }
 
     /// Activates a reserved destination (its prompt KV has arrived); returns the Stored
     /// events of its prompt blocks, or `None` when `key` is not a reserved destination.
     pub fn activate(&mut self, key: SeqKey, uuid: u128) -> Option<Vec<KvEvent>> {
-        match &mut self.core {
-            Core::Vllm(s) => s.activate(key, uuid),
-            Core::Sglang(_) => None,
-        }
+        dispatch!(mut self, s => s.activate(key, uuid))
     }
 
     /// Held sources plus reserved destinations (outside the running and waiting queues).
     pub fn num_parked(&self) -> usize {
+        dispatch!(self, s => s.num_parked())
+    }
+
+    /// KV capacity in blocks (SGLang: pages), for sizing checks.
+    pub fn kv_capacity_blocks(&self) -> usize {
         match &self.core {
-            Core::Vllm(s) => s.num_parked(),
-            Core::Sglang(_) => 0,
+            Core::Vllm(s) => s.pool().capacity(),
+            Core::Sglang(s) => s.cache().total_pages(),
         }
     }
 

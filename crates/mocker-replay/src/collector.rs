@@ -216,6 +216,13 @@ impl Collector {
         }
     }
 
+    /// Disaggregated, destination first: the request's prefill ended at `held_ns`.
+    pub fn on_handoff_held(&mut self, id: RecordId, held_ns: u64) {
+        if let Some(log) = &mut self.log {
+            log.held(id, held_ns);
+        }
+    }
+
     /// Disaggregated: the request's KV arrived at its decode worker at `t_ns`, which
     /// already cached `reused` of its prompt tokens. The report's reuse stays the prefill
     /// pool's, as the reference counts it.

@@ -479,8 +479,11 @@ impl Sim {
                     }
                     continue;
                 }
-                // A decode worker takes up waiting reservations as a pass starts.
-                let reserving = self.workers[w].role == Role::Decode && !self.workers[w].busy;
+                // A decode worker takes up waiting reservations as a pass starts (source
+                // first; destination first takes them up as passes end, in `deliver`).
+                let decode = self.workers[w].role == Role::Decode;
+                let first = self.disagg.as_ref().is_some_and(|d| d.destination_first);
+                let reserving = decode && !self.workers[w].busy && !first;
                 if reserving && self.reserve_pending(w, now) {
                     changed = true;
                 }
@@ -491,8 +494,8 @@ impl Sim {
                 }
                 let end = worker.engine.step(now).end_ns;
                 if end > now {
-                    // Each pass start takes up one reservation: no run while some wait.
-                    if !reserving || self.disagg.as_ref().is_none_or(|d| d.inbox_empty(w)) {
+                    // Each pass takes up one reservation: no run while some wait.
+                    if !decode || self.disagg.as_ref().is_none_or(|d| d.inbox_empty(w)) {
                         worker.engine.extend_steady_run(self.max_end_ns);
                     }
                     let pass = worker.engine.last_pass();
@@ -633,6 +636,9 @@ impl Sim {
         }
         if let Some(started) = handoffs {
             self.start_handoffs(started, t);
+        }
+        if role == Role::Decode && self.disagg.as_ref().is_some_and(|d| d.destination_first) {
+            self.decode_pass_ended(w, t);
         }
         self.end_requests(t);
         if lifecycle {
@@ -798,11 +804,40 @@ impl Sim {
 
     /// Routes and submits a turn whose record exists, at `now`.
     fn place(&mut self, sid: SessionId, rec: RecordId, turn: PlannedTurn, now: u64) {
-        let hashes = turn.block_hashes.as_ref().map_or(&[][..], |h| &h.sequence[..]);
+        let request = Request {
+            uuid: turn.uuid,
+            tokens: turn.tokens,
+            max_output_tokens: turn.max_output_tokens,
+            output_token_ids: None,
+            block_hashes: turn.block_hashes,
+            shareable_blocks: turn.shareable_blocks,
+            prompt_len: Some(turn.input_length),
+        };
+        if let Some(d) = self.disagg.as_mut().filter(|d| d.destination_first) {
+            // The decode side reserves first; the prefill follows its reservation.
+            let h = d.open(request, rec, sid, usize::MAX, mocker_core::SeqKey(0));
+            self.route_destination(h, now);
+            return;
+        }
+        self.place_request(sid, rec, request, None, now);
+    }
+
+    /// Routes `request` in the aggregated or prefill pool and submits it at `now`; on a
+    /// prefill worker it is a held source, of `handoff` when its destination is already
+    /// reserved (destination first) or of a new handoff.
+    fn place_request(
+        &mut self,
+        sid: SessionId,
+        rec: RecordId,
+        request: Request,
+        handoff: Option<HandoffId>,
+        now: u64,
+    ) {
+        let hashes = request.block_hashes.as_ref().map_or(&[][..], |h| &h.sequence[..]);
         let p = self.router.route(RouteRequest {
-            isl: turn.input_length,
+            isl: request.prompt_len(),
             hashes,
-            shareable: turn.shareable_blocks.unwrap_or(hashes.len()),
+            shareable: request.shareable_blocks.unwrap_or(hashes.len()),
         });
         let mut p = p;
         if self.dp > 1 {
@@ -819,22 +854,25 @@ impl Sim {
         self.collector.on_routed(rec, pool, p.worker / self.dp, overlap, now);
         self.interrupt_run(p.worker, now);
         let worker = &mut self.workers[p.worker];
-        let request = Request {
-            uuid: turn.uuid,
-            tokens: turn.tokens,
-            max_output_tokens: turn.max_output_tokens,
-            output_token_ids: None,
-            block_hashes: turn.block_hashes,
-            shareable_blocks: turn.shareable_blocks,
-            prompt_len: Some(turn.input_length),
-        };
         let (key, handoff) = if worker.role == Role::Prefill {
             // The prefill worker computes the prompt and samples one token; its KV stays
             // held until the decode worker has it.
-            let prefill = Request { max_output_tokens: 1, ..request.clone() };
-            let key = worker.engine.submit_held(prefill).expect("prompt length was checked at dispatch");
             let d = self.disagg.as_mut().expect("prefill workers are disaggregated");
-            (key, d.open(request, rec, sid, p.worker, key))
+            match handoff {
+                Some(h) => {
+                    let prefill = Request { max_output_tokens: 1, ..request };
+                    let key =
+                        worker.engine.submit_held(prefill).expect("prompt length was checked at dispatch");
+                    d.set_source(h, p.worker, key);
+                    (key, h)
+                }
+                None => {
+                    let prefill = Request { max_output_tokens: 1, ..request.clone() };
+                    let key =
+                        worker.engine.submit_held(prefill).expect("prompt length was checked at dispatch");
+                    (key, d.open(request, rec, sid, p.worker, key))
+                }
+            }
         } else {
             let key =
                 worker.engine.submit(request).expect("prompt and output lengths were checked at dispatch");

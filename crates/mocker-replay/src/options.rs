@@ -241,6 +241,15 @@ impl Cluster {
                         ));
                     }
                 }
+                let (p, d) = (prefill.launch.engine.backend, decode.launch.engine.backend);
+                if p != d {
+                    return Err(invalid(
+                        "backend",
+                        format!(
+                            "disaggregated replay requires matching prefill/decode backends, got {p} and {d}"
+                        ),
+                    ));
+                }
                 let (p, d) = (prefill.launch.engine.block_size, decode.launch.engine.block_size);
                 if p != d {
                     return Err(invalid(

@@ -356,6 +356,12 @@ impl RequestLog {
         h.reserved_ns = Some(t_ns);
     }
 
+    /// Disaggregated, destination first (SGLang): the prefill ended at `t_ns`, after the
+    /// destination was reserved.
+    pub(crate) fn held(&mut self, id: RecordId, t_ns: u64) {
+        self.live[id as usize].handoff.get_or_insert_with(Handoff::default).held_ns = Some(t_ns);
+    }
+
     /// Disaggregated: the KV arrived at `t_ns` (the decode worker's admission); `reused`
     /// prompt tokens were cached there.
     pub(crate) fn activated(&mut self, id: RecordId, reused: u32, t_ns: u64) {
@@ -384,12 +390,12 @@ impl RequestLog {
         });
     }
 
-    /// The pool of the request's latest routing (where its admissions happen).
+    /// The pool where the request's non-decode admissions happen.
     pub(crate) fn entry_pool(&self, id: RecordId) -> PoolKind {
-        match self.live[id as usize].routing.first() {
-            Some(r) => r.pool,
-            None => PoolKind::Agg,
-        }
+        // A destination-first handoff routes the decode pool first; admissions before the
+        // decode worker's are the prefill pool's.
+        let routing = &self.live[id as usize].routing;
+        routing.iter().map(|r| r.pool).find(|&p| p != PoolKind::Decode).unwrap_or(PoolKind::Agg)
     }
 
     #[inline]

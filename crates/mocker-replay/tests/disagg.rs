@@ -228,3 +228,62 @@ proptest! {
         prop_assert_eq!(s["completed_requests"].as_u64(), Some(n as u64));
     }
 }
+
+fn trtllm(role: &str, blocks: usize, extra: &str) -> LaunchConfig {
+    let text = format!(
+        r#"{{{ENGINE}, "backend": "trtllm", "num_gpu_blocks": {blocks}, "worker_type": "{role}"{extra}}}"#
+    );
+    LaunchConfig::from_json_str(&text).expect("engine args")
+}
+
+#[test]
+fn trtllm_two_by_two_matches_the_reference() {
+    // Reference 1.6.1, engine {"backend": "trtllm"} 64/16384/256/8192: the same figures
+    // as vLLM here (no pool pressure, so no-evict admission never binds).
+    let options = ReplayOptions {
+        cluster: Cluster::Disaggregated {
+            prefill: Pool { launch: trtllm("prefill", 16384, ""), workers: 2 },
+            decode: Pool { launch: trtllm("decode", 16384, ""), workers: 2 },
+        },
+        workload: synthetic(4000, 200, 200, 64).into(),
+        ..Default::default()
+    };
+    let (s, _) = run(&options);
+    for (key, want) in [
+        ("duration_ms", 10026.309209),
+        ("mean_ttft_ms", 865.638036),
+        ("p99_ttft_ms", 2715.852922),
+        ("mean_itl_ms", 10.366346),
+    ] {
+        close(&s[key], want, key);
+    }
+}
+
+#[test]
+fn trtllm_destinations_reserve_their_footprint_to_completion() {
+    // 150 blocks per decode worker cannot hold every routed request to its end: TRT-LLM
+    // never preempts, so a destination waits until its whole footprint fits (mocker used
+    // to reserve only the prompt and then stall). Reference: duration 63608.284833 ms,
+    // mean TTFT 3276.302156 ms, p99 6673.190835 ms, mean ITL 31.990275 ms; mocker retries
+    // a waiting reservation as each pass starts, the reference when capacity changes,
+    // which moves some reservations by a pass.
+    let options = ReplayOptions {
+        cluster: Cluster::Disaggregated {
+            prefill: Pool { launch: trtllm("prefill", 16384, ""), workers: 2 },
+            decode: Pool { launch: trtllm("decode", 150, ""), workers: 3 },
+        },
+        workload: synthetic(1000, 200, 200, 32).into(),
+        ..Default::default()
+    };
+    let (s, _) = run(&options);
+    assert_eq!(s["completed_requests"], json!(200));
+    for (key, want, tol) in [
+        ("duration_ms", 63608.284833, 1e-3),
+        ("mean_ttft_ms", 3276.302156, 3e-3),
+        ("p99_ttft_ms", 6673.190835, 1e-2),
+        ("mean_itl_ms", 31.990275, 1e-3),
+    ] {
+        let got = s[key].as_f64().unwrap();
+        assert!((got - want).abs() / want < tol, "{key}: {got} vs reference {want}");
+    }
+}

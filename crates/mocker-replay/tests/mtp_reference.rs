@@ -112,6 +112,54 @@ fn disaggregated_pools_match_reference() {
     check(options, (2491.258388, 89.339421, 2.878843), "2P2D");
 }
 
+/// SGLang (issue 23's workload, engine `{"backend": "sglang"}`): decode passes verify
+/// drafts for every running request in order; prefill forwards emit one token.
+#[test]
+fn sglang_matches_reference() {
+    let w = || workload(1000, 100, 100, 16);
+    one_worker(r#"{"engine":{"backend":"sglang"}}"#, w(), (25463.360703, 539.568434, 34.725458));
+    one_worker(
+        r#"{"engine":{"backend":"sglang","aic_nextn":3}}"#,
+        w(),
+        (13693.863191, 259.204555, 18.866976),
+    );
+    one_worker(
+        r#"{"engine":{"backend":"sglang","aic_nextn":3,"aic_nextn_accept_rates":"1,1,1"}}"#,
+        w(),
+        (8105.654019, 325.541251, 9.553985),
+    );
+    // Two attention-DP ranks draw from seeds 0 and 1.
+    one_worker(
+        r#"{"engine":{"backend":"sglang","aic_nextn":3},"dp_size":2}"#,
+        w(),
+        (9758.453686, 51.867428, 14.553852),
+    );
+    // Page 16, a pool small enough to retract (the lookahead counts the largest burst).
+    one_worker(
+        r#"{"engine":{"backend":"sglang","block_size":16,"num_gpu_blocks":1500,"aic_nextn":2,"aic_nextn_accept_rates":"0.8,0.5","aic_mtp_seed":7}}"#,
+        workload(2000, 200, 200, 32),
+        (68037.440428, 6665.512286, 18.198261),
+    );
+}
+
+/// SGLang disaggregated (destination first): prefill workers emit one token without
+/// drafts, decode workers burst.
+#[test]
+fn sglang_disaggregated_pools_match_reference() {
+    let pool = |role: &str| Pool {
+        launch: launch(&format!(
+            r#"{{"engine":{{"backend":"sglang","block_size":64,"num_gpu_blocks":16384,"max_num_seqs":256,"max_num_batched_tokens":8192,"aic_nextn":3,"worker_type":"{role}"}}}}"#
+        )),
+        workers: 2,
+    };
+    let options = ReplayOptions {
+        cluster: Cluster::Disaggregated { prefill: pool("prefill"), decode: pool("decode") },
+        workload: workload(4000, 200, 200, 64).into(),
+        ..Default::default()
+    };
+    check(options, (8923.716328, 1775.460123, 3.549545), "SGLang 2P2D");
+}
+
 /// With a per-request log every token is itemized: bursts show as tokens sharing their
 /// pass end, and the report is the same as without the log.
 #[test]

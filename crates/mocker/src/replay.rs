@@ -416,7 +416,7 @@ fn cluster_error(e: ReplayError, cluster: &Cluster) -> String {
         Cluster::Disaggregated { .. } => "--prefill-engine-args/--decode-engine-args",
     };
     match e {
-        ReplayError::Invalid { field: "worker_type" | "block_size" | "dp_size", .. } => {
+        ReplayError::Invalid { field: "worker_type" | "block_size" | "backend" | "dp_size", .. } => {
             format!("{flags}: {e}")
         }
         ReplayError::Invalid { field: "mode", message } => format!("--mode: {message}"),

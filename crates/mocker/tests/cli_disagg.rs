@@ -72,6 +72,15 @@ fn bad_combinations_exit_2_naming_the_flag() {
                 "--prefill-engine-args",
                 PREFILL,
                 "--decode-engine-args",
+                r#"{"worker_type": "decode", "backend": "sglang", "block_size": 64}"#,
+            ],
+            vec!["--decode-engine-args", "backend", "got vllm and sglang"],
+        ),
+        (
+            vec![
+                "--prefill-engine-args",
+                PREFILL,
+                "--decode-engine-args",
                 DECODE,
                 "--num-prefill-workers",
                 "0",

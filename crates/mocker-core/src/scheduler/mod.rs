@@ -1,6 +1,7 @@
 //! Schedulers: the per-pass policies that decide which requests run, and the types every
 //! scheduler shares (what a pass reports, how submission fails).
 
+mod draft;
 pub mod sglang;
 pub mod vllm;
 

@@ -8,11 +8,17 @@
 //! next pass). With one, the handoff waits in the worker's inbox and the worker reserves
 //! one waiting handoff as each pass starts (all of them at once when it is idle); the
 //! transfer runs from that reservation, as in the reference.
+//!
+//! SGLang hands off destination first, as the reference orders it: an arriving request is
+//! routed to a decode worker, which reserves its prompt pages (at once when it is idle,
+//! else one waiting reservation as each of its passes ends and one as each transfer into
+//! it ends); only then is the request routed to and prefilled on a prefill worker, and the
+//! transfer runs from the prefill's end.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-use mocker_core::config::EngineConfig;
+use mocker_core::config::{Backend, EngineConfig};
 use mocker_core::scheduler::vllm::ReserveError;
 use mocker_core::transfer::KvTransfer;
 use mocker_core::{Request, SeqKey};
@@ -41,9 +47,11 @@ struct Handoff {
     route: RouteId,
     /// When the prefill ended and the source started holding the KV.
     held_ns: u64,
-    /// The reservation on the decode worker, and the prompt tokens it already cached.
+    /// The reservation on the decode worker, the prompt tokens it already cached and
+    /// those it must receive.
     destination: SeqKey,
     cached: u32,
+    transferable: u32,
 }
 
 /// The decode pool's side of a disaggregated replay.
@@ -54,6 +62,8 @@ pub(super) struct Disagg {
     pub(super) router: Router,
     /// The prefill side's transfer settings, which set the delay (as in the reference).
     transfer: KvTransfer,
+    /// Reserve on the decode worker before the prefill (SGLang's order).
+    pub(super) destination_first: bool,
     handoffs: Vec<Option<Handoff>>,
     free: Vec<HandoffId>,
     /// Transfers in flight: (end, tie-break, handoff).
@@ -62,6 +72,11 @@ pub(super) struct Disagg {
     /// Per decode worker, handoffs waiting to be reserved (for a pass start, or for
     /// room), oldest first.
     inbox: Vec<VecDeque<HandoffId>>,
+    /// Destination first, per decode worker: transfers that landed during its pass in
+    /// flight; the reference applies them as that pass ends.
+    landed: Vec<Vec<HandoffId>>,
+    /// Decode workers whose pass ended with transfers landed during it, in order.
+    pass_ended: Vec<usize>,
     /// Scratch for `deliver`: handoffs whose prefill ended (`true`) or was rejected.
     pub(super) started: Vec<(HandoffId, bool)>,
 }
@@ -73,11 +88,14 @@ impl Disagg {
             first_decode,
             router,
             transfer: KvTransfer::from_config(prefill),
+            destination_first: prefill.backend == Backend::Sglang,
             handoffs: Vec::new(),
             free: Vec::new(),
             due: BinaryHeap::new(),
             due_seq: 0,
             inbox: vec![VecDeque::new(); workers],
+            landed: vec![Vec::new(); workers],
+            pass_ended: Vec::new(),
             started: Vec::new(),
         }
     }
@@ -112,6 +130,7 @@ impl Disagg {
             held_ns: 0,
             destination: SeqKey(0),
             cached: 0,
+            transferable: 0,
         };
         match self.free.pop() {
             Some(id) => {
@@ -123,6 +142,13 @@ impl Disagg {
                 (self.handoffs.len() - 1) as HandoffId
             }
         }
+    }
+
+    /// Destination first: the prefill of `h` was submitted as `source` on `prefill_worker`.
+    pub(super) fn set_source(&mut self, h: HandoffId, prefill_worker: usize, source: SeqKey) {
+        let handoff = self.get_mut(h);
+        handoff.prefill_worker = prefill_worker;
+        handoff.source = source;
     }
 
     fn get(&self, h: HandoffId) -> &Handoff {
@@ -148,6 +174,10 @@ impl Sim {
     /// worker and reserve there.
     pub(super) fn start_handoffs(&mut self, mut started: Vec<(HandoffId, bool)>, t: u64) {
         for &(h, prefilled) in &started {
+            if self.disagg().destination_first {
+                self.source_done(h, prefilled, t);
+                continue;
+            }
             if !prefilled {
                 self.disagg().close(h);
                 continue;
@@ -191,8 +221,9 @@ impl Sim {
         // aggregated engine rejects it at admission), not left to preempt itself forever.
         let r = &handoff.request;
         let peak_blocks = (r.prompt_len() + r.max_output_tokens.max(1) - 1).div_ceil(self.block_size);
-        let reserved = if worker.engine.pool().is_some_and(|p| peak_blocks > p.capacity()) {
-            Err(ReserveError::NoCapacity { uuid: r.uuid, needed: peak_blocks, available: 0 })
+        let capacity = worker.engine.kv_capacity_blocks();
+        let reserved = if peak_blocks > capacity {
+            Err(ReserveError::Unfit(r.uuid))
         } else {
             worker.engine.reserve(handoff.request.clone())
         };
@@ -212,10 +243,18 @@ impl Sim {
                 let delay =
                     d.transfer.delay_ms(handoff.request.prompt_len(), Some(res.transferable_prompt_tokens));
                 let (record, held_ns) = (handoff.record, handoff.held_ns);
+                let (first_decode, destination_first) = (d.first_decode, d.destination_first);
                 let handoff = d.get_mut(h);
                 handoff.destination = res.key;
                 handoff.cached = res.cached_tokens as u32;
-                self.collector.on_handoff_reserved(record, w - d.first_decode, held_ns, t);
+                handoff.transferable = res.transferable_prompt_tokens as u32;
+                self.collector.on_handoff_reserved(record, w - first_decode, held_ns, t);
+                if destination_first {
+                    // Now the prompt can be prefilled; the transfer starts at its end.
+                    let (session, request) = (handoff.session, handoff.request.clone());
+                    self.place_request(session, record, request, Some(h), t);
+                    return true;
+                }
                 match delay.map(ms_to_ns) {
                     Some(ns) if ns > 0 => {
                         d.due_seq += 1;
@@ -225,18 +264,16 @@ impl Sim {
                 }
                 true
             }
-            Err(ReserveError::NoCapacity { needed, .. })
-                if worker.engine.pool().is_some_and(|p| needed <= p.capacity()) =>
-            {
-                false
-            }
+            Err(ReserveError::NoCapacity { needed, .. }) if needed <= capacity => false,
             Err(_) => {
                 // It can never fit there: the request ends, and its source lets go.
                 let handoff = d.close(h);
                 d.router.free(handoff.route);
                 let uuid = handoff.request.uuid;
-                self.workers[handoff.prefill_worker].engine.release_held(handoff.source, uuid);
-                self.mark_dirty(handoff.prefill_worker);
+                if !d.destination_first {
+                    self.workers[handoff.prefill_worker].engine.release_held(handoff.source, uuid);
+                    self.mark_dirty(handoff.prefill_worker);
+                }
                 self.collector.on_rejected(handoff.record, t);
                 self.ended.push((handoff.session, uuid, true));
                 true
@@ -258,16 +295,131 @@ impl Sim {
         self.collector.on_handoff_activated(handoff.record, handoff.cached, t);
         self.mark_dirty(handoff.prefill_worker);
         self.mark_dirty(w);
+        if self.disagg().destination_first {
+            // The reference retries a waiting reservation as a transfer lands.
+            self.reserve_front(w, t);
+        }
+    }
+
+    /// Destination first: request `h` (just opened) arrived at `t`. It is routed to a
+    /// decode worker, which reserves its prompt at once when idle; otherwise it waits for
+    /// the end of one of that worker's passes (the reference reserves only between them).
+    pub(super) fn route_destination(&mut self, h: HandoffId, t: u64) {
+        let d = self.disagg();
+        let r = &d.handoffs[h as usize].as_ref().expect("live handoff").request;
+        let hashes = r.block_hashes.as_ref().map_or(&[][..], |x| &x.sequence[..]);
+        let shareable = r.shareable_blocks.unwrap_or(hashes.len());
+        let p = d.router.route(RouteRequest { isl: r.prompt_len(), hashes, shareable });
+        let w = d.first_decode + p.worker;
+        let record = d.get(h).record;
+        let overlap = (p.overlap_blocks, p.best_overlap_blocks);
+        self.collector.on_routed(record, PoolKind::Decode, p.worker, overlap, t);
+        let d = self.disagg();
+        let handoff = d.get_mut(h);
+        handoff.decode_worker = w;
+        handoff.route = p.id;
+        d.inbox[p.worker].push_back(h);
+        let worker = &self.workers[w];
+        if !worker.busy && !worker.engine.has_work() {
+            self.reserve_front(w, t);
+        } else {
+            // Its pass ends are events now: a steady run is cut back.
+            self.interrupt_run(w, t);
+        }
+    }
+
+    /// Destination first: decode worker `w` tries its oldest waiting reservation at `t`
+    /// (as a pass of it ends, a transfer into it lands, or a request reaches it idle).
+    pub(super) fn reserve_front(&mut self, w: usize, t: u64) {
+        let i = w - self.disagg().first_decode;
+        if let Some(&h) = self.disagg().inbox[i].front() {
+            if self.reserve(h, t) {
+                self.disagg().inbox[i].pop_front();
+            }
+        }
+        if !self.ended.is_empty() {
+            self.end_requests(t);
+        }
+    }
+
+    /// Destination first: the prefill of `h` ended at `t` (or was rejected, which cancels
+    /// the reservation); the transfer starts now.
+    fn source_done(&mut self, h: HandoffId, prefilled: bool, t: u64) {
+        if !prefilled {
+            let handoff = self.disagg().close(h);
+            let w = handoff.decode_worker;
+            self.workers[w].engine.cancel_key(handoff.destination, handoff.request.uuid);
+            self.disagg().router.free(handoff.route);
+            self.mark_dirty(w);
+            return;
+        }
+        let d = self.disagg();
+        let handoff = d.get_mut(h);
+        handoff.held_ns = t;
+        let (record, prompt, transferable) =
+            (handoff.record, handoff.request.prompt_len(), handoff.transferable as usize);
+        let delay = d.transfer.delay_ms(prompt, Some(transferable));
+        self.collector.on_handoff_held(record, t);
+        match delay.map(ms_to_ns) {
+            Some(ns) if ns > 0 => {
+                let d = self.disagg();
+                d.due_seq += 1;
+                d.due.push(Reverse((t + ns, d.due_seq, h)));
+            }
+            _ => self.land(h, t),
+        }
+    }
+
+    /// The transfer of `h` ended at `t`: activate it, or (destination first, its decode
+    /// worker mid-pass) as that pass ends.
+    fn land(&mut self, h: HandoffId, t: u64) {
+        let d = self.disagg.as_mut().expect("a disaggregated replay");
+        let w = d.get(h).decode_worker;
+        if d.destination_first && self.workers[w].busy {
+            d.landed[w - d.first_decode].push(h);
+            // That pass's end is an event now: a steady run is cut back.
+            self.interrupt_run(w, t);
+        } else {
+            self.activate(h, t);
+        }
+    }
+
+    /// Destination first: decode worker `w`'s pass ended at `t`. It retries its oldest
+    /// waiting reservation; the transfers that landed during the pass are applied once
+    /// every pass ending at `t` has (`activate_due`), as the reference orders them.
+    pub(super) fn decode_pass_ended(&mut self, w: usize, t: u64) {
+        self.reserve_front(w, t);
+        let d = self.disagg();
+        if !d.landed[w - d.first_decode].is_empty() {
+            d.pass_ended.push(w);
+        }
+    }
+
+    /// Applies the transfers that landed during passes that have ended.
+    fn activate_landed(&mut self, t: u64) -> bool {
+        let Some(d) = self.disagg.as_mut() else { return false };
+        if d.pass_ended.is_empty() {
+            return false;
+        }
+        let ended = std::mem::take(&mut d.pass_ended);
+        for &w in &ended {
+            let i = w - self.disagg().first_decode;
+            let landed = std::mem::take(&mut self.disagg().landed[i]);
+            for &h in &landed {
+                self.activate(h, t);
+            }
+        }
+        true
     }
 
     /// Activates the destinations whose transfers end by `now`; whether any did.
     pub(super) fn activate_due(&mut self, now: u64) -> bool {
-        let mut any = false;
+        let mut any = self.activate_landed(now);
         while let Some(d) = self.disagg.as_mut() {
             match d.due.peek() {
                 Some(&Reverse((t, _, h))) if t <= now => {
                     d.due.pop();
-                    self.activate(h, now);
+                    self.land(h, now);
                     any = true;
                 }
                 _ => break,

@@ -23,11 +23,12 @@ pub(super) struct DecodePlan {
 }
 
 impl SglangScheduler {
-    /// Pages request `key` needs for one more token.
+    /// Pages request `key` needs for its next tokens (one, or an MTP pass's largest burst).
     #[inline]
     fn growth_of(&self, key: SeqKey) -> (usize, usize) {
         let s = self.seqs[key.0 as usize].as_ref().expect("live seq");
-        ((s.len + 1).div_ceil(self.page).saturating_sub(s.pages) as usize, s.len as usize)
+        let burst = self.max_burst.min(s.remaining());
+        ((s.len + burst).div_ceil(self.page).saturating_sub(s.pages) as usize, s.len as usize)
     }
 
     /// Retracts running requests (fewest generated tokens first) until the survivors' next
@@ -120,13 +121,16 @@ impl SglangScheduler {
     /// Reserves the decode pass's `pages` (releasing partially prefilled requests' KV if
     /// it must) and appends the pass's tokens; without the pages nobody decodes.
     pub(super) fn grow_and_append(&mut self, pages: usize, pass: &mut Pass) {
-        if self.reserve_growth(pages, pass) {
-            self.append_tokens(0, false, pass);
-            return;
+        if !self.reserve_growth(pages, pass) {
+            // No token this pass: steady runs end before it.
+            self.catch_up_all();
+            if !self.release_chunked_for(pages, pass) {
+                return;
+            }
         }
-        // No token this pass: steady runs end before it.
-        self.catch_up_all();
-        if self.release_chunked_for(pages, pass) {
+        if self.max_burst > 1 {
+            self.append_bursts(pass);
+        } else {
             self.append_tokens(0, false, pass);
         }
     }
@@ -199,7 +203,12 @@ impl SglangScheduler {
             tokens += 1;
             if last {
                 finished = true;
-                self.finish_kv(key, pass);
+                if self.seqs[key.0 as usize].as_ref().expect("live seq").hold {
+                    // A disaggregation source keeps its KV for the transfer.
+                    self.seq_mut(key).status = Status::Held;
+                } else {
+                    self.finish_kv(key, pass);
+                }
             } else if self.prefix_caching && seq.materialized >= (seq.tree_depth + 1) * page {
                 // A page completed since the last insert (a prompt's tail page completes at
                 // an arbitrary token, so this is not just `materialized % page == 0`).
@@ -219,20 +228,26 @@ impl SglangScheduler {
         self.cache.free(std::mem::take(&mut self.reserved_growth));
         self.totals.generation_tokens_total += tokens + steady as u64;
         if finished {
-            let seqs = &self.seqs;
-            let retired = &mut self.retired;
-            self.running.retain(|e| {
-                let done = seqs[e.key.0 as usize].as_ref().is_some_and(|s| s.remaining() == 0);
-                if done {
-                    retired.push(e.key);
-                }
-                !done
-            });
-            for j in 0..self.retired.len() {
-                let key = self.retired[j];
-                self.retire(key);
-            }
-            self.retired.clear();
+            self.retire_finished();
         }
+    }
+
+    /// Drops finished requests from the running list, retiring all but held sources.
+    pub(super) fn retire_finished(&mut self) {
+        let seqs = &self.seqs;
+        let retired = &mut self.retired;
+        self.running.retain(|e| {
+            let Some(s) = seqs[e.key.0 as usize].as_ref() else { return true };
+            let done = s.remaining() == 0;
+            if done && s.status != Status::Held {
+                retired.push(e.key);
+            }
+            !done
+        });
+        for j in 0..self.retired.len() {
+            let key = self.retired[j];
+            self.retire(key);
+        }
+        self.retired.clear();
     }
 }

@@ -5,14 +5,16 @@
 //! cache whose unlocked pages are evictable.
 
 mod decode;
+mod handoff;
 mod kv;
+mod mtp;
 mod prefill;
 mod seq;
 mod steady;
 
 use std::collections::VecDeque;
 
-use crate::config::{EngineConfig, SglangSchedulePolicy};
+use crate::config::{EngineConfig, SglangSchedulePolicy, WorkerType};
 use crate::events::{KvEvent, KvEventData};
 use crate::hashing::extend_sequence_hashes;
 use crate::kv::RadixCache;
@@ -20,6 +22,7 @@ use crate::metrics::EngineMetrics;
 use crate::request::{Output, OutputToken, Request, SeqKey};
 use crate::timing::{scaled_nanos, DecodeShape, PrefillShape, TimingModel};
 
+use super::draft::DraftSampler;
 use super::RunEntry;
 use super::{Pass, PrefixCacheBusy, SchedulerOptions, SubmitError};
 use prefill::PrefillBatch;
@@ -51,6 +54,13 @@ pub struct SglangScheduler {
     /// Count steady tokens instead of itemizing them (see `steady`).
     aggregate_steady: bool,
     opaque_output_blocks: bool,
+    /// Disaggregation role: a decode worker's (re-)prefills take no time.
+    worker_type: WorkerType,
+    /// MTP draft acceptance (`aic_nextn`), used by decode passes.
+    sampler: Option<DraftSampler>,
+    /// Most tokens a decode pass emits per request (`aic_nextn + 1` with MTP off prefill
+    /// workers, else 1).
+    max_burst: u32,
     /// End of the previous pass: the last token time of requests in a steady run.
     last_end_ns: u64,
     timing: Box<dyn TimingModel>,
@@ -60,6 +70,10 @@ pub struct SglangScheduler {
     retired_slots: Vec<u32>,
     waiting: VecDeque<SeqKey>,
     running: Vec<RunEntry>,
+    /// Activated disaggregation destinations, joining `running` as a pass starts.
+    ready: VecDeque<SeqKey>,
+    /// KV events of handoff operations between passes, reported with the next pass.
+    deferred_events: Vec<KvEvent>,
     cache: RadixCache,
     /// Requests marked for rejection at the next pass.
     pending_rejects: usize,
@@ -89,6 +103,14 @@ impl SglangScheduler {
         let mut cache = RadixCache::new(config.num_gpu_blocks, page);
         cache.set_reporting(record_kv_events);
         let min_ratio = (init_ratio * 0.14).min(1.0);
+        // Prefill workers emit their one token without verifying drafts.
+        let sampler = config.aic_nextn.filter(|_| config.worker_type != WorkerType::Prefill).map(|_| {
+            DraftSampler::new(
+                &config.mtp_accept_rates(),
+                config.aic_mtp_seed.wrapping_add(options.seed_offset),
+            )
+        });
+        let max_burst = sampler.as_ref().map_or(1, |s| s.max_burst);
         Self {
             page: page as u32,
             total_tokens: config.num_gpu_blocks.saturating_mul(page),
@@ -110,8 +132,12 @@ impl SglangScheduler {
             dp_rank: options.dp_rank,
             record_kv_events,
             kv_token_ids: config.emit_kv_token_ids,
-            aggregate_steady: options.aggregate_steady_tokens,
+            // Bursts vary per pass: MTP decodes are never steady.
+            aggregate_steady: options.aggregate_steady_tokens && sampler.is_none(),
             opaque_output_blocks: options.opaque_output_blocks,
+            worker_type: config.worker_type,
+            sampler,
+            max_burst,
             last_end_ns: 0,
             timing,
             seqs: Vec::new(),
@@ -119,6 +145,8 @@ impl SglangScheduler {
             retired_slots: Vec::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            ready: VecDeque::new(),
+            deferred_events: Vec::new(),
             cache,
             pending_rejects: 0,
             pass_id: 0,
@@ -182,6 +210,7 @@ impl SglangScheduler {
             hashes,
             status: Status::Fresh,
             reject,
+            hold: false,
             first_cached: None,
             sent_first: false,
             last_token_ns: 0,
@@ -195,12 +224,12 @@ impl SglangScheduler {
 
     /// Whether a pass would do anything.
     pub fn has_work(&self) -> bool {
-        !self.running.is_empty() || !self.waiting.is_empty()
+        !self.running.is_empty() || !self.waiting.is_empty() || !self.ready.is_empty()
     }
 
     /// Requests held (running plus waiting, including those between prefill chunks).
     pub fn num_requests(&self) -> usize {
-        self.running.len() + self.waiting.len()
+        self.running.len() + self.waiting.len() + self.ready.len()
     }
 
     /// The most recent pass.
@@ -223,10 +252,23 @@ impl SglangScheduler {
         if self.pending_rejects > 0 {
             self.reject_marked(&mut pass);
         }
+        if !self.deferred_events.is_empty() {
+            pass.kv_events.append(&mut self.deferred_events);
+        }
+        // Activated destinations run first; while some still wait for a slot, no prefill
+        // is admitted (the reference's order).
+        while !self.ready.is_empty() && self.running.len() < self.max_running {
+            let key = self.ready.pop_front().expect("non-empty");
+            self.running.push(RunEntry::new(key));
+        }
         let mut batch = std::mem::take(&mut self.batch);
         batch.clear();
         let defer = self.prefill_rounds_remaining > 0;
-        if !defer && !self.waiting.is_empty() && self.running.len() < self.max_running {
+        if !defer
+            && self.ready.is_empty()
+            && !self.waiting.is_empty()
+            && self.running.len() < self.max_running
+        {
             // Admission reads every running request's remaining output.
             self.catch_up_all();
             self.order_waiting();
@@ -243,11 +285,16 @@ impl SglangScheduler {
         let mut retracted = 0;
         if !batch.keys.is_empty() {
             let n = batch.keys.len();
-            let prefill_ms = self.timing.prefill_ms(PrefillShape {
-                batch: n,
-                mean_isl: batch.total_isl / n,
-                mean_prefix: batch.total_prefix / n,
-            });
+            // A decode worker recomputes a retracted request's KV for free (the reference).
+            let prefill_ms = if self.worker_type == WorkerType::Decode {
+                0.0
+            } else {
+                self.timing.prefill_ms(PrefillShape {
+                    batch: n,
+                    mean_isl: batch.total_isl / n,
+                    mean_prefix: batch.total_prefix / n,
+                })
+            };
             pass.end_ns = now_ns + scaled_nanos(prefill_ms, self.speedup);
             m.num_prefill_requests = n;
             m.sum_prefill_tokens = batch.computed;
@@ -460,6 +507,8 @@ impl SglangScheduler {
                 if self.seq(key).reject {
                     self.pending_rejects = self.pending_rejects.saturating_sub(1);
                 }
+            } else if let Some(i) = self.ready.iter().position(|&k| k == key) {
+                self.ready.remove(i);
             }
             self.release_kv(key, false);
             self.retire(key);

@@ -12,6 +12,10 @@ pub(super) enum Status {
     Admitted,
     /// Retracted under memory pressure; its generated tokens are kept and recomputed.
     Retracted,
+    /// A finished disaggregation source keeping its KV until released.
+    Held,
+    /// A disaggregation destination whose prompt pages are reserved, awaiting activation.
+    Reserved,
 }
 
 #[derive(Debug)]
@@ -36,6 +40,8 @@ pub(super) struct Seq {
     pub status: Status,
     /// Rejected at the next pass (can never run here).
     pub reject: bool,
+    /// A disaggregation source: on finishing, its KV is held, not cached and freed.
+    pub hold: bool,
     pub first_cached: Option<u32>,
     pub sent_first: bool,
     pub last_token_ns: u64,

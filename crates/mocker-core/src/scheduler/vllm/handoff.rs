@@ -27,9 +27,9 @@ pub enum ReserveError {
     /// The request is malformed.
     #[error(transparent)]
     Submit(#[from] SubmitError),
-    /// The backend has no disaggregated handoff.
-    #[error("disaggregated handoff is not supported for backend={0}")]
-    Unsupported(crate::config::Backend),
+    /// The request could never be decoded to its end on this engine.
+    #[error("request {0:#x}: the destination can never hold it")]
+    Unfit(u128),
     /// Not enough free blocks now.
     #[error("request {uuid:#x}: cannot reserve {needed} KV blocks, {available} available")]
     NoCapacity {
@@ -78,10 +78,24 @@ impl VllmScheduler {
         let popped = self.waiting.pop_back();
         debug_assert_eq!(popped, Some(key));
         let bs = self.block_size as usize;
+        if self.trtllm {
+            // guaranteed_no_evict: the destination waits until its whole footprint to
+            // completion fits beside every running request's and every other reservation's.
+            let seq = self.seq(key);
+            let needed = self.to_completion_blocks(seq);
+            let available = self.no_evict_headroom();
+            if needed > available {
+                self.seqs[key.0 as usize] = None;
+                self.free_slots.push(key.0);
+                return Err(ReserveError::NoCapacity { uuid, needed, available });
+            }
+        }
         let seq = self.seqs[key.0 as usize].as_mut().expect("just submitted");
         seq.status = Status::Reserved;
         let prompt = seq.prompt_len as usize;
-        let reusable = if self.prefix_caching { self.pool.match_prefix(&seq.hashes).blocks } else { 0 };
+        // TRT-LLM receives the whole prompt into fresh blocks (no resident-prefix reuse).
+        let reusable =
+            if self.prefix_caching && !self.trtllm { self.pool.match_prefix(&seq.hashes).blocks } else { 0 };
         // The last prompt token stays uncomputed-looking only for fresh prefills; here the
         // whole prompt is materialized, so every resident block is reused.
         let target = prompt.div_ceil(bs);
@@ -107,6 +121,20 @@ impl VllmScheduler {
             cached_tokens: cached,
             kv_events: pass.kv_events,
         })
+    }
+
+    /// Free blocks once every running request and every reserved destination has its
+    /// footprint to completion (TRT-LLM's no-evict accounting for handoffs).
+    fn no_evict_headroom(&self) -> usize {
+        let running: usize = self.running.iter().map(|e| self.remaining_reservation(self.seq(e.key))).sum();
+        let reserved: usize = self
+            .seqs
+            .iter()
+            .flatten()
+            .filter(|s| s.status == Status::Reserved)
+            .map(|s| self.remaining_reservation(s))
+            .sum();
+        (self.num_gpu_blocks - self.pool.num_active()).saturating_sub(running + reserved)
     }
 
     /// Whether `key` is a destination waiting for activation.

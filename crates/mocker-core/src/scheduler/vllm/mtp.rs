@@ -1,25 +1,17 @@
 //! MTP / EAGLE speculative decoding on the vLLM and TRT-LLM cores: each decode forward
-//! verifies `aic_nextn` draft tokens and accepts 1 + the run of consecutive draft successes,
-//! drafts succeeding with their conditional accept rates. The draws come from the `rand`
-//! crate's seeded `StdRng` (ChaCha12) in the reference's order, so bursts match it exactly.
-
-use rand::distr::{Bernoulli, Distribution};
-use rand::rngs::StdRng;
-use rand::SeedableRng;
+//! verifies `aic_nextn` draft tokens and emits the run the shared [`DraftSampler`] accepts.
 
 use crate::config::WorkerType;
 use crate::kv::BlockId;
 use crate::request::{Output, OutputToken};
+use crate::scheduler::draft::DraftSampler;
 
 use super::{Budget, Seq, VllmScheduler};
 
 /// One rank's draft acceptance sampler and its per-pass scratch.
 #[derive(Debug)]
 pub(super) struct Mtp {
-    drafts: Vec<Bernoulli>,
-    rng: StdRng,
-    /// Most tokens one forward can emit per request (`aic_nextn + 1`).
-    max_burst: u32,
+    sampler: DraftSampler,
     /// Blocks reserved for this pass's bursts, handed out during emission.
     reserved: Vec<BlockId>,
     /// The pass could not reserve its lookahead: it emits nothing.
@@ -32,28 +24,13 @@ pub(super) struct Mtp {
 impl Mtp {
     /// A sampler for `rates` (one per draft), seeded with `seed`.
     pub fn new(rates: &[f64], seed: u64) -> Self {
-        let drafts = rates.iter().map(|&p| Bernoulli::new(p.clamp(0.0, 1.0)).expect("p in [0, 1]")).collect();
         Self {
-            drafts,
-            rng: StdRng::seed_from_u64(seed),
-            max_burst: rates.len() as u32 + 1,
+            sampler: DraftSampler::new(rates, seed),
             reserved: Vec::new(),
             stalled: false,
             forwards: 0,
             accepted: 0,
         }
-    }
-
-    /// Tokens one verification accepts, the base token included.
-    fn sample(&mut self) -> u32 {
-        let mut n = 1;
-        for d in &self.drafts {
-            if !d.sample(&mut self.rng) {
-                break;
-            }
-            n += 1;
-        }
-        n
     }
 }
 
@@ -70,7 +47,7 @@ impl VllmScheduler {
         let bs = self.block_size as usize;
         let mtp = self.mtp.as_mut().expect("MTP on");
         mtp.stalled = false;
-        let max_burst = if self.worker_type == WorkerType::Prefill { 1 } else { mtp.max_burst };
+        let max_burst = if self.worker_type == WorkerType::Prefill { 1 } else { mtp.sampler.max_burst };
         let mut reserved = std::mem::take(&mut mtp.reserved);
         let prefill = (b.batch_count, b.total_isl, b.total_prefix, b.prompt_tokens);
         loop {
@@ -123,7 +100,7 @@ impl VllmScheduler {
             let burst = if prefill_worker {
                 1
             } else {
-                let accepted = mtp.sample();
+                let accepted = mtp.sampler.sample();
                 if seq.pass_prompt_tokens == 0 && seq.pass_id == self.pass_id {
                     mtp.forwards += 1;
                     mtp.accepted += u64::from(accepted);
