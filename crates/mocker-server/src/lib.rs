@@ -8,6 +8,8 @@ pub mod app;
 pub mod auth;
 mod conn;
 pub mod error;
+pub mod faults;
+pub mod gate;
 pub mod generate;
 pub mod metrics;
 pub mod openai;

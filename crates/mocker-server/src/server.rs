@@ -14,6 +14,8 @@ use tokio::net::TcpListener;
 use crate::app::{router, AppState, Ranks};
 use crate::auth::ApiKey;
 use crate::conn::{accept_loop, ConnLimits, Connections};
+use crate::faults::{FailureInjectionOptions, FailureInjector};
+use crate::gate::Readiness;
 use crate::metrics::{MetricFlavor, MetricsOptions, ServerMetrics};
 use crate::tokenizer::Tokenizer;
 
@@ -52,6 +54,8 @@ pub struct ServerOptions {
     pub stream_buffer_tokens: NonZeroUsize,
     /// Publish KV events over ZMQ (vLLM's wire format), one PUB socket per DP rank.
     pub kv_events: Option<KvEventsOptions>,
+    /// Errors injected into inference requests (off by default).
+    pub failure_injection: FailureInjectionOptions,
 }
 
 /// Where KV events go: rank `r` binds the endpoints' ports + `r` (port 0 picks free ones).
@@ -90,6 +94,7 @@ impl ServerOptions {
             max_connections: 4096,
             stream_buffer_tokens: NonZeroUsize::new(8192).expect("8192 > 0"),
             kv_events: None,
+            failure_injection: FailureInjectionOptions::default(),
         }
     }
 }
@@ -152,6 +157,7 @@ impl BoundServer {
             max_connections,
             stream_buffer_tokens,
             kv_events,
+            failure_injection,
         } = options;
         let api_key = match api_key.as_deref() {
             None => None,
@@ -237,6 +243,8 @@ impl BoundServer {
             num_gpu_blocks: engine.num_gpu_blocks,
             max_body_bytes,
             body_timeout,
+            readiness: Readiness::after(Duration::from_secs_f64(launch.startup_time.unwrap_or(0.0))),
+            faults: FailureInjector::new(&failure_injection),
         });
         let limits = ConnLimits { max_connections, header_timeout };
         Ok(Self { listener, state, grace: shutdown_grace, limits, kv_events: bound_events })
