@@ -65,6 +65,9 @@ pub struct KvEventsOptions {
     pub endpoint: String,
     /// ROUTER endpoint answering replay requests, if any.
     pub replay_endpoint: Option<String>,
+    /// Whether `BlockStored` events carry their blocks' token ids (`emit_kv_token_ids`);
+    /// without them `token_ids` is an empty list.
+    pub token_ids: bool,
 }
 
 /// The endpoints one rank's publisher bound.
@@ -170,10 +173,9 @@ impl BoundServer {
             return Err(ServerError::Options("--max-connections: must be at least 1, got 0".into()));
         }
         let mut engine = launch.engine;
-        if kv_events.is_some() {
-            // Routers and indexers identify blocks from their token ids.
+        if let Some(kv) = &kv_events {
             engine.emit_kv_events = true;
-            engine.emit_kv_token_ids = true;
+            engine.emit_kv_token_ids = kv.token_ids;
         }
         let listener = TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, source })?;
         let ranks_options = if ranks_options.is_empty() {

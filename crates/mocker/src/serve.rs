@@ -179,6 +179,35 @@ impl ServeArgs {
         Ok(launch)
     }
 
+    /// Engine-args `emit_kv_events` / `emit_kv_token_ids` in a server: with an endpoint,
+    /// events are published with token ids unless a key turns them off (as the reference's
+    /// ZMQ sink does); `emit_kv_events: false` publishes nothing; `emit_kv_events: true`
+    /// without an endpoint has nowhere to publish. Returns the endpoint to publish on, if
+    /// any, and whether Stored events carry token ids.
+    fn kv_event_keys(
+        &self,
+        endpoint: Option<String>,
+        launch: &LaunchConfig,
+    ) -> Result<(Option<String>, bool), UsageError> {
+        let given = |key| crate::engine_args::given_engine_key(self.engine_args.as_deref(), key);
+        let events_given = given("emit_kv_events")?.is_some();
+        let token_ids_given = given("emit_kv_token_ids")?.is_some();
+        let engine = &launch.engine;
+        match endpoint {
+            None if events_given && engine.emit_kv_events => Err(UsageError(
+                "--engine-args emit_kv_events: true needs --kv-events-endpoint (or dynamo.zmq_kv_events_port): \
+                 mocker serve publishes KV events only over ZMQ"
+                    .into(),
+            )),
+            None => Ok((None, false)),
+            Some(_) if events_given && !engine.emit_kv_events => {
+                eprintln!("mocker: KV events off (engine-args emit_kv_events: false); nothing is published");
+                Ok((None, false))
+            }
+            Some(e) => Ok((Some(e), !token_ids_given || engine.emit_kv_token_ids)),
+        }
+    }
+
     fn failure_injection(&self) -> Result<FailureInjectionOptions, UsageError> {
         let rate = self.failure_injection_rate;
         if !(0.0..=100.0).contains(&rate) {
@@ -241,6 +270,7 @@ impl ServeArgs {
         if replay_endpoint.is_some() && kv_endpoint.is_none() {
             return Err(UsageError("--kv-events-replay-endpoint: needs --kv-events-endpoint".into()));
         }
+        let (kv_endpoint, kv_token_ids) = self.kv_event_keys(kv_endpoint, &launch)?;
         let tokenizer = match &self.tokenizer {
             Some(path) => Tokenizer::from_path(path).map_err(|e| UsageError(e.to_string()))?,
             None => Tokenizer::Builtin,
@@ -274,6 +304,7 @@ impl ServeArgs {
                             .map_err(|m| UsageError(format!("{flag}: {m}")))
                     };
                     options.kv_events = Some(KvEventsOptions {
+                        token_ids: kv_token_ids,
                         endpoint: offset("--kv-events-endpoint", endpoint)?,
                         replay_endpoint: replay_endpoint
                             .as_deref()
