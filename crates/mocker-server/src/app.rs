@@ -24,6 +24,7 @@ use crate::metrics::ServerMetrics;
 use crate::openai::request::{parse_chat, parse_completion, prompt_input, PromptInput};
 use crate::openai::response::Endpoint;
 use crate::openai::template;
+use crate::plan::{requested_replay_key, Reasoning, ReplayTable};
 use crate::tokenizer::Tokenizer;
 
 /// The DP ranks of one engine; requests go to the rank with the fewest active requests.
@@ -85,6 +86,10 @@ pub struct AppState {
     pub readiness: Readiness,
     /// Failure injection on the inference routes, when a rate is set.
     pub faults: Option<FailureInjector>,
+    /// Thinking spans (`dynamo.reasoning`), when configured.
+    pub reasoning: Option<Reasoning>,
+    /// Recorded outputs (`dynamo.response_replay_trace_path`), when configured.
+    pub replay: Option<ReplayTable>,
 }
 
 impl AppState {
@@ -186,8 +191,9 @@ async fn completions(State(state): State<Arc<AppState>>, request: Request) -> Re
     let request_id = request_id(&request);
     let bytes = body(&state, request).await?;
     let (generation, prompt) = parse_completion(&bytes)?;
-    generate(state, Prepared { endpoint: Endpoint::Completions, generation, prompt, request_id }, arrived)
-        .await
+    let replay_key = requested_replay_key(&bytes)?;
+    let prepared = Prepared { endpoint: Endpoint::Completions, generation, prompt, request_id, replay_key };
+    generate(state, prepared, arrived).await
 }
 
 async fn chat_completions(
@@ -199,7 +205,13 @@ async fn chat_completions(
     let bytes = body(&state, request).await?;
     let (generation, messages) = parse_chat(&bytes)?;
     let prompt = PromptInput::Text(template::render(&messages));
-    generate(state, Prepared { endpoint: Endpoint::Chat, generation, prompt, request_id }, arrived).await
+    let replay_key = requested_replay_key(&bytes)?;
+    generate(
+        state,
+        Prepared { endpoint: Endpoint::Chat, generation, prompt, request_id, replay_key },
+        arrived,
+    )
+    .await
 }
 
 /// `/health` and `/ping` (vLLM's alias, GET and POST): 200 while every rank's engine runs,

@@ -14,6 +14,7 @@ pub mod generate;
 pub mod metrics;
 pub mod openai;
 pub mod output;
+pub mod plan;
 mod raw_errors;
 pub mod server;
 pub mod tokenizer;

@@ -17,6 +17,7 @@ use crate::conn::{accept_loop, ConnLimits, Connections};
 use crate::faults::{FailureInjectionOptions, FailureInjector};
 use crate::gate::Readiness;
 use crate::metrics::{MetricFlavor, MetricsOptions, ServerMetrics};
+use crate::plan::{Reasoning, ReplayTable};
 use crate::tokenizer::Tokenizer;
 
 /// Everything one server needs.
@@ -172,6 +173,13 @@ impl BoundServer {
         if max_connections == 0 {
             return Err(ServerError::Options("--max-connections: must be at least 1, got 0".into()));
         }
+        let replay = match &launch.dynamo.response_replay_trace_path {
+            Some(path) => Some(ReplayTable::from_path(path).map_err(|e| {
+                ServerError::Options(format!("engine-args dynamo.response_replay_trace_path: {e}"))
+            })?),
+            None => None,
+        };
+        let reasoning = launch.dynamo.reasoning.as_ref().map(|r| Reasoning::new(r, &tokenizer));
         let mut engine = launch.engine;
         if let Some(kv) = &kv_events {
             engine.emit_kv_events = true;
@@ -247,6 +255,8 @@ impl BoundServer {
             body_timeout,
             readiness: Readiness::after(Duration::from_secs_f64(launch.startup_time.unwrap_or(0.0))),
             faults: FailureInjector::new(&failure_injection),
+            reasoning,
+            replay,
         });
         let limits = ConnLimits { max_connections, header_timeout };
         Ok(Self { listener, state, grace: shutdown_grace, limits, kv_events: bound_events })
