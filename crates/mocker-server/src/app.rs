@@ -17,11 +17,14 @@ use tokio::time::Instant;
 
 use crate::auth::{require_api_key, ApiKey};
 use crate::error::ApiError;
+use crate::faults::FailureInjector;
+use crate::gate::{inject_failures, startup_gate, Readiness};
 use crate::generate::{generate, Prepared};
 use crate::metrics::ServerMetrics;
 use crate::openai::request::{parse_chat, parse_completion, prompt_input, PromptInput};
 use crate::openai::response::Endpoint;
 use crate::openai::template;
+use crate::plan::{requested_replay_key, Reasoning, ReplayTable};
 use crate::tokenizer::Tokenizer;
 
 /// The DP ranks of one engine; requests go to the rank with the fewest active requests.
@@ -79,6 +82,14 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// Longest wait for a request body to arrive in full.
     pub body_timeout: Duration,
+    /// When the simulated engine is up (`startup_time`).
+    pub readiness: Readiness,
+    /// Failure injection on the inference routes, when a rate is set.
+    pub faults: Option<FailureInjector>,
+    /// Thinking spans (`dynamo.reasoning`), when configured.
+    pub reasoning: Option<Reasoning>,
+    /// Recorded outputs (`dynamo.response_replay_trace_path`), when configured.
+    pub replay: Option<ReplayTable>,
 }
 
 impl AppState {
@@ -95,9 +106,13 @@ impl AppState {
 
 /// Builds the router over `state`.
 pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
+    // Failure injection applies to the inference routes only.
+    let inference = Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route_layer(middleware::from_fn_with_state(state.clone(), inject_failures));
+    Router::new()
+        .merge(inference)
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/ping", get(health).post(health))
@@ -123,6 +138,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         })
         // The handlers enforce the limit themselves so the client gets a JSON error.
         .layer(DefaultBodyLimit::disable())
+        .layer(middleware::from_fn_with_state(state.clone(), startup_gate))
         // Outside the routing, so unknown `/v1` paths need the key too (as in vLLM).
         .layer(middleware::from_fn_with_state(state.clone(), require_api_key))
         .layer(middleware::from_fn(echo_request_id))
@@ -175,8 +191,9 @@ async fn completions(State(state): State<Arc<AppState>>, request: Request) -> Re
     let request_id = request_id(&request);
     let bytes = body(&state, request).await?;
     let (generation, prompt) = parse_completion(&bytes)?;
-    generate(state, Prepared { endpoint: Endpoint::Completions, generation, prompt, request_id }, arrived)
-        .await
+    let replay_key = requested_replay_key(&bytes)?;
+    let prepared = Prepared { endpoint: Endpoint::Completions, generation, prompt, request_id, replay_key };
+    generate(state, prepared, arrived).await
 }
 
 async fn chat_completions(
@@ -188,20 +205,29 @@ async fn chat_completions(
     let bytes = body(&state, request).await?;
     let (generation, messages) = parse_chat(&bytes)?;
     let prompt = PromptInput::Text(template::render(&messages));
-    generate(state, Prepared { endpoint: Endpoint::Chat, generation, prompt, request_id }, arrived).await
+    let replay_key = requested_replay_key(&bytes)?;
+    generate(
+        state,
+        Prepared { endpoint: Endpoint::Chat, generation, prompt, request_id, replay_key },
+        arrived,
+    )
+    .await
 }
 
 /// `/health` and `/ping` (vLLM's alias, GET and POST): 200 while every rank's engine runs,
-/// 503 once one has stopped.
+/// 503 while it starts (`startup_time`) and once one has stopped.
 async fn health(State(state): State<Arc<AppState>>) -> Response {
+    if !state.readiness.is_ready() {
+        return state.readiness.starting_error().into_response();
+    }
     match state.ranks.0.iter().all(LiveEngine::is_running) {
         true => StatusCode::OK.into_response(),
         false => ApiError::unavailable("the engine is not running").into_response(),
     }
 }
 
-/// `/health/ready`: ready once the server answers at all (the engine starts before the
-/// listener binds), until the engine stops.
+/// `/health/ready`: as `/health`: ready once the simulated startup is over, until the
+/// engine stops.
 async fn ready(state: State<Arc<AppState>>) -> Response {
     health(state).await
 }

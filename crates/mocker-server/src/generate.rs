@@ -20,6 +20,7 @@ use crate::openai::request::{Generation, PromptInput};
 use crate::openai::response::{ContentFrames, Endpoint, Finish, ResponseHeader, Usage, UsageMode};
 use crate::output::sampler::Sampler;
 use crate::output::stop::{StopRules, StopScan};
+use crate::plan::{reasoning_frame, with_reasoning, Phase, Replayed, RequestPlan};
 
 /// A validated, tokenized request ready for the engine.
 pub struct Prepared {
@@ -31,6 +32,8 @@ pub struct Prepared {
     pub prompt: PromptInput,
     /// The client's `X-Request-Id`: the response id after its prefix, as in vLLM.
     pub request_id: Option<String>,
+    /// The recorded output named by `nvext.annotations` (`output_replay_id:KEY`), if any.
+    pub replay_key: Option<String>,
 }
 
 /// Runs a request to its response.
@@ -39,7 +42,7 @@ pub async fn generate(
     prepared: Prepared,
     arrived: Instant,
 ) -> Result<Response, ApiError> {
-    let Prepared { endpoint, mut generation, prompt, request_id } = prepared;
+    let Prepared { endpoint, mut generation, prompt, request_id, replay_key } = prepared;
     if let Some(model) = generation.model.as_deref() {
         if model != state.model_name {
             return Err(ApiError::model_not_found(model));
@@ -64,6 +67,7 @@ pub async fn generate(
         ));
     }
     check_context(&state, &tokens, &mut generation)?;
+    let plan = plan_output(&state, endpoint, replay_key.as_deref(), tokens.len(), &mut generation)?;
     let sampler = match generation.seed {
         Some(seed) => Sampler::seeded(seed, &tokens, 0),
         None => Sampler::random(),
@@ -77,6 +81,7 @@ pub async fn generate(
             uuid: uuid::Uuid::new_v4().as_u128(),
             tokens,
             max_output_tokens: max_tokens,
+            output_token_ids: plan.replay.as_ref().map(|r| r.ids().to_vec()),
             ..Default::default()
         })
         .await?;
@@ -118,6 +123,9 @@ pub async fn generate(
         scan: generation.stop.is_active().then(|| StopScan::new(&generation.stop)),
         rules: generation.stop,
         finish: None,
+        plan,
+        reasoning: String::new(),
+        last_phase: Phase::Content,
     };
     state.metrics.observe_first_token(
         rank,
@@ -179,6 +187,50 @@ fn check_context(state: &AppState, tokens: &[u32], generation: &mut Generation) 
     Ok(())
 }
 
+/// The thinking span and replayed tokens of one request (see [`crate::plan`]); a replayed
+/// output sets the output length, clipped to the context window.
+fn plan_output(
+    state: &AppState,
+    endpoint: Endpoint,
+    replay_key: Option<&str>,
+    prompt: usize,
+    generation: &mut Generation,
+) -> Result<RequestPlan, ApiError> {
+    let mut plan =
+        RequestPlan { split: endpoint == Endpoint::Chat && state.reasoning.is_some(), ..Default::default() };
+    if let Some(key) = replay_key {
+        let field = "nvext.annotations";
+        let Some(table) = &state.replay else {
+            return Err(ApiError::invalid_field(
+                field,
+                "output_replay_id: this server replays no recorded outputs (start it with engine-args \
+                 dynamo.response_replay_trace_path)",
+            ));
+        };
+        let ids = table.get(key).ok_or_else(|| {
+            ApiError::invalid_field(field, format!("output_replay_id: no recorded output with key {key:?}"))
+        })?;
+        let room = state.max_model_len.unwrap_or(state.served_max_model_len).saturating_sub(prompt);
+        let ids = &ids[..ids.len().min(room)];
+        generation.max_tokens = u32::try_from(ids.len()).unwrap_or(u32::MAX);
+        generation.stop.min_tokens = generation.stop.min_tokens.min(generation.max_tokens);
+        plan.replay = Some(Replayed::new(ids, &state.tokenizer)?);
+    } else if let Some(r) = &state.reasoning {
+        plan.thinking = r.thinking_len(generation.max_tokens as usize);
+    }
+    Ok(plan)
+}
+
+/// Appends `piece` where its phase belongs: everything to `text` unless the reasoning is
+/// split out (chat), then thinking to `reasoning` and the markers nowhere.
+fn route(split: bool, phase: Phase, piece: &str, text: &mut String, reasoning: &mut String) {
+    match (split, phase) {
+        (false, _) | (true, Phase::Content) => text.push_str(piece),
+        (true, Phase::Thinking) => reasoning.push_str(piece),
+        (true, Phase::Open | Phase::Close) => {}
+    }
+}
+
 /// A request's remaining outputs plus what the response and the metrics need.
 struct TokenStream {
     state: Arc<AppState>,
@@ -206,6 +258,12 @@ struct TokenStream {
     scan: Option<StopScan>,
     /// How the output ended, once it has.
     finish: Option<Finish>,
+    /// Thinking span and replayed tokens.
+    plan: RequestPlan,
+    /// Reasoning text not yet sent (chat with a reasoning config).
+    reasoning: String,
+    /// Where the latest token belonged.
+    last_phase: Phase,
 }
 
 impl TokenStream {
@@ -221,13 +279,22 @@ impl TokenStream {
         self.last_at = signal.observed_at;
         self.generated += usize::from(had_token);
         if had_token {
-            let pool = self.state.tokenizer.output_vocab();
-            let i = self.sampler.token(signal.index, pool.len());
+            let k = signal.index as usize;
+            let (id, piece) = match self.plan.token(k, self.state.reasoning.as_ref()) {
+                Some(fixed) => fixed,
+                None => {
+                    let pool = self.state.tokenizer.output_vocab();
+                    let i = self.sampler.token(signal.index, pool.len());
+                    (pool.id(i), pool.text(i))
+                }
+            };
+            let (split, phase) = (self.plan.split, self.plan.phase(k));
+            self.last_phase = phase;
             match &mut self.scan {
-                None => text.push_str(pool.text(i)),
+                None => route(split, phase, piece, text, &mut self.reasoning),
                 Some(scan) => {
-                    let step = scan.push(&self.rules, pool.id(i), pool.text(i));
-                    text.push_str(&scan.text()[step.send]);
+                    let step = scan.push(&self.rules, id, piece);
+                    route(split, phase, &scan.text()[step.send], text, &mut self.reasoning);
                     if let Some(why) = step.stop {
                         self.live = None;
                         self.end(signal, Finish::stopped(why), FinishReason::Stop);
@@ -239,7 +306,8 @@ impl TokenStream {
         if signal.completed {
             if let Some(scan) = &mut self.scan {
                 let step = scan.finish(None);
-                text.push_str(&scan.text()[step.send]);
+                let (split, phase) = (self.plan.split, self.last_phase);
+                route(split, phase, &scan.text()[step.send], text, &mut self.reasoning);
             }
             self.end(signal, Finish::LENGTH, FinishReason::Length);
         }
@@ -314,7 +382,10 @@ async fn full_response(
         signal = stream.recv().await;
     }
     let Some(finish) = stream.finish.take() else { return Err(stream.cut_short()) };
-    let body = header.body(&text, stream.usage(), &finish);
+    let mut body = header.body(&text, stream.usage(), &finish);
+    if stream.plan.split {
+        body = with_reasoning(body, &stream.reasoning);
+    }
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
@@ -347,7 +418,19 @@ impl SseState {
         }
         self.stream.step(s, &mut self.text);
         let last = self.stream.finish.as_ref();
-        self.frames.write(out, &self.text, last, self.stream.usage());
+        if self.stream.plan.split {
+            // As vLLM's reasoning parsers stream: thinking as `reasoning_content` deltas, no
+            // chunk for the markers (unless the output ends on one).
+            if !self.stream.reasoning.is_empty() {
+                reasoning_frame(&self.header, out, &self.stream.reasoning, self.mode, self.stream.usage());
+                self.stream.reasoning.clear();
+            }
+            if self.stream.last_phase == Phase::Content || last.is_some() {
+                self.frames.write(out, &self.text, last, self.stream.usage());
+            }
+        } else {
+            self.frames.write(out, &self.text, last, self.stream.usage());
+        }
         if last.is_some() {
             if self.mode.include_usage {
                 self.header.usage_frame(out, self.stream.usage());

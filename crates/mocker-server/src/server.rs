@@ -14,7 +14,10 @@ use tokio::net::TcpListener;
 use crate::app::{router, AppState, Ranks};
 use crate::auth::ApiKey;
 use crate::conn::{accept_loop, ConnLimits, Connections};
+use crate::faults::{FailureInjectionOptions, FailureInjector};
+use crate::gate::Readiness;
 use crate::metrics::{MetricFlavor, MetricsOptions, ServerMetrics};
+use crate::plan::{Reasoning, ReplayTable};
 use crate::tokenizer::Tokenizer;
 
 /// Everything one server needs.
@@ -52,6 +55,8 @@ pub struct ServerOptions {
     pub stream_buffer_tokens: NonZeroUsize,
     /// Publish KV events over ZMQ (vLLM's wire format), one PUB socket per DP rank.
     pub kv_events: Option<KvEventsOptions>,
+    /// Errors injected into inference requests (off by default).
+    pub failure_injection: FailureInjectionOptions,
 }
 
 /// Where KV events go: rank `r` binds the endpoints' ports + `r` (port 0 picks free ones).
@@ -61,6 +66,9 @@ pub struct KvEventsOptions {
     pub endpoint: String,
     /// ROUTER endpoint answering replay requests, if any.
     pub replay_endpoint: Option<String>,
+    /// Whether `BlockStored` events carry their blocks' token ids (`emit_kv_token_ids`);
+    /// without them `token_ids` is an empty list.
+    pub token_ids: bool,
 }
 
 /// The endpoints one rank's publisher bound.
@@ -90,6 +98,7 @@ impl ServerOptions {
             max_connections: 4096,
             stream_buffer_tokens: NonZeroUsize::new(8192).expect("8192 > 0"),
             kv_events: None,
+            failure_injection: FailureInjectionOptions::default(),
         }
     }
 }
@@ -152,6 +161,7 @@ impl BoundServer {
             max_connections,
             stream_buffer_tokens,
             kv_events,
+            failure_injection,
         } = options;
         let api_key = match api_key.as_deref() {
             None => None,
@@ -163,11 +173,17 @@ impl BoundServer {
         if max_connections == 0 {
             return Err(ServerError::Options("--max-connections: must be at least 1, got 0".into()));
         }
+        let replay = match &launch.dynamo.response_replay_trace_path {
+            Some(path) => Some(ReplayTable::from_path(path).map_err(|e| {
+                ServerError::Options(format!("engine-args dynamo.response_replay_trace_path: {e}"))
+            })?),
+            None => None,
+        };
+        let reasoning = launch.dynamo.reasoning.as_ref().map(|r| Reasoning::new(r, &tokenizer));
         let mut engine = launch.engine;
-        if kv_events.is_some() {
-            // Routers and indexers identify blocks from their token ids.
+        if let Some(kv) = &kv_events {
             engine.emit_kv_events = true;
-            engine.emit_kv_token_ids = true;
+            engine.emit_kv_token_ids = kv.token_ids;
         }
         let listener = TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, source })?;
         let ranks_options = if ranks_options.is_empty() {
@@ -237,6 +253,10 @@ impl BoundServer {
             num_gpu_blocks: engine.num_gpu_blocks,
             max_body_bytes,
             body_timeout,
+            readiness: Readiness::after(Duration::from_secs_f64(launch.startup_time.unwrap_or(0.0))),
+            faults: FailureInjector::new(&failure_injection),
+            reasoning,
+            replay,
         });
         let limits = ConnLimits { max_connections, header_timeout };
         Ok(Self { listener, state, grace: shutdown_grace, limits, kv_events: bound_events })

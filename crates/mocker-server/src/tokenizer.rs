@@ -138,6 +138,19 @@ impl Tokenizer {
     }
 }
 
+impl Tokenizer {
+    /// The text of token `id` with special tokens kept (`<think>`, say); `None` for the
+    /// built-in tokenizer, which has none, or an id the vocabulary lacks.
+    pub fn special_token_text(&self, id: u32) -> Option<String> {
+        match self {
+            Self::HuggingFace { tokenizer, vocab_size, .. } if id < *vocab_size => {
+                tokenizer.decode(&[id], false).ok().filter(|t| !t.is_empty())
+            }
+            _ => None,
+        }
+    }
+}
+
 fn builtin_word_id(word: &str) -> u32 {
     static IDS: OnceLock<HashMap<&'static str, u32>> = OnceLock::new();
     let ids = IDS.get_or_init(|| WORDS.iter().enumerate().map(|(i, &w)| (w, i as u32)).collect());

@@ -139,6 +139,19 @@ pub fn merge_engine_args(
     Ok(Value::Object(merged).to_string())
 }
 
+/// The value of `key` in the engine section of `--engine-args` (nested under `engine`, or
+/// flat), when given: serve needs to tell a key set to its default from one left out.
+pub fn given_engine_key(engine_args: Option<&str>, key: &str) -> Result<Option<Value>, UsageError> {
+    let Some(arg) = engine_args else { return Ok(None) };
+    let text = read_arg("--engine-args", arg)?;
+    let Ok(Value::Object(doc)) = serde_json::from_str::<Value>(&text) else { return Ok(None) };
+    let engine = match doc.get("engine") {
+        Some(Value::Object(e)) => e,
+        _ => &doc,
+    };
+    Ok(engine.get(key).cloned())
+}
+
 /// [`launch_config`] for engine args given by `flag` (errors name it).
 pub fn launch_config_for(
     flag: &str,

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::Args;
 use mocker_core::config::LaunchConfig;
+use mocker_server::faults::{FailureInjectionOptions, FailureType};
 use mocker_server::{BoundServer, KvEventsOptions, ServerOptions, Tokenizer};
 
 use crate::UsageError;
@@ -98,6 +99,19 @@ pub struct ServeArgs {
     /// in mocker:stream_overflow_cancellations_total.
     #[arg(long, default_value_t = NonZeroUsize::new(8192).unwrap())]
     pub stream_buffer_tokens: NonZeroUsize,
+    /// Percentage (0-100) of inference requests answered with an injected OpenAI-style
+    /// error instead of running, for gateway and client tests. Off (0) by default.
+    #[arg(long, value_name = "PCT", default_value_t = 0.0)]
+    pub failure_injection_rate: f64,
+    /// Errors injected, drawn uniformly (default: all): rate_limit (429), invalid_api_key
+    /// (401), context_length (400), server_error (500), invalid_request (400),
+    /// model_not_found (404). Comma-separated or repeated.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub failure_types: Vec<String>,
+    /// Seed of the injection draw: the same seed fails the same request positions (in
+    /// arrival order) with the same errors. Random by default.
+    #[arg(long)]
+    pub failure_injection_seed: Option<u64>,
 }
 
 /// File descriptors kept free of connections by the default `--max-connections`.
@@ -165,6 +179,67 @@ impl ServeArgs {
         Ok(launch)
     }
 
+    /// Engine-args `emit_kv_events` / `emit_kv_token_ids` in a server: with an endpoint,
+    /// events are published with token ids unless a key turns them off (as the reference's
+    /// ZMQ sink does); `emit_kv_events: false` publishes nothing; `emit_kv_events: true`
+    /// without an endpoint has nowhere to publish. Returns the endpoint to publish on, if
+    /// any, and whether Stored events carry token ids.
+    fn kv_event_keys(
+        &self,
+        endpoint: Option<String>,
+        launch: &LaunchConfig,
+    ) -> Result<(Option<String>, bool), UsageError> {
+        let given = |key| crate::engine_args::given_engine_key(self.engine_args.as_deref(), key);
+        let events_given = given("emit_kv_events")?.is_some();
+        let token_ids_given = given("emit_kv_token_ids")?.is_some();
+        let engine = &launch.engine;
+        match endpoint {
+            None if events_given && engine.emit_kv_events => Err(UsageError(
+                "--engine-args emit_kv_events: true needs --kv-events-endpoint (or dynamo.zmq_kv_events_port): \
+                 mocker serve publishes KV events only over ZMQ"
+                    .into(),
+            )),
+            None => Ok((None, false)),
+            Some(_) if events_given && !engine.emit_kv_events => {
+                eprintln!("mocker: KV events off (engine-args emit_kv_events: false); nothing is published");
+                Ok((None, false))
+            }
+            Some(e) => Ok((Some(e), !token_ids_given || engine.emit_kv_token_ids)),
+        }
+    }
+
+    fn failure_injection(&self) -> Result<FailureInjectionOptions, UsageError> {
+        let rate = self.failure_injection_rate;
+        if !(0.0..=100.0).contains(&rate) {
+            return Err(UsageError(format!(
+                "--failure-injection-rate: must be a percentage from 0 to 100, got {rate}"
+            )));
+        }
+        let types = self
+            .failure_types
+            .iter()
+            .map(|name| {
+                FailureType::parse(name.trim()).ok_or_else(|| {
+                    let all: Vec<_> = FailureType::ALL.iter().map(|t| t.name()).collect();
+                    UsageError(format!(
+                        "--failure-types: unknown type {name:?}; choose from {}",
+                        all.join(", ")
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if rate == 0.0 {
+            let given = [
+                ("--failure-types", !types.is_empty()),
+                ("--failure-injection-seed", self.failure_injection_seed.is_some()),
+            ];
+            if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
+                return Err(UsageError(format!("{flag}: needs --failure-injection-rate above 0")));
+            }
+        }
+        Ok(FailureInjectionOptions { rate_percent: rate, types, seed: self.failure_injection_seed })
+    }
+
     fn options(&self) -> Result<Vec<ServerOptions>, UsageError> {
         if self.num_workers == 0 {
             return Err(UsageError("--num-workers: must be at least 1, got 0".into()));
@@ -182,6 +257,7 @@ impl ServeArgs {
             Some(n) => n,
             None => default_max_connections(),
         };
+        let failure_injection = self.failure_injection()?;
         let launch = self.launch_config()?;
         let kv_endpoint = self
             .kv_events_endpoint
@@ -194,6 +270,7 @@ impl ServeArgs {
         if replay_endpoint.is_some() && kv_endpoint.is_none() {
             return Err(UsageError("--kv-events-replay-endpoint: needs --kv-events-endpoint".into()));
         }
+        let (kv_endpoint, kv_token_ids) = self.kv_event_keys(kv_endpoint, &launch)?;
         let tokenizer = match &self.tokenizer {
             Some(path) => Tokenizer::from_path(path).map_err(|e| UsageError(e.to_string()))?,
             None => Tokenizer::Builtin,
@@ -219,6 +296,7 @@ impl ServeArgs {
                 options.body_timeout = body_timeout;
                 options.max_connections = max_connections;
                 options.stream_buffer_tokens = self.stream_buffer_tokens;
+                options.failure_injection = failure_injection.clone();
                 if let Some(endpoint) = &kv_endpoint {
                     let shift = (i * launch.dp_size) as u32;
                     let offset = |flag: &str, e: &str| {
@@ -226,6 +304,7 @@ impl ServeArgs {
                             .map_err(|m| UsageError(format!("{flag}: {m}")))
                     };
                     options.kv_events = Some(KvEventsOptions {
+                        token_ids: kv_token_ids,
                         endpoint: offset("--kv-events-endpoint", endpoint)?,
                         replay_endpoint: replay_endpoint
                             .as_deref()

@@ -128,3 +128,96 @@ fn subscriber_sees_the_cores_blocks_gap_free_with_removals_and_replay() {
     assert!(shared.iter().all(|h| prefix_of.contains_key(h)));
     assert_eq!(r["cached_tokens"][1], 64);
 }
+
+/// Subscribes to `endpoint` with pyzmq, sends two completions of 40 tokens (two full
+/// 16-token blocks each), and returns every event received within a second of quiet, each
+/// as msgspec decodes vLLM's positional arrays: `[tag, hashes, parent, token_ids, ...]`.
+fn collect_events(server: &Server, endpoint: &str) -> Vec<Value> {
+    const SCRIPT: &str = r#"
+import json, sys, time
+import httpx, msgspec, zmq
+base, key, ep = sys.argv[1:4]
+sub = zmq.Context().socket(zmq.SUB)
+sub.setsockopt(zmq.LINGER, 0)
+sub.connect(ep)
+sub.setsockopt(zmq.SUBSCRIBE, b"")
+time.sleep(0.3)
+with httpx.Client(timeout=30, headers={"Authorization": f"Bearer {key}"}) as http:
+    for k in range(2):
+        r = http.post(f"{base}/v1/completions", json={"prompt": [k * 100 + i for i in range(40)], "max_tokens": 2})
+        r.raise_for_status()
+events, quiet = [], time.monotonic() + 1.0
+while time.monotonic() < quiet:
+    if sub.poll(100):
+        _t, _seq, payload = sub.recv_multipart()
+        events += msgspec.msgpack.decode(payload)[1]
+        quiet = time.monotonic() + 0.5
+print(json.dumps(events))
+"#;
+    let out = Command::new(python()).args(["-c", SCRIPT, &server.base, KEY, endpoint]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap()
+}
+
+/// A free loopback TCP port (bound, then released for the server to take).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// `emit_kv_token_ids: false` keeps the events but sends `BlockStored` without token ids
+/// (an empty list, as vLLM's field stays in place); the hashes are the core's all the same.
+#[test]
+fn emit_kv_token_ids_false_sends_stored_blocks_without_tokens() {
+    let port = free_port();
+    let endpoint = format!("tcp://127.0.0.1:{port}");
+    let server = Server::start(&[
+        "--block-size",
+        "16",
+        "--engine-args",
+        r#"{"engine": {"emit_kv_events": true, "emit_kv_token_ids": false}}"#,
+        "--kv-events-endpoint",
+        &endpoint,
+    ]);
+    let events = collect_events(&server, &endpoint);
+    let stored: Vec<&Value> = events.iter().filter(|e| e[0] == "BlockStored").collect();
+    assert!(stored.len() >= 2, "{events:?}");
+    let mut hashes = HashSet::new();
+    for e in &stored {
+        assert_eq!(e[3], serde_json::json!([]), "token ids sent: {e}");
+        hashes.extend(ids(&e[1]));
+    }
+    for k in 0..2u32 {
+        let prompt: Vec<u32> = (0..40).map(|i| k * 100 + i).collect();
+        for h in sequence_hashes(&prompt, BLOCK) {
+            assert!(hashes.contains(&h), "block {h} of prompt {k} not stored");
+        }
+    }
+}
+
+/// `emit_kv_events: false` with an endpoint publishes nothing (the publisher is not
+/// started); `emit_kv_events: true` without an endpoint exits 2 naming it.
+#[test]
+fn emit_kv_events_false_publishes_nothing_and_true_needs_an_endpoint() {
+    let port = free_port();
+    let endpoint = format!("tcp://127.0.0.1:{port}");
+    let server = Server::start(&[
+        "--block-size",
+        "16",
+        "--engine-args",
+        r#"{"engine": {"emit_kv_events": false}}"#,
+        "--kv-events-endpoint",
+        &endpoint,
+    ]);
+    assert!(collect_events(&server, &endpoint).is_empty());
+    while let Ok(line) = server.stderr.recv_timeout(Duration::from_millis(200)) {
+        assert!(!line.contains("publishing KV events"), "{line}");
+    }
+
+    let out = Command::new(env!("CARGO_BIN_EXE_mocker"))
+        .args(["serve", "--port", "0", "--engine-args", r#"{"engine": {"emit_kv_events": true}}"#])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("emit_kv_events") && err.contains("--kv-events-endpoint"), "{err}");
+}

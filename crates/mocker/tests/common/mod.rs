@@ -116,3 +116,36 @@ pub fn lines_of(stdout: ChildStdout) -> mpsc::Receiver<String> {
     });
     rx
 }
+
+/// One HTTP/1.1 exchange on a fresh connection to `base` (`http://host:port`), closed
+/// after the answer: the status and the body (chunked bodies are returned raw).
+pub fn http(base: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let addr = base.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).expect("connects");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (n, v) in headers {
+        head.push_str(&format!("{n}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).expect("a status line");
+    (status, body.to_string())
+}
+
+/// The JSON body of a 200 from [`http`].
+pub fn http_json(base: &str, path: &str, body: &str) -> serde_json::Value {
+    let (status, text) = http(base, "POST", path, &[], body);
+    assert_eq!(status, 200, "{text}");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
