@@ -8,9 +8,9 @@ Needs `pip install ai-dynamo-runtime==1.6.1` in the Python that runs it. Not par
 
 The reference breaks routing-cost ties with an unseeded RNG, so each of its runs is one draw;
 mocker breaks them with the router seed, so each seed is one draw. Two or three reference runs
-say little: on the `heavy` workload single runs range from about 80 to 105 ms mean TTFT, with
-about half of them between 80 and 85 and a few far above, so a handful of runs can look ten times tighter than the
-distribution really is. Use a dozen runs or more before reading a bias into the means.
+say little: on the `heavy` workload single runs range from about 80 to 105 ms mean TTFT, about
+half of them between 80 and 85 and a few far above, so a handful of runs can look ten times
+tighter than the distribution really is. Use a dozen runs or more before reading a bias into the means.
 
 For each workload it prints, for both simulators, the mean, median and standard deviation of
 the runs' mean TTFT, their range, and the mean simulated duration; then mocker's mean over the
