@@ -429,6 +429,28 @@ mod tests {
         assert_eq!(r.last_costs(), &[10.0, 10.0]);
     }
 
+    /// The reference decays a request's pending prefill over simulated time only with an AIC
+    /// prefill-load model (`router_prefill_load_model: "aic"` and an AIC perf config); by
+    /// default the load stays whole until the first token. So a worker whose 640-token
+    /// prompt has been stored chunk by chunk (its passes ran) still carries all 640 tokens:
+    /// an unrelated 640-token prompt costs (640 + 640) / 64 + 10 + 10 = 40 there, and 30
+    /// once the first token is out.
+    #[test]
+    fn pending_prefill_stays_whole_until_the_first_token() {
+        let mut r = KvRouter::new(KvRouterConfig::default(), 1, 64, 8192);
+        let a = hashes(1, 10);
+        let p = r.route(RouteRequest::shared(640, &a));
+        r.apply_events(0, &[stored(&a[..4])]);
+        r.apply_events(0, &[stored(&a[4..])]);
+        let b = hashes(2, 10);
+        let q = r.route(RouteRequest::shared(640, &b));
+        assert_eq!(r.last_costs(), &[40.0]);
+        r.free(q.id);
+        r.prefill_done(p.id);
+        r.route(RouteRequest::shared(640, &b));
+        assert_eq!(r.last_costs(), &[30.0]);
+    }
+
     #[test]
     fn flat_prompts_cost_prefill_plus_complete_blocks() {
         let mut r = KvRouter::new(KvRouterConfig::default(), 2, 64, 8192);
