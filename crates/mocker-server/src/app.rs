@@ -79,6 +79,8 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// Longest wait for a request body to arrive in full.
     pub body_timeout: Duration,
+    /// Prompt tokens one image in a chat message counts as (`--image-tokens`).
+    pub image_tokens: usize,
 }
 
 impl AppState {
@@ -187,7 +189,7 @@ async fn chat_completions(
     let request_id = request_id(&request);
     let bytes = body(&state, request).await?;
     let (generation, messages) = parse_chat(&bytes)?;
-    let prompt = PromptInput::Text(template::render(&messages));
+    let prompt = template::prompt(&messages);
     generate(state, Prepared { endpoint: Endpoint::Chat, generation, prompt, request_id }, arrived).await
 }
 
@@ -244,7 +246,9 @@ async fn tokenize(State(state): State<Arc<AppState>>, request: Request) -> Resul
         state.tokenizer.encode(&template::render(&messages), add_special.unwrap_or(false))
     } else {
         match prompt_input(&value["prompt"])? {
-            PromptInput::Text(text) => state.tokenizer.encode(&text, add_special.unwrap_or(true)),
+            PromptInput::Text(text) | PromptInput::Multimodal { text, .. } => {
+                state.tokenizer.encode(&text, add_special.unwrap_or(true))
+            }
             PromptInput::Ids(ids) => Ok(ids),
         }
     }

@@ -52,7 +52,14 @@ pub struct ServerOptions {
     pub stream_buffer_tokens: NonZeroUsize,
     /// Publish KV events over ZMQ (vLLM's wire format), one PUB socket per DP rank.
     pub kv_events: Option<KvEventsOptions>,
+    /// Prompt tokens per image in chat content (`--image-tokens`, default
+    /// [`DEFAULT_IMAGE_TOKENS`]).
+    pub image_tokens: usize,
 }
+
+/// Tokens per image by default: Qwen2-VL's count for a 448×448 image, one token per
+/// 28×28-pixel patch after its 2×2 merge, (448 / 28)² = 256.
+pub const DEFAULT_IMAGE_TOKENS: usize = 256;
 
 /// Where KV events go: rank `r` binds the endpoints' ports + `r` (port 0 picks free ones).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,6 +97,7 @@ impl ServerOptions {
             max_connections: 4096,
             stream_buffer_tokens: NonZeroUsize::new(8192).expect("8192 > 0"),
             kv_events: None,
+            image_tokens: DEFAULT_IMAGE_TOKENS,
         }
     }
 }
@@ -152,6 +160,7 @@ impl BoundServer {
             max_connections,
             stream_buffer_tokens,
             kv_events,
+            image_tokens,
         } = options;
         let api_key = match api_key.as_deref() {
             None => None,
@@ -237,6 +246,7 @@ impl BoundServer {
             num_gpu_blocks: engine.num_gpu_blocks,
             max_body_bytes,
             body_timeout,
+            image_tokens,
         });
         let limits = ConnLimits { max_connections, header_timeout };
         Ok(Self { listener, state, grace: shutdown_grace, limits, kv_events: bound_events })

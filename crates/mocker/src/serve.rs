@@ -98,6 +98,12 @@ pub struct ServeArgs {
     /// in mocker:stream_overflow_cancellations_total.
     #[arg(long, default_value_t = NonZeroUsize::new(8192).unwrap())]
     pub stream_buffer_tokens: NonZeroUsize,
+    /// Prompt tokens each image_url part of a chat message counts as (default: Qwen2-VL's
+    /// 256 for a 448x448 image). The ids are a hash of the image's URL or data, so the
+    /// same image shares prefix-cache blocks.
+    #[arg(long, default_value_t = mocker_server::server::DEFAULT_IMAGE_TOKENS as u32,
+          value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub image_tokens: u32,
 }
 
 /// File descriptors kept free of connections by the default `--max-connections`.
@@ -219,6 +225,7 @@ impl ServeArgs {
                 options.body_timeout = body_timeout;
                 options.max_connections = max_connections;
                 options.stream_buffer_tokens = self.stream_buffer_tokens;
+                options.image_tokens = self.image_tokens as usize;
                 if let Some(endpoint) = &kv_endpoint {
                     let shift = (i * launch.dp_size) as u32;
                     let offset = |flag: &str, e: &str| {
