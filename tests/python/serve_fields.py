@@ -267,6 +267,11 @@ def fields_beyond_text(client, base, tok, prompt, results):
         {"type": "image_url", "image_url": {"url": "https://example.com/b.png", "detail": "low"}},
         {"type": "text", "text": "describe it"}]}])
     assert two.usage.prompt_tokens == plain.usage.prompt_tokens + 2 * IMAGE_TOKENS
+    # /tokenize counts a chat's images the same way.
+    counted = httpx.post(f"{base}/tokenize", json={"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        {"type": "text", "text": "describe it"}]}]}).json()
+    assert counted["count"] == a.usage.prompt_tokens, (counted["count"], a.usage)
     results["image_cached"] = [hit(a2), hit(b)]
 
 

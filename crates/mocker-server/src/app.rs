@@ -243,7 +243,12 @@ async fn tokenize(State(state): State<Arc<AppState>>, request: Request) -> Resul
     let add_special = value.get("add_special_tokens").and_then(Value::as_bool);
     let tokens = if value.get("messages").is_some() {
         let (_, messages) = parse_chat(&bytes)?;
-        state.tokenizer.encode(&template::render(&messages), add_special.unwrap_or(false))
+        match template::prompt(&messages) {
+            PromptInput::Multimodal { text, images } => {
+                Ok(crate::generate::multimodal_tokens(&state, &text, &images, add_special.unwrap_or(false))?)
+            }
+            _ => state.tokenizer.encode(&template::render(&messages), add_special.unwrap_or(false)),
+        }
     } else {
         match prompt_input(&value["prompt"])? {
             PromptInput::Text(text) | PromptInput::Multimodal { text, .. } => {

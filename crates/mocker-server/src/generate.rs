@@ -181,7 +181,7 @@ pub async fn generate(
 /// own, each image as `--image-tokens` ids derived from a hash of its URL (or data URL),
 /// so the same image gives the same ids and shares prefix-cache blocks as vLLM's
 /// multimodal hashing makes it.
-fn multimodal_tokens(
+pub(crate) fn multimodal_tokens(
     state: &AppState,
     text: &str,
     images: &[(usize, String)],
