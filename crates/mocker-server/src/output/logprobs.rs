@@ -17,7 +17,7 @@ pub enum LogprobsShape {
         top: u32,
     },
     /// Completions: `logprobs` with `tokens`, `token_logprobs`, `top_logprobs` (a dict of
-    /// `k` entries per token), `text_offset`.
+    /// `k` entries per token, at least the sampled one), `text_offset`.
     Completion {
         /// `logprobs`.
         top: u32,
@@ -142,7 +142,8 @@ impl LogprobsAcc {
                 let out = &mut self.c;
                 sep(out, first);
                 out.push(b'{');
-                for (j, (rank, is_sampled)) in ranked.top(top as usize).enumerate() {
+                // `logprobs: 0` still shows the sampled token, as vLLM's dict does.
+                for (j, (rank, is_sampled)) in ranked.top(top.max(1) as usize).enumerate() {
                     sep(out, j == 0);
                     let t = if is_sampled {
                         text
@@ -289,6 +290,11 @@ mod tests {
         }
         // Deterministic under the key.
         assert_eq!(v, run(LogprobsShape::Completion { top: 3 }, 50));
+        // `logprobs: 0`: each dict holds just the sampled token.
+        let v = run(LogprobsShape::Completion { top: 0 }, 20);
+        for (t, top) in v["tokens"].as_array().unwrap().iter().zip(v["top_logprobs"].as_array().unwrap()) {
+            assert_eq!(top.as_object().unwrap().keys().collect::<Vec<_>>(), [t.as_str().unwrap()]);
+        }
     }
 
     #[test]
