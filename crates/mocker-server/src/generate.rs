@@ -519,6 +519,8 @@ struct SseState {
     /// The echoed prompt (completions `echo`), which leads each choice's first frame.
     echo: Option<String>,
     mode: UsageMode,
+    /// A signal taken when the previous chunk was full: it opens the next chunk.
+    pending: Option<Next>,
     opened: bool,
     /// Per choice: whether its first content frame was written.
     opened_text: Vec<bool>,
@@ -594,6 +596,7 @@ fn sse_response(choices: Choices, header: ResponseHeader, mode: UsageMode, echo:
         text: String::new(),
         echo,
         mode,
+        pending: None,
         opened: false,
         opened_text: vec![false; n],
         finished: false,
@@ -612,7 +615,10 @@ fn sse_response(choices: Choices, header: ResponseHeader, mode: UsageMode, echo:
         // A reader that fell behind the engine takes every token already delivered in
         // one write: under load that is the difference between a syscall per token and
         // one per batch. Bounded so one chunk stays small.
-        let mut next = Some(st.choices.next().await);
+        let mut next = match st.pending.take() {
+            Some(pending) => Some(pending),
+            None => Some(st.choices.next().await),
+        };
         for _ in 0..MAX_FRAMES_PER_WRITE {
             match next.take() {
                 None => break,
@@ -630,6 +636,8 @@ fn sse_response(choices: Choices, header: ResponseHeader, mode: UsageMode, echo:
             }
             next = st.choices.try_next();
         }
+        // A signal taken when the chunk is full opens the next chunk.
+        st.pending = next;
         Some((Ok::<_, Infallible>(Bytes::from(out)), st))
     });
     let mut response = Response::new(Body::from_stream(body));
