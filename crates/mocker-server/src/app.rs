@@ -90,6 +90,8 @@ pub struct AppState {
     pub reasoning: Option<Reasoning>,
     /// Recorded outputs (`dynamo.response_replay_trace_path`), when configured.
     pub replay: Option<ReplayTable>,
+    /// Prompt tokens one image in a chat message counts as (`--image-tokens`).
+    pub image_tokens: usize,
 }
 
 impl AppState {
@@ -204,7 +206,7 @@ async fn chat_completions(
     let request_id = request_id(&request);
     let bytes = body(&state, request).await?;
     let (generation, messages) = parse_chat(&bytes)?;
-    let prompt = PromptInput::Text(template::render(&messages));
+    let prompt = template::prompt(&messages);
     let replay_key = requested_replay_key(&bytes)?;
     generate(
         state,
@@ -267,10 +269,17 @@ async fn tokenize(State(state): State<Arc<AppState>>, request: Request) -> Resul
     let add_special = value.get("add_special_tokens").and_then(Value::as_bool);
     let tokens = if value.get("messages").is_some() {
         let (_, messages) = parse_chat(&bytes)?;
-        state.tokenizer.encode(&template::render(&messages), add_special.unwrap_or(false))
+        match template::prompt(&messages) {
+            PromptInput::Multimodal { text, images } => {
+                Ok(crate::generate::multimodal_tokens(&state, &text, &images, add_special.unwrap_or(false))?)
+            }
+            _ => state.tokenizer.encode(&template::render(&messages), add_special.unwrap_or(false)),
+        }
     } else {
         match prompt_input(&value["prompt"])? {
-            PromptInput::Text(text) => state.tokenizer.encode(&text, add_special.unwrap_or(true)),
+            PromptInput::Text(text) | PromptInput::Multimodal { text, .. } => {
+                state.tokenizer.encode(&text, add_special.unwrap_or(true))
+            }
             PromptInput::Ids(ids) => Ok(ids),
         }
     }

@@ -3,7 +3,9 @@
 //! still gets an HTTP error), then answer in one body or as a server-sent-event stream.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
@@ -17,7 +19,11 @@ use crate::app::AppState;
 use crate::error::ApiError;
 use crate::metrics::{FinishReason, FinishedRequest};
 use crate::openai::request::{Generation, PromptInput};
-use crate::openai::response::{ContentFrames, Endpoint, Finish, ResponseHeader, Usage, UsageMode};
+use crate::openai::response::{
+    ChoiceBody, ContentFrames, Endpoint, Finish, ResponseHeader, Usage, UsageMode,
+};
+use crate::output::logprobs::LogprobsAcc;
+use crate::output::plan::{plan_choice, ChoicePlan, Planned};
 use crate::output::sampler::Sampler;
 use crate::output::stop::{StopRules, StopScan};
 use crate::plan::{reasoning_frame, with_reasoning, Phase, Replayed, RequestPlan};
@@ -59,6 +65,9 @@ pub async fn generate(
             let tokens = state.tokenizer.encode(&text, generation.add_special_tokens).map_err(codec)?;
             (tokens, generation.echo.then_some(text))
         }
+        PromptInput::Multimodal { text, images } => {
+            (multimodal_tokens(&state, &text, &images, generation.add_special_tokens)?, None)
+        }
     };
     if tokens.is_empty() {
         return Err(ApiError::invalid_field(
@@ -67,32 +76,58 @@ pub async fn generate(
         ));
     }
     check_context(&state, &tokens, &mut generation)?;
-    let plan = plan_output(&state, endpoint, replay_key.as_deref(), tokens.len(), &mut generation)?;
-    let sampler = match generation.seed {
-        Some(seed) => Sampler::seeded(seed, &tokens, 0),
-        None => Sampler::random(),
-    };
+    if replay_key.is_some() && (generation.structured.is_some() || generation.tools.is_some()) {
+        return Err(ApiError::invalid_field(
+            "nvext.annotations",
+            "output_replay_id replays recorded tokens; it cannot be combined with response_format or tools",
+        ));
+    }
+    let req_plan = plan_output(&state, endpoint, replay_key.as_deref(), tokens.len(), &mut generation)?;
+    let n = generation.n;
     let prompt_tokens = tokens.len();
     let max_tokens = generation.max_tokens as usize;
+    // Plans first: a schema the generator cannot satisfy is a 400 before anything runs.
+    let mut plans = Vec::with_capacity(n as usize);
+    for index in 0..n {
+        let sampler = match generation.seed {
+            Some(seed) => Sampler::seeded(seed, &tokens, index),
+            None => Sampler::random(),
+        };
+        let plan = plan_choice(
+            &state.tokenizer,
+            &sampler,
+            generation.structured.as_ref(),
+            generation.tools.as_ref(),
+        )?;
+        // Structured output and tool calls are written from their first token: no thinking span.
+        let mut req_plan = req_plan.clone();
+        if plan.planned.is_some() {
+            req_plan.thinking = 0;
+        }
+        plans.push((sampler, plan, req_plan));
+    }
+    // n > 1 is n engine requests for one prompt, as vLLM fans a parent request out into
+    // children: the first computes the prompt's KV and the others, admitted in the same
+    // pass or later, find its full blocks in the prefix cache.
     let submitted = Instant::now();
-    let (mut live, rank) = state
-        .ranks
-        .submit(Request {
-            uuid: uuid::Uuid::new_v4().as_u128(),
-            tokens,
-            max_output_tokens: max_tokens,
-            output_token_ids: plan.replay.as_ref().map(|r| r.ids().to_vec()),
-            ..Default::default()
-        })
-        .await?;
+    let mut lives = Vec::with_capacity(n as usize);
+    for (sampler, plan, req_plan) in plans {
+        let planned_len = plan.planned.as_ref().map(Planned::len);
+        let (live, rank) = state
+            .ranks
+            .submit(Request {
+                uuid: uuid::Uuid::new_v4().as_u128(),
+                tokens: tokens.clone(),
+                // Planned output ends where the plan does (the model writes EOS there).
+                max_output_tokens: planned_len.map_or(max_tokens, |l| l.min(max_tokens)),
+                output_token_ids: req_plan.replay.as_ref().map(|r| r.ids().to_vec()),
+                ..Default::default()
+            })
+            .await?;
+        lives.push((live, rank, sampler, plan, req_plan));
+    }
+    drop(tokens);
 
-    // Waiting here, not in the body, turns a rejection into a status code; clients time
-    // the first byte either way.
-    let first = match live.recv().await {
-        Some(s) if s.rejected => return Err(state.rejection(prompt_tokens + max_tokens)),
-        Some(s) => s,
-        None => return Err(ApiError::unavailable("the engine stopped before the request produced a token")),
-    };
     let header = ResponseHeader {
         endpoint,
         id: match request_id {
@@ -102,43 +137,94 @@ pub async fn generate(
         created: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         model: state.model_name.clone(),
     };
-    let epoch = state.ranks.0[rank].started_at();
-    let first_sim_ns = first.sim_time_ns;
-    let scheduled_ns = first.scheduled_ns.unwrap_or(first_sim_ns).min(first_sim_ns);
-    let stream = TokenStream {
-        state: state.clone(),
-        live: Some(live),
-        rank,
-        arrived,
-        queue: (epoch + Duration::from_nanos(scheduled_ns)).saturating_duration_since(submitted),
-        scheduled_ns,
-        first_sim_ns,
-        last_at: first.observed_at,
-        max_tokens,
-        prompt_tokens,
-        cached_tokens: first.cached_tokens.unwrap_or(0),
-        generated: 0,
-        done: false,
-        sampler,
-        scan: generation.stop.is_active().then(|| StopScan::new(&generation.stop)),
-        rules: generation.stop,
-        finish: None,
-        plan,
-        reasoning: String::new(),
-        last_phase: Phase::Content,
-    };
-    state.metrics.observe_first_token(
-        rank,
-        first.observed_at.saturating_duration_since(arrived),
-        prompt_tokens,
-    );
+    let mut choices = Vec::with_capacity(n as usize);
+    let mut firsts = Vec::with_capacity(n as usize);
+    for (index, (mut live, rank, sampler, plan, req_plan)) in lives.into_iter().enumerate() {
+        // Waiting here, not in the body, turns a rejection into a status code; clients
+        // time the first byte either way.
+        let first = match live.recv().await {
+            Some(s) if s.rejected => return Err(state.rejection(prompt_tokens + max_tokens)),
+            Some(s) => s,
+            None => {
+                return Err(ApiError::unavailable("the engine stopped before the request produced a token"))
+            }
+        };
+        let epoch = state.ranks.0[rank].started_at();
+        let first_sim_ns = first.sim_time_ns;
+        let scheduled_ns = first.scheduled_ns.unwrap_or(first_sim_ns).min(first_sim_ns);
+        state.metrics.observe_first_token(
+            rank,
+            first.observed_at.saturating_duration_since(arrived),
+            prompt_tokens,
+        );
+        choices.push(TokenStream {
+            state: state.clone(),
+            index: index as u32,
+            live: Some(live),
+            rank,
+            arrived,
+            queue: (epoch + Duration::from_nanos(scheduled_ns)).saturating_duration_since(submitted),
+            scheduled_ns,
+            first_sim_ns,
+            last_at: first.observed_at,
+            max_tokens,
+            n: n as usize,
+            prompt_tokens,
+            cached_tokens: first.cached_tokens.unwrap_or(0),
+            generated: 0,
+            done: false,
+            sampler,
+            scan: generation.stop.is_active().then(|| StopScan::new(&generation.stop)),
+            rules: generation.stop.clone(),
+            finish: None,
+            plan,
+            req_plan,
+            reasoning: String::new(),
+            last_phase: Phase::Content,
+            logprobs: generation.logprobs.map(LogprobsAcc::new),
+            text_len: echo.as_ref().map_or(0, String::len),
+        });
+        firsts.push(Some(first));
+    }
+    let choices = Choices { streams: choices, firsts, cursor: 0 };
     if generation.stream {
         let mode =
             UsageMode { include_usage: generation.include_usage, continuous: generation.continuous_usage };
-        Ok(sse_response(stream, header, first, mode, echo))
+        Ok(sse_response(choices, header, mode, echo))
     } else {
-        full_response(stream, header, first, echo).await
+        full_response(choices, header, echo).await
     }
+}
+
+/// Token ids of a chat prompt with images: the text around each image tokenized on its
+/// own, each image as `--image-tokens` ids derived from a hash of its URL (or data URL),
+/// so the same image gives the same ids and shares prefix-cache blocks as vLLM's
+/// multimodal hashing makes it.
+pub(crate) fn multimodal_tokens(
+    state: &AppState,
+    text: &str,
+    images: &[(usize, String)],
+    add_special_tokens: bool,
+) -> Result<Vec<u32>, ApiError> {
+    let codec = |e: crate::tokenizer::TokenizerError| ApiError::internal(e.to_string());
+    let vocab = u64::from(state.tokenizer.vocab_size().max(1));
+    let mut out = Vec::new();
+    let mut from = 0;
+    for (i, (at, url)) in images.iter().enumerate() {
+        if *at > from {
+            out.extend(
+                state.tokenizer.encode(&text[from..*at], add_special_tokens && i == 0).map_err(codec)?,
+            );
+        }
+        from = *at;
+        let key = xxhash_rust::xxh3::xxh3_64(url.as_bytes());
+        out.extend((0..state.image_tokens as u64).map(|j| {
+            let h = xxhash_rust::xxh3::xxh3_64_with_seed(&j.to_le_bytes(), key);
+            (h % vocab) as u32
+        }));
+    }
+    out.extend(state.tokenizer.encode(&text[from..], false).map_err(codec)?);
+    Ok(out)
 }
 
 /// vLLM's context-window rules: the prompt must leave room for one token; an output length
@@ -231,9 +317,11 @@ fn route(split: bool, phase: Phase, piece: &str, text: &mut String, reasoning: &
     }
 }
 
-/// A request's remaining outputs plus what the response and the metrics need.
+/// One choice's remaining outputs plus what the response and the metrics need.
 struct TokenStream {
     state: Arc<AppState>,
+    /// The choice's `index`.
+    index: u32,
     /// The engine's stream; dropped (cancelling the request, freeing its KV) when a stop
     /// condition ends the output early.
     live: Option<LiveRequest>,
@@ -247,6 +335,8 @@ struct TokenStream {
     first_sim_ns: u64,
     last_at: Instant,
     max_tokens: usize,
+    /// The request's `n`.
+    n: usize,
     prompt_tokens: usize,
     cached_tokens: usize,
     generated: usize,
@@ -258,12 +348,18 @@ struct TokenStream {
     scan: Option<StopScan>,
     /// How the output ended, once it has.
     finish: Option<Finish>,
+    /// Planned tokens (JSON, tool-call arguments), when not free text.
+    plan: ChoicePlan,
     /// Thinking span and replayed tokens.
-    plan: RequestPlan,
+    req_plan: RequestPlan,
     /// Reasoning text not yet sent (chat with a reasoning config).
     reasoning: String,
     /// Where the latest token belonged.
     last_phase: Phase,
+    /// Log-probabilities of the tokens not yet written out, when asked.
+    logprobs: Option<LogprobsAcc>,
+    /// Bytes of text so far (echoed prompt included): the next token's `text_offset`.
+    text_len: usize,
 }
 
 impl TokenStream {
@@ -279,16 +375,28 @@ impl TokenStream {
         self.last_at = signal.observed_at;
         self.generated += usize::from(had_token);
         if had_token {
+            let pool = self.state.tokenizer.output_vocab();
             let k = signal.index as usize;
-            let (id, piece) = match self.plan.token(k, self.state.reasoning.as_ref()) {
-                Some(fixed) => fixed,
-                None => {
-                    let pool = self.state.tokenizer.output_vocab();
+            let fixed = self.req_plan.token(k, self.state.reasoning.as_ref());
+            let (id, piece, entry) = match &self.plan.planned {
+                _ if fixed.is_some() => {
+                    let (id, piece) = fixed.expect("checked");
+                    (id, piece, None)
+                }
+                Some(p) if k < p.len() => {
+                    let (id, piece) = p.token(signal.index as usize);
+                    (id, piece, None)
+                }
+                _ => {
                     let i = self.sampler.token(signal.index, pool.len());
-                    (pool.id(i), pool.text(i))
+                    (pool.id(i), pool.text(i), Some(i))
                 }
             };
-            let (split, phase) = (self.plan.split, self.plan.phase(k));
+            if let Some(acc) = &mut self.logprobs {
+                acc.push(&self.sampler, pool, signal.index, piece, entry, self.text_len);
+            }
+            self.text_len += piece.len();
+            let (split, phase) = (self.req_plan.split, self.req_plan.phase(k));
             self.last_phase = phase;
             match &mut self.scan {
                 None => route(split, phase, piece, text, &mut self.reasoning),
@@ -306,10 +414,16 @@ impl TokenStream {
         if signal.completed {
             if let Some(scan) = &mut self.scan {
                 let step = scan.finish(None);
-                let (split, phase) = (self.plan.split, self.last_phase);
+                let (split, phase) = (self.req_plan.split, self.last_phase);
                 route(split, phase, &scan.text()[step.send], text, &mut self.reasoning);
             }
-            self.end(signal, Finish::LENGTH, FinishReason::Length);
+            // A plan written to its end is the model's own end of output.
+            let complete = self.plan.planned.as_ref().is_some_and(|p| self.generated >= p.len());
+            match (complete, self.plan.tool_call.is_some()) {
+                (true, true) => self.end(signal, Finish::TOOL_CALLS, FinishReason::Stop),
+                (true, false) => self.end(signal, Finish::EOS, FinishReason::Stop),
+                (false, _) => self.end(signal, Finish::LENGTH, FinishReason::Length),
+            }
         }
     }
 
@@ -326,17 +440,9 @@ impl TokenStream {
             prompt_tokens: self.prompt_tokens,
             generated: self.generated,
             max_tokens: self.max_tokens,
-            n: 1,
+            n: self.n,
             reason,
         });
-    }
-
-    async fn recv(&mut self) -> Option<OutputSignal> {
-        self.live.as_mut()?.recv().await
-    }
-
-    fn try_recv(&mut self) -> Option<OutputSignal> {
-        self.live.as_mut()?.try_recv()
     }
 
     /// Why the stream ended before its last token.
@@ -350,10 +456,6 @@ impl TokenStream {
             ApiError::unavailable("the engine stopped before the request finished")
         }
     }
-
-    fn usage(&self) -> Usage {
-        Usage::new(self.prompt_tokens, self.generated, self.cached_tokens)
-    }
 }
 
 impl Drop for TokenStream {
@@ -366,25 +468,122 @@ impl Drop for TokenStream {
     }
 }
 
+/// The choices of one request, read as their signals arrive.
+struct Choices {
+    streams: Vec<TokenStream>,
+    /// Each choice's first signal, until it is taken.
+    firsts: Vec<Option<OutputSignal>>,
+    /// Where the next poll starts, so no choice starves the others.
+    cursor: usize,
+}
+
+/// What [`Choices::next`] found.
+enum Next {
+    /// A signal of choice `.0`.
+    Signal(usize, OutputSignal),
+    /// Choice `.0`'s engine stream ended before its last token.
+    CutShort(usize),
+    /// Every choice has finished.
+    Done,
+}
+
+impl Choices {
+    fn all_done(&self) -> bool {
+        self.streams.iter().all(|s| s.done)
+    }
+
+    /// A signal already delivered, if any (no waiting).
+    fn try_next(&mut self) -> Option<Next> {
+        if let Some(i) = self.firsts.iter().position(Option::is_some) {
+            return Some(Next::Signal(i, self.firsts[i].take().expect("present")));
+        }
+        let n = self.streams.len();
+        for k in 0..n {
+            let i = (self.cursor + k) % n;
+            let s = &mut self.streams[i];
+            if s.done {
+                continue;
+            }
+            if let Some(signal) = s.live.as_mut().and_then(LiveRequest::try_recv) {
+                self.cursor = (i + 1) % n;
+                return Some(Next::Signal(i, signal));
+            }
+        }
+        None
+    }
+
+    /// The next signal of any unfinished choice.
+    async fn next(&mut self) -> Next {
+        if self.all_done() {
+            return Next::Done;
+        }
+        if let Some(next) = self.try_next() {
+            return next;
+        }
+        let cursor = self.cursor;
+        let streams = &mut self.streams;
+        let n = streams.len();
+        let found = std::future::poll_fn(|cx| {
+            for k in 0..n {
+                let i = (cursor + k) % n;
+                let s = &mut streams[i];
+                if s.done {
+                    continue;
+                }
+                let Some(live) = s.live.as_mut() else { return Poll::Ready(Next::CutShort(i)) };
+                // `recv` is cancel-safe: polling a fresh future each time loses nothing.
+                let recv = std::pin::pin!(live.recv());
+                match recv.poll(cx) {
+                    Poll::Ready(Some(signal)) => return Poll::Ready(Next::Signal(i, signal)),
+                    Poll::Ready(None) => return Poll::Ready(Next::CutShort(i)),
+                    Poll::Pending => {}
+                }
+            }
+            Poll::Pending
+        })
+        .await;
+        if let Next::Signal(i, _) = &found {
+            self.cursor = (i + 1) % n;
+        }
+        found
+    }
+
+    fn usage(&self) -> Usage {
+        let generated = self.streams.iter().map(|s| s.generated).sum();
+        let first = &self.streams[0];
+        Usage::new(first.prompt_tokens, generated, first.cached_tokens)
+    }
+}
+
 async fn full_response(
-    mut stream: TokenStream,
+    mut choices: Choices,
     header: ResponseHeader,
-    first: OutputSignal,
     echo: Option<String>,
 ) -> Result<Response, ApiError> {
-    let mut text = echo.unwrap_or_default();
-    let mut signal = Some(first);
-    while let Some(s) = signal {
-        stream.step(&s, &mut text);
-        if stream.done {
-            break;
+    let mut texts: Vec<String> = vec![echo.unwrap_or_default(); choices.streams.len()];
+    loop {
+        match choices.next().await {
+            Next::Signal(i, s) => choices.streams[i].step(&s, &mut texts[i]),
+            Next::CutShort(i) => return Err(choices.streams[i].cut_short()),
+            Next::Done => break,
         }
-        signal = stream.recv().await;
     }
-    let Some(finish) = stream.finish.take() else { return Err(stream.cut_short()) };
-    let mut body = header.body(&text, stream.usage(), &finish);
-    if stream.plan.split {
-        body = with_reasoning(body, &stream.reasoning);
+    let usage = choices.usage();
+    let bodies: Vec<ChoiceBody> = choices
+        .streams
+        .iter_mut()
+        .zip(texts)
+        .map(|(s, text)| ChoiceBody {
+            text,
+            finish: s.finish.take().expect("a finished choice has a finish"),
+            logprobs: s.logprobs.as_ref().map(LogprobsAcc::to_value),
+            tool_call: s.plan.tool_call.clone(),
+        })
+        .collect();
+    let mut body = header.body(&bodies, usage);
+    if choices.streams.first().is_some_and(|s| s.req_plan.split) {
+        let reasoning: Vec<&str> = choices.streams.iter().map(|s| s.reasoning.as_str()).collect();
+        body = with_reasoning(body, &reasoning);
     }
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
@@ -394,46 +593,73 @@ const MAX_FRAMES_PER_WRITE: usize = 64;
 
 /// An SSE response in progress.
 struct SseState {
-    stream: TokenStream,
+    choices: Choices,
     header: ResponseHeader,
     frames: ContentFrames,
     /// The current signal's text, reused from token to token.
     text: String,
+    /// The echoed prompt (completions `echo`), which leads each choice's first frame.
+    echo: Option<String>,
     mode: UsageMode,
-    pending: Option<OutputSignal>,
+    /// A signal taken when the previous chunk was full: it opens the next chunk.
+    pending: Option<Next>,
     opened: bool,
-    /// Whether the first content frame was written (it keeps the echoed prompt).
-    opened_text: bool,
+    /// Per choice: whether its first content frame was written.
+    opened_text: Vec<bool>,
     finished: bool,
 }
 
 impl SseState {
-    /// Appends the frames of one signal (and the closing frames after the last).
-    fn emit(&mut self, s: &OutputSignal, out: &mut Vec<u8>) {
-        // The echoed prompt (completions `echo`) leads the first frame; later frames start empty.
-        if !self.opened_text {
-            self.opened_text = true;
-        } else {
-            self.text.clear();
-        }
-        self.stream.step(s, &mut self.text);
-        let last = self.stream.finish.as_ref();
-        if self.stream.plan.split {
-            // As vLLM's reasoning parsers stream: thinking as `reasoning_content` deltas, no
-            // chunk for the markers (unless the output ends on one).
-            if !self.stream.reasoning.is_empty() {
-                reasoning_frame(&self.header, out, &self.stream.reasoning, self.mode, self.stream.usage());
-                self.stream.reasoning.clear();
+    /// Appends the frames of one signal of choice `i` (and the closing frames after the
+    /// request's last).
+    fn emit(&mut self, i: usize, s: &OutputSignal, out: &mut Vec<u8>) {
+        self.text.clear();
+        let first = !std::mem::replace(&mut self.opened_text[i], true);
+        if first {
+            if let Some(echo) = &self.echo {
+                self.text.push_str(echo);
             }
-            if self.stream.last_phase == Phase::Content || last.is_some() {
-                self.frames.write(out, &self.text, last, self.stream.usage());
-            }
-        } else {
-            self.frames.write(out, &self.text, last, self.stream.usage());
         }
-        if last.is_some() {
+        let stream = &mut self.choices.streams[i];
+        stream.step(s, &mut self.text);
+        let usage = self.choices.usage();
+        let stream = &mut self.choices.streams[i];
+        let last = stream.finish.as_ref();
+        let logprobs = stream.logprobs.as_ref();
+        match &stream.plan.tool_call {
+            Some(head) => {
+                let lp = logprobs.map(LogprobsAcc::to_value);
+                let head = first.then_some(head);
+                self.header.tool_frame(
+                    out,
+                    stream.index,
+                    head,
+                    &self.text,
+                    lp.as_ref(),
+                    last,
+                    self.mode,
+                    usage,
+                );
+            }
+            None if stream.req_plan.split => {
+                // As vLLM's reasoning parsers stream: thinking as `reasoning_content`
+                // deltas, no chunk for the markers (unless the output ends on one).
+                if !stream.reasoning.is_empty() {
+                    reasoning_frame(&self.header, out, stream.index, &stream.reasoning, self.mode, usage);
+                }
+                if stream.last_phase == Phase::Content || last.is_some() {
+                    self.frames.write(out, stream.index, &self.text, last, usage, logprobs);
+                }
+                stream.reasoning.clear();
+            }
+            None => self.frames.write(out, stream.index, &self.text, last, usage, logprobs),
+        }
+        if let Some(acc) = &mut stream.logprobs {
+            acc.clear();
+        }
+        if self.choices.all_done() {
             if self.mode.include_usage {
-                self.header.usage_frame(out, self.stream.usage());
+                self.header.usage_frame(out, self.choices.usage());
             }
             out.extend_from_slice(b"data: [DONE]\n\n");
             self.finished = true;
@@ -449,60 +675,59 @@ fn frame(json: &str) -> Bytes {
     Bytes::from(out)
 }
 
-/// The SSE body: one frame per token as its pass ends, the usage frame when asked, then
-/// `[DONE]`. If the engine stops mid-stream the client gets an error frame before `[DONE]`,
-/// never a silently truncated answer. Dropping the body (client gone) drops the
-/// `LiveRequest`, which cancels the request in the engine.
-fn sse_response(
-    stream: TokenStream,
-    header: ResponseHeader,
-    first: OutputSignal,
-    mode: UsageMode,
-    echo: Option<String>,
-) -> Response {
+/// The SSE body: one frame per token and choice as its pass ends, the usage frame when
+/// asked, then `[DONE]`. If the engine stops mid-stream the client gets an error frame
+/// before `[DONE]`, never a silently truncated answer. Dropping the body (client gone)
+/// drops the `LiveRequest`s, which cancels the requests in the engine.
+fn sse_response(choices: Choices, header: ResponseHeader, mode: UsageMode, echo: Option<String>) -> Response {
     let frames = header.content_frames(mode);
+    let n = choices.streams.len();
     let init = SseState {
-        stream,
+        choices,
         header,
         frames,
-        text: echo.unwrap_or_default(),
+        text: String::new(),
+        echo,
         mode,
-        pending: Some(first),
+        pending: None,
         opened: false,
-        opened_text: false,
+        opened_text: vec![false; n],
         finished: false,
     };
-    let body = futures_util::stream::unfold(init, |mut st| async move {
+    let body = futures_util::stream::unfold(init, move |mut st| async move {
         if st.finished {
             return None;
         }
         let mut out = Vec::with_capacity(512);
         if !st.opened && st.header.endpoint == Endpoint::Chat {
-            st.header.role_frame(&mut out, st.mode, st.stream.usage());
+            for i in 0..n {
+                st.header.role_frame(&mut out, i as u32, st.mode, st.choices.usage());
+            }
         }
         st.opened = true;
-        let signal = match st.pending.take() {
-            Some(s) => Some(s),
-            None => st.stream.recv().await,
-        };
-        let Some(signal) = signal else {
-            let err = st.stream.cut_short();
-            out.extend_from_slice(&frame(&err.body()));
-            out.extend_from_slice(b"data: [DONE]\n\n");
-            st.finished = true;
-            return Some((Ok::<_, Infallible>(Bytes::from(out)), st));
-        };
         // A reader that fell behind the engine takes every token already delivered in
         // one write: under load that is the difference between a syscall per token and
         // one per batch. Bounded so one chunk stays small.
-        let mut next = Some(signal);
+        let mut next = match st.pending.take() {
+            Some(pending) => Some(pending),
+            None => Some(st.choices.next().await),
+        };
         for _ in 0..MAX_FRAMES_PER_WRITE {
-            let Some(signal) = next.take() else { break };
-            st.emit(&signal, &mut out);
+            match next.take() {
+                None => break,
+                Some(Next::Signal(i, signal)) => st.emit(i, &signal, &mut out),
+                Some(Next::CutShort(i)) => {
+                    let err = st.choices.streams[i].cut_short();
+                    out.extend_from_slice(&frame(&err.body()));
+                    out.extend_from_slice(b"data: [DONE]\n\n");
+                    st.finished = true;
+                }
+                Some(Next::Done) => st.finished = true,
+            }
             if st.finished {
                 break;
             }
-            next = st.stream.try_recv();
+            next = st.choices.try_next();
         }
         // A signal taken when the chunk is full opens the next chunk.
         st.pending = next;

@@ -286,6 +286,7 @@ impl RequestPlan {
 pub fn reasoning_frame(
     header: &ResponseHeader,
     out: &mut Vec<u8>,
+    index: u32,
     text: &str,
     mode: UsageMode,
     usage: Usage,
@@ -322,7 +323,7 @@ pub fn reasoning_frame(
         created: header.created,
         model: &header.model,
         choices: [Choice {
-            index: 0,
+            index,
             delta: Delta { reasoning_content: text },
             logprobs: None,
             finish_reason: None,
@@ -334,15 +335,19 @@ pub fn reasoning_frame(
     out.extend_from_slice(b"\n\n");
 }
 
-/// A non-streamed chat body with the reasoning split out: `message.reasoning_content` set,
+/// A non-streamed chat body with each choice's reasoning split out: `message.reasoning_content` set,
 /// `content` null when the answer is empty (as vLLM returns it).
-pub fn with_reasoning(body: String, reasoning: &str) -> String {
+pub fn with_reasoning(body: String, reasoning: &[&str]) -> String {
     let Ok(mut v) = serde_json::from_str::<serde_json::Value>(&body) else { return body };
-    if let Some(message) = v.pointer_mut("/choices/0/message").and_then(|m| m.as_object_mut()) {
+    for (i, text) in reasoning.iter().enumerate() {
+        let Some(message) = v.pointer_mut(&format!("/choices/{i}/message")).and_then(|m| m.as_object_mut())
+        else {
+            continue;
+        };
         if message.get("content").and_then(|c| c.as_str()) == Some("") {
             message.insert("content".into(), serde_json::Value::Null);
         }
-        message.insert("reasoning_content".into(), reasoning.into());
+        message.insert("reasoning_content".into(), (*text).into());
     }
     v.to_string()
 }

@@ -57,7 +57,14 @@ pub struct ServerOptions {
     pub kv_events: Option<KvEventsOptions>,
     /// Errors injected into inference requests (off by default).
     pub failure_injection: FailureInjectionOptions,
+    /// Prompt tokens per image in chat content (`--image-tokens`, default
+    /// [`DEFAULT_IMAGE_TOKENS`]).
+    pub image_tokens: usize,
 }
+
+/// Tokens per image by default: Qwen2-VL's count for a 448×448 image, one token per
+/// 28×28-pixel patch after its 2×2 merge, (448 / 28)² = 256.
+pub const DEFAULT_IMAGE_TOKENS: usize = 256;
 
 /// Where KV events go: rank `r` binds the endpoints' ports + `r` (port 0 picks free ones).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,6 +106,7 @@ impl ServerOptions {
             stream_buffer_tokens: NonZeroUsize::new(8192).expect("8192 > 0"),
             kv_events: None,
             failure_injection: FailureInjectionOptions::default(),
+            image_tokens: DEFAULT_IMAGE_TOKENS,
         }
     }
 }
@@ -162,6 +170,7 @@ impl BoundServer {
             stream_buffer_tokens,
             kv_events,
             failure_injection,
+            image_tokens,
         } = options;
         let api_key = match api_key.as_deref() {
             None => None,
@@ -257,6 +266,7 @@ impl BoundServer {
             faults: FailureInjector::new(&failure_injection),
             reasoning,
             replay,
+            image_tokens,
         });
         let limits = ConnLimits { max_connections, header_timeout };
         Ok(Self { listener, state, grace: shutdown_grace, limits, kv_events: bound_events })

@@ -116,6 +116,38 @@ impl Tokenizer {
         }
     }
 
+    /// Token ids of `text` (no special tokens), each with the byte offset where its streamed
+    /// piece starts: where the previous token's text ended, so whitespace between tokens
+    /// leads the next piece (`" word"`, as pool tokens stream) and the pieces tile the text.
+    pub fn encode_with_starts(&self, text: &str) -> Result<Vec<(u32, u32)>, TokenizerError> {
+        let mut prev_end = 0usize;
+        let mut start_of = |end: usize| {
+            let mut e = end.clamp(prev_end, text.len());
+            while !text.is_char_boundary(e) {
+                e -= 1;
+            }
+            std::mem::replace(&mut prev_end, e) as u32
+        };
+        match self {
+            Self::HuggingFace { tokenizer, .. } => {
+                // `encode` (not `encode_fast`, which leaves offsets out) gives byte offsets.
+                let e = tokenizer.encode(text, false).map_err(|e| TokenizerError::Codec(e.to_string()))?;
+                Ok(e.get_ids()
+                    .iter()
+                    .zip(e.get_offsets())
+                    .map(|(&id, &(_, end))| (id, start_of(end)))
+                    .collect())
+            }
+            Self::Builtin => {
+                let base = text.as_ptr() as usize;
+                Ok(text
+                    .split_whitespace()
+                    .map(|w| (builtin_word_id(w), start_of(w.as_ptr() as usize - base + w.len())))
+                    .collect())
+            }
+        }
+    }
+
     /// Text of `ids`. Ids beyond the vocabulary wrap around it: the engine's generated
     /// tokens are full 32-bit values.
     pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {

@@ -51,3 +51,48 @@ async fn a_reader_far_behind_gets_every_token_once_in_order() {
     assert!(reasons[..tokens - 1].iter().all(|r| r.is_null()));
     assert_eq!(reasons[tokens - 1], "length");
 }
+
+/// A reader with a tiny receive window: the server's writes stall, the engine runs far
+/// ahead, and every chunk the server writes is a full batch of frames. No frame is lost
+/// at a batch's edge, for any of the `n` choices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_reader_of_n_choices_loses_no_frame_at_batch_edges() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // About 6 MB of frames: more than the server's socket send buffer grows to (4 MiB).
+    let (tokens, n) = (5000usize, 8usize);
+    let launch = LaunchConfig::from_json_str(r#"{"speedup_ratio": 1000000}"#).unwrap();
+    let server = BoundServer::bind(ServerOptions::new("127.0.0.1:0".parse().unwrap(), launch), Vec::new())
+        .await
+        .unwrap();
+    let addr = server.local_addr();
+    tokio::spawn(server.serve(std::future::pending()));
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(2048).unwrap();
+    let mut conn = socket.connect(addr).await.unwrap();
+    let body =
+        serde_json::json!({"prompt": [1, 2, 3], "max_tokens": tokens, "n": n, "stream": true}).to_string();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(body.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw).await.unwrap();
+    let raw = String::from_utf8(raw).unwrap();
+    let mut counts = vec![0usize; n];
+    let mut done = false;
+    for frame in raw.split("\n\n") {
+        let Some(at) = frame.find("data: ") else { continue };
+        let data = &frame[at + 6..];
+        if data == "[DONE]" {
+            done = true;
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(data).unwrap_or_else(|e| panic!("{e}: {data}"));
+        counts[v["choices"][0]["index"].as_u64().unwrap() as usize] += 1;
+    }
+    assert!(done);
+    assert_eq!(counts, vec![tokens; n]);
+}

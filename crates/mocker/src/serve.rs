@@ -112,6 +112,12 @@ pub struct ServeArgs {
     /// arrival order) with the same errors. Random by default.
     #[arg(long)]
     pub failure_injection_seed: Option<u64>,
+    /// Prompt tokens each image_url part of a chat message counts as (default: Qwen2-VL's
+    /// 256 for a 448x448 image). The ids are a hash of the image's URL or data, so the
+    /// same image shares prefix-cache blocks.
+    #[arg(long, default_value_t = mocker_server::server::DEFAULT_IMAGE_TOKENS as u32,
+          value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub image_tokens: u32,
 }
 
 /// File descriptors kept free of connections by the default `--max-connections`.
@@ -297,6 +303,7 @@ impl ServeArgs {
                 options.max_connections = max_connections;
                 options.stream_buffer_tokens = self.stream_buffer_tokens;
                 options.failure_injection = failure_injection.clone();
+                options.image_tokens = self.image_tokens as usize;
                 if let Some(endpoint) = &kv_endpoint {
                     let shift = (i * launch.dp_size) as u32;
                     let offset = |flag: &str, e: &str| {

@@ -53,12 +53,16 @@ fn metrics_are_vllms_exposition_and_request_ids_carry_through() {
 /// Request fields through the openai SDK (tests/python/serve_fields.py): text that the
 /// client's own `tokenizers` re-encodes to exactly the reported ids, seed, stop strings and
 /// token ids (the stopped request's KV freed, the stop counted), min_tokens, echo, chat's
-/// default output length, and a 400 naming each field mocker does not simulate.
+/// default output length, logprobs in both shapes, n > 1 sharing the prompt's KV, JSON and
+/// JSON-schema output, tool calls, images counted by --image-tokens, and a 400 naming each
+/// field mocker does not simulate.
 #[test]
 fn request_fields_behave_as_in_vllm_or_are_refused_by_name() {
-    let server = Server::start(&["--max-model-len", "512", "--speedup-ratio", "200"]);
+    let server =
+        Server::start(&["--max-model-len", "512", "--speedup-ratio", "200", "--image-tokens", "100"]);
     let tokenizer = repo_root().join("tests/fixtures/tokenizers/all-minilm-l6-v2/tokenizer.json");
-    let result = run_script("serve_fields.py", &[&server.base, KEY, tokenizer.to_str().unwrap(), "512"]);
+    let result =
+        run_script("serve_fields.py", &[&server.base, KEY, tokenizer.to_str().unwrap(), "512", "100"]);
     assert_eq!(result["ok"], true, "{result}");
 }
 
@@ -137,6 +141,7 @@ fn bad_flags_exit_2_naming_the_field() {
         (&["--tokenizer", "/nonexistent/tokenizer.json"][..], "--tokenizer"),
         (&["--engine-args", "{\"block_size\": \"x\"}"][..], "block_size"),
         (&["--num-workers", "0"][..], "--num-workers"),
+        (&["--image-tokens", "0"][..], "--image-tokens"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_mocker"))
             .args(["serve", "--port", "0"])

@@ -6,6 +6,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::ApiError;
+use crate::openai::fields::{self, Structured, Tools};
+use crate::output::logprobs::LogprobsShape;
 use crate::output::stop::StopRules;
 
 /// Output length when the client sets none (the OpenAI completions default).
@@ -37,8 +39,6 @@ struct Common {
     #[serde(default)]
     min_tokens: Option<i64>,
     #[serde(default)]
-    n: Option<i64>,
-    #[serde(default)]
     stream: Option<bool>,
     #[serde(default)]
     stream_options: Option<StreamOptions>,
@@ -61,6 +61,13 @@ pub enum PromptInput {
     Text(String),
     /// Token ids, used as they are.
     Ids(Vec<u32>),
+    /// Chat text with images: each image becomes `--image-tokens` ids at its byte offset.
+    Multimodal {
+        /// The rendered text.
+        text: String,
+        /// (byte offset in `text`, URL or data URL) of each image, in order.
+        images: Vec<(usize, String)>,
+    },
 }
 
 /// One chat message reduced to what the prompt needs.
@@ -70,6 +77,8 @@ pub struct ChatMessage {
     pub role: String,
     /// Text content (parts concatenated).
     pub content: String,
+    /// Images, as (byte offset in `content` where the image stands, its URL or data URL).
+    pub images: Vec<(usize, String)>,
 }
 
 /// What the client asked for, validated, before tokenization.
@@ -99,6 +108,14 @@ pub struct Generation {
     /// Without an output length, run to the end of the context (chat, as vLLM does)
     /// instead of the completions default of 16.
     pub default_to_context: bool,
+    /// `n`: choices generated from the one prompt.
+    pub n: u32,
+    /// `logprobs` / `top_logprobs`, when asked.
+    pub logprobs: Option<LogprobsShape>,
+    /// `response_format` other than text.
+    pub structured: Option<Structured>,
+    /// `tools` that may be called (chat).
+    pub tools: Option<Tools>,
 }
 
 /// The body as a JSON object, and the fields both endpoints share.
@@ -131,13 +148,6 @@ fn count(field: &str, value: Option<i64>, min: i64) -> Result<Option<u32>, ApiEr
 
 impl Common {
     fn into_generation(self, output_field: &str) -> Result<Generation, ApiError> {
-        let n = count("n", self.n, 1)?.unwrap_or(1);
-        if n != 1 {
-            return Err(ApiError::invalid_field(
-                "n",
-                format!("n must be 1 (one choice per request), got {n}"),
-            ));
-        }
         let max_tokens = count("max_tokens", self.max_tokens, 1)?;
         let max_completion = count("max_completion_tokens", self.max_completion_tokens, 1)?;
         // Chat clients send max_completion_tokens, completion clients max_tokens; the newer
@@ -180,6 +190,10 @@ impl Common {
             },
             echo: false,
             default_to_context: false,
+            n: 1,
+            logprobs: None,
+            structured: None,
+            tools: None,
         })
     }
 }
@@ -191,6 +205,9 @@ pub fn parse_completion(body: &[u8]) -> Result<(Generation, PromptInput), ApiErr
     refuse_unsupported(&value, COMPLETION_REFUSED)?;
     let mut generation = common.into_generation("max_tokens")?;
     generation.stop.strings = stop_strings(&value["stop"])?;
+    generation.n = fields::n(&value["n"])?;
+    generation.logprobs = fields::completion_logprobs(&value["logprobs"])?;
+    generation.structured = fields::response_format(&value["response_format"])?;
     generation.echo = match &value["echo"] {
         Value::Null => false,
         Value::Bool(b) => *b,
@@ -211,6 +228,10 @@ pub fn parse_chat(body: &[u8]) -> Result<(Generation, Vec<ChatMessage>), ApiErro
     refuse_unsupported(&value, CHAT_REFUSED)?;
     let mut generation = common.into_generation("max_completion_tokens")?;
     generation.stop.strings = stop_strings(&value["stop"])?;
+    generation.n = fields::n(&value["n"])?;
+    generation.logprobs = fields::chat_logprobs(&value["logprobs"], &value["top_logprobs"])?;
+    generation.structured = fields::response_format(&value["response_format"])?;
+    generation.tools = fields::tools(&value["tools"], &value["tool_choice"])?;
     // The chat template already carries the special tokens.
     generation.add_special_tokens = false;
     generation.default_to_context = true;
@@ -247,37 +268,39 @@ fn off(v: &Value) -> bool {
     }
 }
 
-fn text_format(v: &Value) -> bool {
-    off(v) || v.get("type").and_then(Value::as_str) == Some("text")
-}
-
-fn no_tool_calls(v: &Value) -> bool {
-    off(v) || v.as_str() == Some("none")
-}
-
-fn zero_or_off(v: &Value) -> bool {
-    off(v) || v.as_u64() == Some(0)
-}
-
 const COMMON_REFUSED: &[Refused] = &[
     Refused { field: "logit_bias", harmless: off, why: "token biases are not simulated" },
     Refused { field: "prompt_logprobs", harmless: off, why: "prompt log-probabilities are not simulated" },
     Refused { field: "allowed_token_ids", harmless: off, why: "token restrictions are not simulated" },
     Refused { field: "bad_words", harmless: off, why: "token restrictions are not simulated" },
-    Refused { field: "guided_json", harmless: off, why: "structured output is not simulated yet" },
-    Refused { field: "guided_regex", harmless: off, why: "structured output is not simulated yet" },
-    Refused { field: "guided_choice", harmless: off, why: "structured output is not simulated yet" },
-    Refused { field: "guided_grammar", harmless: off, why: "structured output is not simulated yet" },
-    Refused { field: "structured_outputs", harmless: off, why: "structured output is not simulated yet" },
     Refused {
-        field: "response_format",
-        harmless: text_format,
-        why: "only {\"type\": \"text\"} is simulated yet",
+        field: "guided_json",
+        harmless: off,
+        why: "vLLM's guided fields are not simulated; send response_format",
+    },
+    Refused {
+        field: "guided_regex",
+        harmless: off,
+        why: "vLLM's guided fields are not simulated; send response_format",
+    },
+    Refused {
+        field: "guided_choice",
+        harmless: off,
+        why: "vLLM's guided fields are not simulated; send response_format",
+    },
+    Refused {
+        field: "guided_grammar",
+        harmless: off,
+        why: "vLLM's guided fields are not simulated; send response_format",
+    },
+    Refused {
+        field: "structured_outputs",
+        harmless: off,
+        why: "vLLM's guided fields are not simulated; send response_format",
     },
 ];
 
 const COMPLETION_REFUSED: &[Refused] = &[
-    Refused { field: "logprobs", harmless: off, why: "log-probabilities are not simulated yet" },
     Refused { field: "suffix", harmless: off, why: "suffix is not supported (as in vLLM)" },
     Refused {
         field: "best_of",
@@ -287,31 +310,26 @@ const COMPLETION_REFUSED: &[Refused] = &[
 ];
 
 const CHAT_REFUSED: &[Refused] = &[
-    Refused { field: "logprobs", harmless: off, why: "log-probabilities are not simulated yet" },
-    Refused { field: "top_logprobs", harmless: zero_or_off, why: "log-probabilities are not simulated yet" },
     Refused {
-        field: "tools",
+        field: "functions",
         harmless: off,
-        why: "tool calls are not simulated yet; send tool_choice \"none\" to run without them",
+        why: "the deprecated functions field is not simulated; send tools",
     },
-    Refused { field: "tool_choice", harmless: no_tool_calls, why: "tool calls are not simulated yet" },
-    Refused { field: "functions", harmless: off, why: "tool calls are not simulated yet" },
     Refused {
         field: "function_call",
         harmless: |v| off(v) || v.as_str() == Some("none"),
-        why: "tool calls are not simulated yet",
+        why: "the deprecated function_call field is not simulated; send tool_choice",
     },
     Refused { field: "echo", harmless: off, why: "chat echo is not simulated" },
     Refused { field: "audio", harmless: off, why: "audio output is not simulated" },
 ];
 
 /// Refuses (HTTP 400 naming the field) what the request asks for that mocker would
-/// otherwise silently not do. `tools` with `tool_choice: "none"` is honoured: no call.
+/// otherwise silently not do.
 fn refuse_unsupported(value: &Value, endpoint: &[Refused]) -> Result<(), ApiError> {
-    let tools_off = value.get("tool_choice").and_then(Value::as_str) == Some("none");
     for r in COMMON_REFUSED.iter().chain(endpoint) {
         let Some(v) = value.get(r.field) else { continue };
-        if (r.harmless)(v) || (r.field == "tools" && tools_off) {
+        if (r.harmless)(v) {
             continue;
         }
         return Err(ApiError::invalid_field(r.field, format!("{}: {}", r.field, r.why)));
@@ -343,7 +361,7 @@ pub fn prompt_input(value: &Value) -> Result<PromptInput, ApiError> {
         other => return Err(bad(&format!("got {}", kind(other)))),
     };
     let empty = match &prompt {
-        PromptInput::Text(s) => s.is_empty(),
+        PromptInput::Text(s) | PromptInput::Multimodal { text: s, .. } => s.is_empty(),
         PromptInput::Ids(ids) => ids.is_empty(),
     };
     if empty {
@@ -404,6 +422,7 @@ pub fn chat_messages(value: &Value) -> Result<Vec<ChatMessage>, ApiError> {
                 Some(Value::String(r)) => r.clone(),
                 _ => return Err(ApiError::invalid_field(&field, format!("{field}.role: expected a string"))),
             };
+            let mut images = Vec::new();
             let content = match map.get("content") {
                 None | Some(Value::Null) => String::new(),
                 Some(Value::String(s)) => s.clone(),
@@ -416,12 +435,23 @@ pub fn chat_messages(value: &Value) -> Result<Vec<ChatMessage>, ApiError> {
                                 let at = format!("{field}.content[{j}]");
                                 return Err(ApiError::invalid_field(&at, format!("{at}.text: expected a string")));
                             }
+                            (Some("image_url"), _) => {
+                                let url = part.get("image_url").and_then(|u| u.get("url").or(Some(u))).and_then(Value::as_str);
+                                let Some(url) = url.filter(|u| !u.is_empty()) else {
+                                    let at = format!("{field}.content[{j}]");
+                                    return Err(ApiError::invalid_field(
+                                        &at,
+                                        format!("{at}.image_url: expected {{\"url\": \"...\"}} with a non-empty URL"),
+                                    ));
+                                };
+                                images.push((text.len(), url.to_string()));
+                            }
                             (Some(other), _) => {
-                                // Images and other media would need their token counts simulated.
+                                // Audio, video and other media would need their token counts simulated.
                                 let at = format!("{field}.content[{j}]");
                                 return Err(ApiError::invalid_field(
                                     &at,
-                                    format!("{at}: content parts of type {other:?} are not simulated yet; send text parts"),
+                                    format!("{at}: content parts of type {other:?} are not simulated; send text or image_url parts"),
                                 ));
                             }
                             (None, None) => {
@@ -441,7 +471,7 @@ pub fn chat_messages(value: &Value) -> Result<Vec<ChatMessage>, ApiError> {
                     ))
                 }
             };
-            Ok(ChatMessage { role, content })
+            Ok(ChatMessage { role, content, images })
         })
         .collect()
 }
@@ -481,7 +511,7 @@ mod tests {
         let cases: [(&[u8], &str); 9] = [
             (br#"{"prompt":"x","max_tokens":0}"#, "max_tokens"),
             (br#"{"prompt":"x","max_tokens":"ten"}"#, "max_tokens"),
-            (br#"{"prompt":"x","n":2}"#, "n"),
+            (br#"{"prompt":"x","n":129}"#, "n"),
             (br#"{"prompt":"x","max_tokens":2,"min_tokens":3}"#, "min_tokens"),
             (br#"{"prompt":""}"#, "prompt"),
             (br#"{"prompt":[]}"#, "prompt"),

@@ -3,6 +3,9 @@
 
 use serde::Serialize;
 
+use serde_json::Value;
+
+use crate::output::logprobs::LogprobsAcc;
 use crate::output::stop::StopReason;
 
 /// Which endpoint a response belongs to.
@@ -106,7 +109,7 @@ impl Serialize for UsageField {
 struct TextChoice<'a> {
     index: u32,
     text: &'a str,
-    logprobs: Option<()>,
+    logprobs: Option<&'a Value>,
     finish_reason: Option<&'static str>,
     stop_reason: Option<&'a StopReason>,
 }
@@ -123,7 +126,7 @@ impl Serialize for StopReason {
 /// How a choice ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finish {
-    /// `finish_reason`: `length` or `stop`.
+    /// `finish_reason`: `length`, `stop` or `tool_calls`.
     pub reason: &'static str,
     /// `stop_reason`: the stop string or token that ended it.
     pub stop_reason: Option<StopReason>,
@@ -132,11 +135,25 @@ pub struct Finish {
 impl Finish {
     /// The length limit was reached.
     pub const LENGTH: Finish = Finish { reason: "length", stop_reason: None };
+    /// The model ended its output (structured output complete).
+    pub const EOS: Finish = Finish { reason: "stop", stop_reason: None };
+    /// The model ended with a tool call.
+    pub const TOOL_CALLS: Finish = Finish { reason: "tool_calls", stop_reason: None };
 
     /// A stop condition ended the output.
     pub fn stopped(why: StopReason) -> Self {
         Self { reason: "stop", stop_reason: Some(why) }
     }
+}
+
+/// A tool call a choice makes: its id and the function's name (the arguments are the
+/// choice's text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCallHead {
+    /// `id`, `chatcmpl-tool-…` as vLLM names them.
+    pub id: String,
+    /// `function.name`.
+    pub name: String,
 }
 
 #[derive(Serialize)]
@@ -147,26 +164,64 @@ struct ChatDelta<'a> {
 }
 
 #[derive(Serialize)]
-struct ChatChunkChoice<'a> {
+struct ChatChunkChoice<'a, D: Serialize> {
     index: u32,
-    delta: ChatDelta<'a>,
-    logprobs: Option<()>,
+    delta: D,
+    logprobs: Option<&'a Value>,
     finish_reason: Option<&'static str>,
+}
+
+#[derive(Serialize)]
+struct FunctionOut<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    arguments: &'a str,
+}
+
+#[derive(Serialize)]
+struct ToolCallOut<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    index: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    kind: Option<&'static str>,
+    function: FunctionOut<'a>,
+}
+
+#[derive(Serialize)]
+struct ToolDelta<'a> {
+    tool_calls: [ToolCallOut<'a>; 1],
 }
 
 #[derive(Serialize)]
 struct ChatMessageOut<'a> {
     role: &'static str,
-    content: &'a str,
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    tool_calls: &'a [ToolCallOut<'a>],
 }
 
 #[derive(Serialize)]
 struct ChatChoice<'a> {
     index: u32,
     message: ChatMessageOut<'a>,
-    logprobs: Option<()>,
+    logprobs: Option<&'a Value>,
     finish_reason: &'static str,
     stop_reason: Option<&'a StopReason>,
+}
+
+/// One finished choice of a non-streamed response.
+#[derive(Debug, Clone)]
+pub struct ChoiceBody {
+    /// Its text (for a tool call: the arguments).
+    pub text: String,
+    /// How it ended.
+    pub finish: Finish,
+    /// Its `logprobs` object, when asked.
+    pub logprobs: Option<Value>,
+    /// The tool call it makes, if any.
+    pub tool_call: Option<ToolCallHead>,
 }
 
 /// How a stream reports usage, from `stream_options`.
@@ -199,13 +254,43 @@ impl ResponseHeader {
         }
     }
 
-    /// Appends the chat stream's opening frame (role, empty content), as vLLM sends it.
-    pub fn role_frame(&self, out: &mut Vec<u8>, mode: UsageMode, usage: Usage) {
+    /// Appends a chat stream's opening frame for choice `index` (role, empty content), as
+    /// vLLM sends it.
+    pub fn role_frame(&self, out: &mut Vec<u8>, index: u32, mode: UsageMode, usage: Usage) {
         let choice = ChatChunkChoice {
-            index: 0,
+            index,
             delta: ChatDelta { role: Some("assistant"), content: "" },
             logprobs: None,
             finish_reason: None,
+        };
+        self.chunk(out, [choice], Self::usage_field(mode, usage))
+    }
+
+    /// Appends a chat frame of a streamed tool call: the first carries the call's id, type
+    /// and name, every one a piece of the arguments, the last the finish reason.
+    #[allow(clippy::too_many_arguments)]
+    pub fn tool_frame(
+        &self,
+        out: &mut Vec<u8>,
+        index: u32,
+        head: Option<&ToolCallHead>,
+        arguments: &str,
+        logprobs: Option<&Value>,
+        last: Option<&Finish>,
+        mode: UsageMode,
+        usage: Usage,
+    ) {
+        let call = ToolCallOut {
+            index: Some(0),
+            id: head.map(|h| h.id.as_str()),
+            kind: head.map(|_| "function"),
+            function: FunctionOut { name: head.map(|h| h.name.as_str()), arguments },
+        };
+        let choice = ChatChunkChoice {
+            index,
+            delta: ToolDelta { tool_calls: [call] },
+            logprobs,
+            finish_reason: last.map(|f| f.reason),
         };
         self.chunk(out, [choice], Self::usage_field(mode, usage))
     }
@@ -226,10 +311,7 @@ impl ResponseHeader {
         serde_json::to_writer(&mut prefix, &self.created).expect("integers serialize");
         prefix.extend_from_slice(b",\"model\":");
         write_json_str(&mut prefix, &self.model);
-        prefix.extend_from_slice(match self.endpoint {
-            Endpoint::Completions => b",\"choices\":[{\"index\":0,\"text\":".as_slice(),
-            Endpoint::Chat => b",\"choices\":[{\"index\":0,\"delta\":{\"content\":".as_slice(),
-        });
+        prefix.extend_from_slice(b",\"choices\":[{\"index\":");
         ContentFrames { endpoint: self.endpoint, mode, prefix }
     }
 
@@ -239,7 +321,7 @@ impl ResponseHeader {
     }
 
     /// The whole non-streamed response.
-    pub fn body(&self, text: &str, usage: Usage, finish: &Finish) -> String {
+    pub fn body(&self, choices: &[ChoiceBody], usage: Usage) -> String {
         #[derive(Serialize)]
         struct Body<'a, C: Serialize> {
             id: &'a str,
@@ -256,29 +338,57 @@ impl ResponseHeader {
                 object: "text_completion",
                 created,
                 model,
-                choices: [TextChoice {
-                    index: 0,
-                    text,
-                    logprobs: None,
-                    finish_reason: Some(finish.reason),
-                    stop_reason: finish.stop_reason.as_ref(),
-                }],
+                choices: choices
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| TextChoice {
+                        index: i as u32,
+                        text: &c.text,
+                        logprobs: c.logprobs.as_ref(),
+                        finish_reason: Some(c.finish.reason),
+                        stop_reason: c.finish.stop_reason.as_ref(),
+                    })
+                    .collect::<Vec<_>>(),
                 usage,
             }),
-            Endpoint::Chat => serde_json::to_string(&Body {
-                id,
-                object: "chat.completion",
-                created,
-                model,
-                choices: [ChatChoice {
-                    index: 0,
-                    message: ChatMessageOut { role: "assistant", content: text },
-                    logprobs: None,
-                    finish_reason: finish.reason,
-                    stop_reason: finish.stop_reason.as_ref(),
-                }],
-                usage,
-            }),
+            Endpoint::Chat => {
+                let calls: Vec<Option<[ToolCallOut<'_>; 1]>> = choices
+                    .iter()
+                    .map(|c| {
+                        c.tool_call.as_ref().map(|h| {
+                            [ToolCallOut {
+                                index: None,
+                                id: Some(&h.id),
+                                kind: Some("function"),
+                                function: FunctionOut { name: Some(&h.name), arguments: &c.text },
+                            }]
+                        })
+                    })
+                    .collect();
+                serde_json::to_string(&Body {
+                    id,
+                    object: "chat.completion",
+                    created,
+                    model,
+                    choices: choices
+                        .iter()
+                        .zip(&calls)
+                        .enumerate()
+                        .map(|(i, (c, call))| ChatChoice {
+                            index: i as u32,
+                            message: ChatMessageOut {
+                                role: "assistant",
+                                content: if call.is_some() { None } else { Some(&c.text) },
+                                tool_calls: call.as_ref().map_or(&[][..], |c| &c[..]),
+                            },
+                            logprobs: c.logprobs.as_ref(),
+                            finish_reason: c.finish.reason,
+                            stop_reason: c.finish.stop_reason.as_ref(),
+                        })
+                        .collect::<Vec<_>>(),
+                    usage,
+                })
+            }
         };
         out.expect("bodies serialize")
     }
@@ -295,32 +405,49 @@ pub struct ContentFrames {
 }
 
 impl ContentFrames {
-    /// Appends a content frame; the last one carries how the choice ended.
-    pub fn write(&self, out: &mut Vec<u8>, text: &str, last: Option<&Finish>, usage: Usage) {
+    /// Appends a content frame of choice `index`; the last one carries how the choice
+    /// ended; `logprobs` is the frame's tokens' log-probabilities, when asked.
+    pub fn write(
+        &self,
+        out: &mut Vec<u8>,
+        index: u32,
+        text: &str,
+        last: Option<&Finish>,
+        usage: Usage,
+        logprobs: Option<&LogprobsAcc>,
+    ) {
         out.extend_from_slice(&self.prefix);
+        if index < 10 {
+            out.push(b'0' + index as u8);
+        } else {
+            serde_json::to_writer(&mut *out, &index).expect("integers serialize");
+        }
+        out.extend_from_slice(match self.endpoint {
+            Endpoint::Completions => b",\"text\":".as_slice(),
+            Endpoint::Chat => b",\"delta\":{\"content\":".as_slice(),
+        });
         write_json_str(out, text);
-        let tail: &[u8] = match (self.endpoint, last) {
-            (Endpoint::Completions, None) => {
-                b",\"logprobs\":null,\"finish_reason\":null,\"stop_reason\":null}]"
+        out.extend_from_slice(match self.endpoint {
+            Endpoint::Completions => b",\"logprobs\":".as_slice(),
+            Endpoint::Chat => b"},\"logprobs\":".as_slice(),
+        });
+        match logprobs {
+            Some(acc) => acc.write(out),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"finish_reason\":");
+        match last {
+            None => out.extend_from_slice(b"null"),
+            Some(f) => write_json_str(out, f.reason),
+        }
+        if self.endpoint == Endpoint::Completions {
+            out.extend_from_slice(b",\"stop_reason\":");
+            match last.and_then(|f| f.stop_reason.as_ref()) {
+                None => out.extend_from_slice(b"null"),
+                Some(r) => serde_json::to_writer(&mut *out, r).expect("stop reasons serialize"),
             }
-            (Endpoint::Completions, Some(Finish { reason: "length", stop_reason: None })) => {
-                b",\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null}]"
-            }
-            (Endpoint::Completions, Some(f)) => {
-                out.extend_from_slice(b",\"logprobs\":null,\"finish_reason\":");
-                write_json_str(out, f.reason);
-                out.extend_from_slice(b",\"stop_reason\":");
-                serde_json::to_writer(&mut *out, &f.stop_reason).expect("stop reasons serialize");
-                b"}]"
-            }
-            (Endpoint::Chat, None) => b"},\"logprobs\":null,\"finish_reason\":null}]",
-            (Endpoint::Chat, Some(f)) => {
-                out.extend_from_slice(b"},\"logprobs\":null,\"finish_reason\":");
-                write_json_str(out, f.reason);
-                b"}]"
-            }
-        };
-        out.extend_from_slice(tail);
+        }
+        out.extend_from_slice(b"}]");
         match ResponseHeader::usage_field(self.mode, usage) {
             UsageField::Omitted => {}
             UsageField::Null => out.extend_from_slice(b",\"usage\":null"),
@@ -335,7 +462,7 @@ impl ContentFrames {
 
 /// Appends `s` as a JSON string, as serde_json writes it: text that needs no escaping (the
 /// common case) is copied as is.
-fn write_json_str(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn write_json_str(out: &mut Vec<u8>, s: &str) {
     if s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
         serde_json::to_writer(&mut *out, s).expect("strings serialize");
     } else {
@@ -348,7 +475,6 @@ fn write_json_str(out: &mut Vec<u8>, s: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::Value;
 
     fn parse_frame(write: impl FnOnce(&mut Vec<u8>)) -> Value {
         let mut out = Vec::new();
@@ -367,17 +493,20 @@ mod tests {
         let usage = Usage::new(3, 1, 0);
         let mode = UsageMode { include_usage: true, continuous: false };
         let c = parse_frame(|o| {
-            header(Endpoint::Chat).content_frames(mode).write(o, "a", Some(&Finish::LENGTH), usage)
+            header(Endpoint::Chat).content_frames(mode).write(o, 0, "a", Some(&Finish::LENGTH), usage, None)
         });
         assert_eq!(c["object"], "chat.completion.chunk");
         assert_eq!(c["choices"][0]["delta"]["content"], "a");
         assert_eq!(c["choices"][0]["finish_reason"], "length");
         assert!(c["usage"].is_null() && c.as_object().unwrap().contains_key("usage"));
         let t = parse_frame(|o| {
-            header(Endpoint::Completions).content_frames(UsageMode::default()).write(o, "b", None, usage)
+            header(Endpoint::Completions)
+                .content_frames(UsageMode::default())
+                .write(o, 12, "b", None, usage, None)
         });
         assert_eq!(t["object"], "text_completion");
         assert!(t["choices"][0]["finish_reason"].is_null());
+        assert_eq!(t["choices"][0]["index"], 12);
         assert!(!t.as_object().unwrap().contains_key("usage"));
         let u = parse_frame(|o| header(Endpoint::Chat).usage_frame(o, usage));
         assert_eq!(u["choices"].as_array().unwrap().len(), 0);
@@ -403,12 +532,13 @@ mod tests {
                         let finishes = [
                             None,
                             Some(Finish::LENGTH),
+                            Some(Finish::EOS),
                             Some(Finish::stopped(StopReason::Text("\"x".into()))),
                             Some(Finish::stopped(StopReason::Token(7))),
                         ];
                         for last in &finishes {
                             let mut fast = Vec::new();
-                            h.content_frames(mode).write(&mut fast, text, last.as_ref(), usage);
+                            h.content_frames(mode).write(&mut fast, 0, text, last.as_ref(), usage, None);
                             let mut reference = Vec::new();
                             let finish_reason = last.as_ref().map(|f| f.reason);
                             let stop_reason = last.as_ref().and_then(|f| f.stop_reason.as_ref());
@@ -450,12 +580,74 @@ mod tests {
 
     #[test]
     fn bodies_carry_full_usage() {
+        let choice = |text: &str, tool_call| ChoiceBody {
+            text: text.into(),
+            finish: Finish::LENGTH,
+            logprobs: None,
+            tool_call,
+        };
         let b: Value =
-            serde_json::from_str(&header(Endpoint::Chat).body("hi", Usage::new(10, 2, 4), &Finish::LENGTH))
+            serde_json::from_str(&header(Endpoint::Chat).body(&[choice("hi", None)], Usage::new(10, 2, 4)))
                 .unwrap();
         assert_eq!(b["object"], "chat.completion");
         assert_eq!(b["choices"][0]["message"]["content"], "hi");
         assert_eq!(b["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
         assert_eq!(b["usage"]["completion_tokens"], 2);
+        let head = ToolCallHead { id: "chatcmpl-tool-1".into(), name: "f".into() };
+        let b: Value = serde_json::from_str(
+            &header(Endpoint::Chat).body(&[choice("x", None), choice("{}", Some(head))], Usage::new(1, 2, 0)),
+        )
+        .unwrap();
+        assert_eq!(b["choices"][1]["index"], 1);
+        assert!(b["choices"][1]["message"]["content"].is_null());
+        let call = &b["choices"][1]["message"]["tool_calls"][0];
+        assert_eq!((call["type"].as_str(), call["function"]["name"].as_str()), (Some("function"), Some("f")));
+        assert_eq!(call["function"]["arguments"], "{}");
+        assert!(b["choices"][0]["message"].get("tool_calls").is_none());
+    }
+
+    #[test]
+    fn frames_carry_logprobs_and_tool_call_deltas() {
+        use crate::output::logprobs::{LogprobsAcc, LogprobsShape};
+        use crate::output::sampler::Sampler;
+        use crate::output::vocab::OutputVocab;
+        let mut acc = LogprobsAcc::new(LogprobsShape::Chat { top: 2 });
+        acc.push(&Sampler::seeded(1, &[], 0), &OutputVocab::builtin(), 0, " a", None, 0);
+        let c = parse_frame(|o| {
+            header(Endpoint::Chat).content_frames(UsageMode::default()).write(
+                o,
+                3,
+                " a",
+                None,
+                Usage::new(1, 1, 0),
+                Some(&acc),
+            )
+        });
+        assert_eq!(c["choices"][0]["logprobs"]["content"][0]["token"], " a");
+        assert_eq!(c["choices"][0]["index"], 3);
+        let head = ToolCallHead { id: "i".into(), name: "f".into() };
+        let mode = UsageMode::default();
+        let first = parse_frame(|o| {
+            header(Endpoint::Chat).tool_frame(o, 0, Some(&head), "{\"", None, None, mode, Usage::new(1, 1, 0))
+        });
+        let call = &first["choices"][0]["delta"]["tool_calls"][0];
+        assert_eq!(
+            (call["index"].as_u64(), call["id"].as_str(), call["function"]["name"].as_str()),
+            (Some(0), Some("i"), Some("f"))
+        );
+        let last = parse_frame(|o| {
+            header(Endpoint::Chat).tool_frame(
+                o,
+                0,
+                None,
+                "}",
+                None,
+                Some(&Finish::TOOL_CALLS),
+                mode,
+                Usage::new(1, 1, 0),
+            )
+        });
+        assert_eq!(last["choices"][0]["finish_reason"], "tool_calls");
+        assert!(last["choices"][0]["delta"]["tool_calls"][0].get("id").is_none());
     }
 }

@@ -1,0 +1,498 @@
+//! JSON text generated from a JSON schema, for `response_format` and tool-call arguments.
+//! Supported: `type` (object, array, string, number, integer, boolean, null; a list of types
+//! takes its first), `properties`, `required` (optional properties appear about half the
+//! time), `items`, `minItems`/`maxItems`, `minimum`/`maximum` and their exclusive forms,
+//! `enum`, `const`, `$ref` into `$defs`/`definitions`, `anyOf`/`oneOf` (the first branch),
+//! and the annotations (`title`, `description`, `default`, `additionalProperties`, ...),
+//! which constrain nothing the generator writes. Any other keyword is refused by name
+//! before generation. Strings are pool words, so the output re-tokenizes as planned; the
+//! layout is Python's `json.dumps` (`", "`, `": "`), which is what guided decoding in vLLM
+//! usually produces. Every choice is a draw of the sequence's sampler: deterministic under
+//! a seed.
+
+use serde_json::Value;
+
+use super::sampler::Sampler;
+use super::vocab::OutputVocab;
+
+/// Keywords the generator honours or that constrain nothing it writes.
+const KNOWN: &[&str] = &[
+    "type",
+    "properties",
+    "required",
+    "items",
+    "minItems",
+    "maxItems",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "enum",
+    "const",
+    "$ref",
+    "$defs",
+    "definitions",
+    "anyOf",
+    "oneOf",
+    "additionalProperties",
+    "title",
+    "description",
+    "default",
+    "examples",
+    "$schema",
+    "$id",
+    "$comment",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "nullable",
+];
+
+/// Nesting beyond which optional parts are left out (recursive schemas end there).
+const SOFT_DEPTH: usize = 6;
+/// Nesting at which a schema that still requires more is refused.
+const HARD_DEPTH: usize = 24;
+
+/// Why a schema cannot be generated from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchemaError {
+    /// JSON pointer of the offending subschema.
+    pub at: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl std::fmt::Display for SchemaError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (at schema {})", self.message, if self.at.is_empty() { "root" } else { &self.at })
+    }
+}
+
+/// Refuses schemas with keywords the generator does not honour, naming them, and malformed
+/// ones (a subschema that is not an object or a boolean, a `$ref` outside the document's
+/// `$defs`).
+pub fn check(schema: &Value) -> Result<(), SchemaError> {
+    check_at(schema, schema, "")
+}
+
+fn check_at(root: &Value, schema: &Value, at: &str) -> Result<(), SchemaError> {
+    let err = |message: String| SchemaError { at: at.to_string(), message };
+    let map = match schema {
+        Value::Bool(true) => return Ok(()),
+        Value::Object(map) => map,
+        other => return Err(err(format!("a schema must be an object (or true), got {other}"))),
+    };
+    let mut unknown: Vec<&str> = map.keys().map(String::as_str).filter(|k| !KNOWN.contains(k)).collect();
+    if !unknown.is_empty() {
+        unknown.sort_unstable();
+        return Err(err(format!("unsupported JSON schema keywords: {}", unknown.join(", "))));
+    }
+    if let Some(r) = map.get("$ref") {
+        let Some(r) = r.as_str() else { return Err(err(format!("$ref must be a string, got {r}"))) };
+        resolve(root, r)
+            .ok_or_else(|| err(format!("$ref {r:?} does not name an entry of $defs or definitions")))?;
+    }
+    if let Some(t) = map.get("type") {
+        let names: Vec<&Value> = match t {
+            Value::Array(a) if !a.is_empty() => a.iter().collect(),
+            other => vec![other],
+        };
+        for n in names {
+            let ok = matches!(
+                n.as_str(),
+                Some("object" | "array" | "string" | "number" | "integer" | "boolean" | "null")
+            );
+            if !ok {
+                return Err(err(format!("type {n} is not a JSON schema type")));
+            }
+        }
+    }
+    if let Some(e) = map.get("enum") {
+        if e.as_array().is_none_or(|a| a.is_empty()) {
+            return Err(err("enum must be a non-empty list".into()));
+        }
+    }
+    if let (Some(min), Some(max)) =
+        (map.get("minItems").and_then(Value::as_u64), map.get("maxItems").and_then(Value::as_u64))
+    {
+        if min > max {
+            return Err(err(format!("minItems {min} is larger than maxItems {max}")));
+        }
+    }
+    for key in ["properties", "$defs", "definitions"] {
+        if let Some(Value::Object(children)) = map.get(key) {
+            for (name, child) in children {
+                check_at(root, child, &format!("{at}/{key}/{name}"))?;
+            }
+        }
+    }
+    if let Some(items) = map.get("items") {
+        check_at(root, items, &format!("{at}/items"))?;
+    }
+    for key in ["anyOf", "oneOf"] {
+        if let Some(branches) = map.get(key) {
+            let Some(branches) = branches.as_array().filter(|a| !a.is_empty()) else {
+                return Err(err(format!("{key} must be a non-empty list")));
+            };
+            for (i, b) in branches.iter().enumerate() {
+                check_at(root, b, &format!("{at}/{key}/{i}"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The subschema a local `$ref` names.
+fn resolve<'a>(root: &'a Value, r: &str) -> Option<&'a Value> {
+    if r == "#" {
+        return Some(root);
+    }
+    let rest = r.strip_prefix("#/")?;
+    let (section, name) = rest.split_once('/')?;
+    if section != "$defs" && section != "definitions" {
+        return None;
+    }
+    root.get(section)?.get(name.replace("~1", "/").replace("~0", "~"))
+}
+
+/// Writes JSON text matching `schema` (already [`check`]ed) to `out`.
+pub fn generate(
+    schema: &Value,
+    sampler: &Sampler,
+    pool: &OutputVocab,
+    out: &mut String,
+) -> Result<(), SchemaError> {
+    Gen { root: schema, sampler, pool, draws: 0 }.value(schema, 0, "", out)
+}
+
+/// Writes a JSON object of a few word-named fields (`response_format: json_object`).
+pub fn generate_object(sampler: &Sampler, pool: &OutputVocab, out: &mut String) {
+    let mut g = Gen { root: &Value::Null, sampler, pool, draws: 0 };
+    let fields = 2 + g.pick(3);
+    out.push('{');
+    for i in 0..fields {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push('"');
+        out.push_str(g.word());
+        out.push_str(&i.to_string());
+        out.push_str("\": ");
+        match g.pick(3) {
+            0 => g.words(out),
+            1 => out.push_str(&g.pick(1000).to_string()),
+            _ => out.push_str(if g.pick(2) == 0 { "true" } else { "false" }),
+        }
+    }
+    out.push('}');
+}
+
+struct Gen<'a> {
+    root: &'a Value,
+    sampler: &'a Sampler,
+    pool: &'a OutputVocab,
+    draws: u64,
+}
+
+impl Gen<'_> {
+    fn pick(&mut self, n: usize) -> usize {
+        self.draws += 1;
+        self.sampler.pick(5, self.draws, n.max(1))
+    }
+
+    fn word(&mut self) -> &str {
+        let i = self.pick(self.pool.len());
+        self.pool.text(i).trim_start()
+    }
+
+    /// A string of one to three pool words.
+    fn words(&mut self, out: &mut String) {
+        out.push('"');
+        for i in 0..=self.pick(3) {
+            if i > 0 {
+                out.push(' ');
+            }
+            let w = self.word().to_string();
+            out.push_str(&w);
+        }
+        out.push('"');
+    }
+
+    fn value(&mut self, schema: &Value, depth: usize, at: &str, out: &mut String) -> Result<(), SchemaError> {
+        let err = |message: String| SchemaError { at: at.to_string(), message };
+        if depth > HARD_DEPTH {
+            return Err(err(format!("the schema requires nesting deeper than {HARD_DEPTH} levels")));
+        }
+        let Value::Object(map) = schema else {
+            // `true`: anything; a string will do.
+            self.words(out);
+            return Ok(());
+        };
+        if let Some(r) = map.get("$ref").and_then(Value::as_str) {
+            let target = resolve(self.root, r).ok_or_else(|| err(format!("unresolved $ref {r:?}")))?;
+            return self.value(target, depth + 1, r, out);
+        }
+        if let Some(c) = map.get("const") {
+            write_value(c, out);
+            return Ok(());
+        }
+        if let Some(Value::Array(options)) = map.get("enum") {
+            let i = self.pick(options.len());
+            write_value(&options[i], out);
+            return Ok(());
+        }
+        for key in ["anyOf", "oneOf"] {
+            if let Some(first) = map.get(key).and_then(Value::as_array).and_then(|a| a.first()) {
+                return self.value(first, depth + 1, &format!("{at}/{key}/0"), out);
+            }
+        }
+        let ty = match map.get("type") {
+            Some(Value::String(t)) => t.as_str(),
+            Some(Value::Array(a)) => a.first().and_then(Value::as_str).unwrap_or("string"),
+            _ if map.contains_key("properties") => "object",
+            _ if map.contains_key("items") => "array",
+            _ => "string",
+        };
+        match ty {
+            "object" => {
+                out.push('{');
+                let required: Vec<&str> = map
+                    .get("required")
+                    .and_then(Value::as_array)
+                    .map(|r| r.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_default();
+                let mut first = true;
+                if let Some(Value::Object(props)) = map.get("properties") {
+                    for (name, sub) in props {
+                        let include =
+                            required.contains(&name.as_str()) || (depth < SOFT_DEPTH && self.pick(2) == 0);
+                        if !include {
+                            continue;
+                        }
+                        if !first {
+                            out.push_str(", ");
+                        }
+                        first = false;
+                        write_value(&Value::String(name.clone()), out);
+                        out.push_str(": ");
+                        self.value(sub, depth + 1, &format!("{at}/properties/{name}"), out)?;
+                    }
+                }
+                // A required name without a declared schema still has to appear.
+                let declared = map.get("properties").and_then(Value::as_object);
+                for name in required {
+                    if declared.is_some_and(|p| p.contains_key(name)) {
+                        continue;
+                    }
+                    if !first {
+                        out.push_str(", ");
+                    }
+                    first = false;
+                    write_value(&Value::String(name.to_string()), out);
+                    out.push_str(": ");
+                    self.words(out);
+                }
+                out.push('}');
+            }
+            "array" => {
+                let min = map.get("minItems").and_then(Value::as_u64).unwrap_or(0) as usize;
+                let max = map.get("maxItems").and_then(Value::as_u64).map_or(usize::MAX, |m| m as usize);
+                let want = if depth < SOFT_DEPTH { 1 + self.pick(3) } else { 0 };
+                let count = want.clamp(min, max.max(min)).min(min.max(64));
+                let items = map.get("items").unwrap_or(&Value::Bool(true));
+                out.push('[');
+                for i in 0..count {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    self.value(items, depth + 1, &format!("{at}/items"), out)?;
+                }
+                out.push(']');
+            }
+            "integer" | "number" => {
+                let (lo, hi) = bounds(map, ty == "integer").map_err(err)?;
+                let span = (hi - lo).max(0.0);
+                let u = self.pick(1 << 20) as f64 / f64::from(1u32 << 20);
+                if ty == "integer" {
+                    let v = (lo + (u * (span + 1.0)).floor()).min(hi);
+                    out.push_str(&format!("{}", v as i64));
+                } else {
+                    // Two decimals, kept inside the bounds after rounding.
+                    let v = ((lo + u * span) * 100.0).floor() / 100.0;
+                    let v = if v < lo { lo } else { v };
+                    let s = serde_json::to_string(&v).expect("finite");
+                    out.push_str(&s);
+                }
+            }
+            "boolean" => out.push_str(if self.pick(2) == 0 { "true" } else { "false" }),
+            "null" => out.push_str("null"),
+            _ => self.words(out),
+        }
+        Ok(())
+    }
+}
+
+/// The range numbers are drawn from: the schema's bounds (exclusive ones moved in), else
+/// 0..=100 around whichever bound is given.
+fn bounds(map: &serde_json::Map<String, Value>, integer: bool) -> Result<(f64, f64), String> {
+    let get = |k: &str| map.get(k).and_then(Value::as_f64);
+    let step = if integer { 1.0 } else { 0.01 };
+    let mut lo = get("minimum");
+    if let Some(x) = get("exclusiveMinimum") {
+        lo = Some(lo.map_or(x + step, |l: f64| l.max(x + step)));
+    }
+    let mut hi = get("maximum");
+    if let Some(x) = get("exclusiveMaximum") {
+        hi = Some(hi.map_or(x - step, |h: f64| h.min(x - step)));
+    }
+    let (mut lo, mut hi) = match (lo, hi) {
+        (Some(l), Some(h)) => (l, h),
+        (Some(l), None) => (l, l + 100.0),
+        (None, Some(h)) => (h - 100.0, h),
+        (None, None) => (0.0, 100.0),
+    };
+    if integer {
+        lo = lo.ceil();
+        hi = hi.floor();
+    }
+    if lo > hi {
+        return Err(format!("no {} lies within minimum/maximum", if integer { "integer" } else { "number" }));
+    }
+    Ok((lo, hi))
+}
+
+/// A JSON value in `json.dumps` layout.
+fn write_value(v: &Value, out: &mut String) {
+    match v {
+        Value::Array(items) => {
+            out.push('[');
+            for (i, x) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write_value(x, out);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            out.push('{');
+            for (i, (k, x)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                out.push_str(&serde_json::to_string(k).expect("strings serialize"));
+                out.push_str(": ");
+                write_value(x, out);
+            }
+            out.push('}');
+        }
+        other => out.push_str(&serde_json::to_string(other).expect("scalars serialize")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn gen(schema: &Value, seed: u64) -> Value {
+        check(schema).unwrap();
+        let mut out = String::new();
+        generate(schema, &Sampler::seeded(seed, &[1], 0), &OutputVocab::builtin(), &mut out).unwrap();
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+    }
+
+    fn person() -> Value {
+        json!({
+            "$defs": {
+                "pet": {"type": "object", "properties": {
+                    "kind": {"enum": ["cat", "dog"]},
+                    "age": {"type": "integer", "minimum": 1, "maximum": 20}
+                }, "required": ["kind", "age"], "additionalProperties": false}
+            },
+            "type": "object",
+            "title": "Person",
+            "properties": {
+                "name": {"type": "string", "description": "full name"},
+                "height": {"type": "number", "exclusiveMinimum": 1.5, "maximum": 2.1},
+                "tags": {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 4},
+                "pets": {"type": "array", "items": {"$ref": "#/$defs/pet"}},
+                "alive": {"type": "boolean"},
+                "spouse": {"anyOf": [{"type": "null"}, {"type": "string"}]},
+                "nick": {"type": ["string", "null"]},
+                "version": {"const": 2}
+            },
+            "required": ["name", "height", "tags", "pets", "alive", "spouse", "version", "extra"]
+        })
+    }
+
+    #[test]
+    fn generated_values_match_the_schema() {
+        for seed in 0..200 {
+            let v = gen(&person(), seed);
+            let o = v.as_object().unwrap();
+            assert!(o["name"].as_str().is_some_and(|s| !s.is_empty()));
+            let h = o["height"].as_f64().unwrap();
+            assert!(h > 1.5 && h <= 2.1, "{h}");
+            let tags = o["tags"].as_array().unwrap();
+            assert!((2..=4).contains(&tags.len()) && tags.iter().all(Value::is_string));
+            for pet in o["pets"].as_array().unwrap() {
+                assert!(["cat", "dog"].contains(&pet["kind"].as_str().unwrap()));
+                assert!((1..=20).contains(&pet["age"].as_i64().unwrap()));
+                assert_eq!(pet.as_object().unwrap().len(), 2);
+            }
+            assert!(o["alive"].is_boolean());
+            assert!(o["spouse"].is_null(), "anyOf takes the first branch");
+            assert_eq!(o["version"], 2);
+            assert!(o["extra"].is_string());
+            if let Some(n) = o.get("nick") {
+                assert!(n.is_string());
+            }
+        }
+    }
+
+    #[test]
+    fn output_is_deterministic_per_key_and_varies_across_keys() {
+        assert_eq!(gen(&person(), 3), gen(&person(), 3));
+        let distinct: std::collections::HashSet<String> =
+            (0..20).map(|s| gen(&person(), s).to_string()).collect();
+        assert!(distinct.len() > 15, "{}", distinct.len());
+    }
+
+    #[test]
+    fn recursive_schemas_end_and_json_object_is_an_object() {
+        let tree = json!({"$defs": {"node": {"type": "object", "properties": {
+            "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}},
+            "$ref": "#/$defs/node"});
+        for seed in 0..50 {
+            assert!(gen(&tree, seed).is_object());
+        }
+        let endless = json!({"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}, "required": ["next"]}}, "$ref": "#/$defs/n"});
+        let mut out = String::new();
+        let e =
+            generate(&endless, &Sampler::seeded(1, &[], 0), &OutputVocab::builtin(), &mut out).unwrap_err();
+        assert!(e.message.contains("deeper"), "{e}");
+        for seed in 0..50 {
+            let mut out = String::new();
+            generate_object(&Sampler::seeded(seed, &[], 0), &OutputVocab::builtin(), &mut out);
+            let v: Value = serde_json::from_str(&out).unwrap();
+            assert!((2..=4).contains(&v.as_object().unwrap().len()), "{out}");
+        }
+    }
+
+    #[test]
+    fn unsupported_keywords_and_bad_refs_are_refused_by_name() {
+        let e = check(&json!({"type": "object", "properties": {"d": {"type": "string", "pattern": "^a", "format": "date"}}})).unwrap_err();
+        assert_eq!(e.at, "/properties/d");
+        assert!(e.message.contains("format, pattern"), "{e}");
+        assert!(check(&json!({"allOf": [{}]})).unwrap_err().message.contains("allOf"));
+        assert!(check(&json!({"$ref": "https://example.com/s.json"})).unwrap_err().message.contains("$ref"));
+        assert!(check(&json!({"type": "text"})).is_err());
+        assert!(check(&json!({"enum": []})).is_err());
+        assert!(check(&json!({"type": "array", "minItems": 3, "maxItems": 1})).is_err());
+        assert!(check(&json!(5)).is_err());
+        let mut out = String::new();
+        let bad = json!({"type": "integer", "minimum": 5, "maximum": 4});
+        assert!(generate(&bad, &Sampler::seeded(1, &[], 0), &OutputVocab::builtin(), &mut out).is_err());
+    }
+}
