@@ -293,7 +293,11 @@ impl ServeArgs {
             .clone()
             .or_else(|| launch.dynamo.zmq_replay_port.map(|p| format!("tcp://{}:{p}", self.host)));
         if replay_endpoint.is_some() && kv_endpoint.is_none() {
-            return Err(UsageError("--kv-events-replay-endpoint: needs --kv-events-endpoint".into()));
+            return Err(UsageError(
+                "--kv-events-replay-endpoint (or dynamo.zmq_replay_port): needs --kv-events-endpoint (or \
+                 dynamo.zmq_kv_events_port)"
+                    .into(),
+            ));
         }
         let (kv_endpoint, kv_token_ids) = self.kv_event_keys(kv_endpoint, &launch)?;
         let tokenizer = match &self.tokenizer {

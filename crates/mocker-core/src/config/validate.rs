@@ -119,6 +119,11 @@ impl EngineConfig {
         only_for(Backend::Vllm, "prefill_schedule_interval", psi, 1)?;
         int_range(f("prefill_decode_interval"), self.prefill_decode_interval, 0, MAX_INTERVAL)?;
         only_for(Backend::Sglang, "prefill_decode_interval", self.prefill_decode_interval, 0)?;
+        // A prefill worker never decodes (so its skipped rounds never ran out: a dead end)
+        // and a decode worker never prefills: the rule needs both on one worker.
+        let (pdi, wt) = (self.prefill_decode_interval, self.worker_type);
+        let msg = format!("applies to aggregated workers only (got {pdi} with worker_type={wt})");
+        ensure(pdi == 0 || wt == super::WorkerType::Aggregated, f("prefill_decode_interval"), msg)?;
         let ok = self.enable_chunked_prefill || backend != Backend::Sglang;
         let msg = "false is not supported for backend=sglang; expected true";
         ensure(ok, f("enable_chunked_prefill"), msg)?;
