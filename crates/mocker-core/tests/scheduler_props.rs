@@ -81,7 +81,12 @@ fn config() -> impl Strategy<Value = EngineConfig> {
                 max_num_batched_tokens,
                 enable_chunked_prefill,
                 enable_prefix_caching,
-                preemption_mode,
+                // TRT-LLM's guaranteed_no_evict never preempts, so the key is vLLM-only.
+                preemption_mode: if backend == Backend::Vllm {
+                    preemption_mode
+                } else {
+                    PreemptionMode::Lifo
+                },
                 timing_model,
                 ..EngineConfig::default()
             },

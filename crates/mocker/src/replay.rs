@@ -381,6 +381,17 @@ impl ReplayArgs {
                 );
             }
         }
+        for pool in cluster.pools() {
+            let flag = if std::ptr::eq(pool, cluster.entry()) { flag } else { "--decode-engine-args" };
+            let keys = serve_only_keys(&pool.launch);
+            if !keys.is_empty() {
+                eprintln!(
+                    "warning: {flag}: {} not used by replay (no KV events are published and no text is \
+                     generated); they apply to mocker serve",
+                    keys.join(", ")
+                );
+            }
+        }
         let kv = parse_router("--router", &self.router).is_ok_and(|m| m == RouterMode::Kv);
         if !kv && cluster.entry().launch.dynamo.router_queue_policy.is_some() {
             eprintln!(
@@ -391,8 +402,25 @@ impl ReplayArgs {
     }
 }
 
+/// The keys of `launch` that only a server acts on (KV-event publishing, output content).
+fn serve_only_keys(launch: &mocker_core::config::LaunchConfig) -> Vec<&'static str> {
+    let (e, rt) = (&launch.engine, &launch.dynamo);
+    [
+        ("emit_kv_events", e.emit_kv_events),
+        ("emit_kv_token_ids", e.emit_kv_token_ids),
+        ("dynamo.zmq_kv_events_port", rt.zmq_kv_events_port.is_some()),
+        ("dynamo.zmq_replay_port", rt.zmq_replay_port.is_some()),
+        ("dynamo.reasoning", rt.reasoning.is_some()),
+        ("dynamo.response_replay_trace_path", rt.response_replay_trace_path.is_some()),
+    ]
+    .into_iter()
+    .filter(|(_, set)| *set)
+    .map(|(key, _)| key)
+    .collect()
+}
+
 /// Warns on stderr that `flag`'s KV transfer keys do nothing here, and where they apply.
-fn warn_transfer_keys(flag: &str, launch: &mocker_core::config::LaunchConfig, applies: &str) {
+pub(crate) fn warn_transfer_keys(flag: &str, launch: &mocker_core::config::LaunchConfig, applies: &str) {
     let e = &launch.engine;
     let mut keys = Vec::new();
     if e.kv_transfer_bytes_per_token.is_some() {

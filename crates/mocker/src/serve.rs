@@ -177,6 +177,31 @@ impl ServeArgs {
             launch.dp_size = v;
         }
         launch.validate().map_err(|e| UsageError(e.to_string()))?;
+        let wt = launch.engine.worker_type;
+        if wt != mocker_core::config::WorkerType::Aggregated {
+            return Err(UsageError(format!(
+                "engine.worker_type: {wt} is not served: mocker serve runs aggregated workers only \
+                 (disaggregated prefill/decode runs in mocker replay --prefill-engine-args/--decode-engine-args)"
+            )));
+        }
+        crate::replay::warn_transfer_keys(
+            "--engine-args",
+            &launch,
+            "a disaggregated replay's --prefill-engine-args (mocker serve runs aggregated workers)",
+        );
+        if launch.tensor_parallel_size != 1 {
+            eprintln!(
+                "warning: --engine-args: tensor_parallel_size not used by serve (no figure here is per GPU); \
+                 it applies to replay's per-GPU figures (gpu_hours, decode_gpus_per_worker) and must match a \
+                 timing profile's tp"
+            );
+        }
+        if launch.dynamo.router_queue_policy.is_some() {
+            eprintln!(
+                "warning: --engine-args: dynamo.router_queue_policy not used by serve (it has no router); it \
+                 orders the KV router's queue in mocker replay --router kv"
+            );
+        }
         if launch.engine.native_host_offload.is_some() {
             // Live engines are stepped by requests, not woken by transfer completions.
             let msg = "engine.native_host_offload: is simulated only by offline replay (mocker replay)";
@@ -274,7 +299,11 @@ impl ServeArgs {
             .clone()
             .or_else(|| launch.dynamo.zmq_replay_port.map(|p| format!("tcp://{}:{p}", self.host)));
         if replay_endpoint.is_some() && kv_endpoint.is_none() {
-            return Err(UsageError("--kv-events-replay-endpoint: needs --kv-events-endpoint".into()));
+            return Err(UsageError(
+                "--kv-events-replay-endpoint (or dynamo.zmq_replay_port): needs --kv-events-endpoint (or \
+                 dynamo.zmq_kv_events_port)"
+                    .into(),
+            ));
         }
         let (kv_endpoint, kv_token_ids) = self.kv_event_keys(kv_endpoint, &launch)?;
         let tokenizer = match &self.tokenizer {

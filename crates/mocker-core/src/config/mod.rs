@@ -13,7 +13,7 @@
 
 mod canonical;
 mod parse;
-pub use parse::{read_args_file, MAX_ARGS_FILE_BYTES};
+pub use parse::{accepted_keys, read_args_file, MAX_ARGS_FILE_BYTES};
 #[cfg(test)]
 mod tests;
 mod validate;

@@ -35,6 +35,33 @@ const FLAT_ALIASES: [(&str, &str); 4] = [
     ("ais_mtp_seed", "aic_mtp_seed"),
 ];
 
+/// Every key the engine-args parser accepts, spelled as in the flat form, with a key inside
+/// an object named `object.key` (`sglang.schedule_policy`, `reasoning.thinking_ratio`).
+/// Pure containers (`engine`, `dynamo`, `sglang`, `trtllm`) are left out, their keys are
+/// listed; `timing_model` is one key (its fields are its value). Tests walk this list so a
+/// new key cannot be added without saying what it does.
+pub fn accepted_keys() -> Vec<String> {
+    let containers = ["engine", "dynamo", "sglang", "trtllm"];
+    let mut keys: Vec<String> = [ENGINE_KEYS, LAUNCH_KEYS, RUNTIME_KEYS]
+        .iter()
+        .flat_map(|list| list.split_whitespace())
+        .filter(|k| !containers.contains(k))
+        .map(str::to_string)
+        .collect();
+    let nested = [
+        ("sglang", SGLANG_KEYS),
+        ("trtllm", "capacity_scheduler_policy"),
+        ("native_host_offload", HOST_OFFLOAD_KEYS),
+        ("reasoning", REASONING_KEYS),
+    ];
+    for (object, list) in nested {
+        keys.extend(list.split_whitespace().map(|k| format!("{object}.{k}")));
+    }
+    keys.extend(FLAT_ALIASES.iter().map(|(alias, _)| alias.to_string()));
+    keys.extend(["is_prefill".to_string(), "is_decode".to_string(), "sglang.page_size".to_string()]);
+    keys
+}
+
 impl LaunchConfig {
     /// Parses a JSON document in nested or flat form; empty input means all defaults.
     pub fn from_json_str(s: &str) -> Result<Self> {

@@ -56,12 +56,12 @@ fn flat_and_nested_forms_agree() {
         r#"{"engine":{"backend":"sglang","block_size":16,"num_gpu_blocks":100,
            "worker_type":"prefill","aic_nextn":2,"kv_transfer_bytes_per_token":128,
            "sglang":{"schedule_policy":"lpm"}},
-           "dp_size":2,"dynamo":{"zmq_kv_events_port":5557,"enable_local_indexer":true}}"#,
+           "dp_size":2,"dynamo":{"zmq_kv_events_port":5557,"zmq_replay_port":5558}}"#,
     );
     let flat = parse(
         r#"{"engine_type":"sglang","sglang":{"page_size":16,"schedule_policy":"lpm"},
            "num_gpu_blocks":100,"is_prefill":true,"ais_nextn":2,"kv_bytes_per_token":128,
-           "dp_size":2,"zmq_kv_events_port":5557,"dynamo":{"enable_local_indexer":true}}"#,
+           "dp_size":2,"zmq_kv_events_port":5557,"dynamo":{"zmq_replay_port":5558}}"#,
     );
     assert_eq!(flat, nested);
     assert!(nested.num_gpu_blocks_is_explicit);
@@ -148,8 +148,22 @@ fn every_validation_rule_names_its_field() {
         dynamo.reasoning.end_thinking_token_id {"dynamo":{"reasoning":{"start_thinking_token_id":1,"thinking_ratio":0.5}}}
         "#,
     );
-    // SGLang knobs are inert for other backends, so they are not judged there.
-    parse(r#"{"engine":{"sglang":{"max_prefill_tokens":0,"schedule_conservativeness":-1}}}"#);
+    // SGLang knobs would be inert for other backends, so they are refused there by name.
+    let e =
+        LaunchConfig::from_json_str(r#"{"engine":{"sglang":{"schedule_conservativeness":2}}}"#).unwrap_err();
+    assert_eq!(e.field, "engine.sglang.schedule_conservativeness", "{e}");
+    // Keys the reference accepts but mocker cannot act on are refused, not ignored.
+    for (field, doc) in [
+        ("dynamo.enable_local_indexer", r#"{"dynamo":{"enable_local_indexer":true}}"#),
+        ("dynamo.bootstrap_port", r#"{"dynamo":{"bootstrap_port":7000}}"#),
+        ("dynamo.handoff_session_timeout_ms", r#"{"dynamo":{"handoff_session_timeout_ms":5}}"#),
+        ("engine.preemption_mode", r#"{"engine":{"backend":"sglang","preemption_mode":"fifo"}}"#),
+        ("engine.prefill_schedule_interval", r#"{"engine":{"prefill_schedule_interval":2}}"#),
+    ] {
+        let e = LaunchConfig::from_json_str(doc).unwrap_err();
+        assert_eq!(e.field, field, "{doc}: {e}");
+    }
+    parse(r#"{"engine":{"prefill_schedule_interval":2},"dp_size":2}"#);
 }
 
 #[test]

@@ -3,8 +3,8 @@
 
 use super::parse::{join, to_string, Obj};
 use super::{
-    invalid_choice, type_err, Backend, ConfigError, EngineConfig, EvictionPolicy, LaunchConfig, Result,
-    TimingModelConfig, DEFAULT_ACCEPT_RATES,
+    invalid_choice, type_err, Backend, ConfigError, EngineConfig, EvictionPolicy, LaunchConfig,
+    PreemptionMode, Result, RuntimeConfig, SglangConfig, TimingModelConfig, DEFAULT_ACCEPT_RATES,
 };
 
 /// External timing providers the config layer accepts (the engine decides what it can run).
@@ -76,6 +76,20 @@ impl LaunchConfig {
         if let Some(r) = &rt.reasoning {
             fraction("dynamo.reasoning.thinking_ratio", r.thinking_ratio)?;
         }
+        // Accepted by the reference but acting nowhere in mocker: refused rather than ignored.
+        let msg = "true is not simulated: mocker has no worker-local KV indexer (serve publishes KV events \
+                   over ZMQ, with gap recovery on zmq_replay_port); remove it";
+        ensure(!rt.enable_local_indexer, "dynamo.enable_local_indexer", msg)?;
+        let no_rendezvous =
+            "is not simulated: mocker serve runs aggregated workers only, and a disaggregated \
+                             replay hands KV over without a bootstrap rendezvous; remove it";
+        ensure(rt.bootstrap_port.is_none(), "dynamo.bootstrap_port", no_rendezvous)?;
+        let ok = rt.handoff_session_timeout_ms == RuntimeConfig::default().handoff_session_timeout_ms;
+        ensure(ok, "dynamo.handoff_session_timeout_ms", no_rendezvous)?;
+        let psi = self.engine.prefill_schedule_interval;
+        let msg =
+            format!("acts only with dp_size > 1 (got {psi} with dp_size 1); remove it or raise dp_size");
+        ensure(psi == 1 || self.dp_size > 1, "engine.prefill_schedule_interval", msg)?;
         Ok(())
     }
 }
@@ -105,6 +119,11 @@ impl EngineConfig {
         only_for(Backend::Vllm, "prefill_schedule_interval", psi, 1)?;
         int_range(f("prefill_decode_interval"), self.prefill_decode_interval, 0, MAX_INTERVAL)?;
         only_for(Backend::Sglang, "prefill_decode_interval", self.prefill_decode_interval, 0)?;
+        // A prefill worker never decodes (so its skipped rounds never ran out: a dead end)
+        // and a decode worker never prefills: the rule needs both on one worker.
+        let (pdi, wt) = (self.prefill_decode_interval, self.worker_type);
+        let msg = format!("applies to aggregated workers only (got {pdi} with worker_type={wt})");
+        ensure(pdi == 0 || wt == super::WorkerType::Aggregated, f("prefill_decode_interval"), msg)?;
         let ok = self.enable_chunked_prefill || backend != Backend::Sglang;
         let msg = "false is not supported for backend=sglang; expected true";
         ensure(ok, f("enable_chunked_prefill"), msg)?;
@@ -112,6 +131,24 @@ impl EngineConfig {
         let ok = self.eviction_policy == EvictionPolicy::Lru || backend != Backend::Sglang;
         let msg = format!("{} is not supported for backend=sglang; expected lru", self.eviction_policy);
         ensure(ok, f("eviction_policy"), msg)?;
+        // SGLang and TRT-LLM (guaranteed_no_evict) pick their own victims, or none.
+        let ok = self.preemption_mode == PreemptionMode::Lifo || backend == Backend::Vllm;
+        let msg = format!("{} applies to backend=vllm only (got backend={backend})", self.preemption_mode);
+        ensure(ok, f("preemption_mode"), msg)?;
+        if backend != Backend::Sglang && self.sglang != SglangConfig::default() {
+            let (given, default) =
+                (serde_json::to_value(&self.sglang), serde_json::to_value(SglangConfig::default()));
+            let key = match (given, default) {
+                (Ok(g), Ok(d)) => g.as_object().and_then(|g| {
+                    g.iter()
+                        .find(|(k, v)| d.get(k.as_str()) != Some(*v))
+                        .map(|(k, _)| f(&format!("sglang.{k}")))
+                }),
+                _ => None,
+            };
+            let msg = format!("applies to backend=sglang only (got backend={backend}); remove it");
+            return Err(ConfigError::new(key.unwrap_or_else(|| f("sglang")), msg));
+        }
         speedup(f("speedup_ratio"), self.speedup_ratio)?;
         speedup(f("decode_speedup_ratio"), self.decode_speedup_ratio)?;
         if let Some(n) = self.aic_nextn {
