@@ -18,6 +18,7 @@ use crate::faults::{FailureInjectionOptions, FailureInjector};
 use crate::gate::Readiness;
 use crate::metrics::{MetricFlavor, MetricsOptions, ServerMetrics};
 use crate::plan::{Reasoning, ReplayTable};
+use crate::sleep::SleepMode;
 use crate::tokenizer::Tokenizer;
 
 /// Everything one server needs.
@@ -57,6 +58,10 @@ pub struct ServerOptions {
     pub kv_events: Option<KvEventsOptions>,
     /// Errors injected into inference requests (off by default).
     pub failure_injection: FailureInjectionOptions,
+    /// Serve vLLM's sleep-mode routes (`--enable-sleep-mode`; 404 without it).
+    pub enable_sleep_mode: bool,
+    /// Length of `/v1/embeddings` vectors (`--embedding-dim`); at least 1.
+    pub embedding_dim: usize,
 }
 
 /// Where KV events go: rank `r` binds the endpoints' ports + `r` (port 0 picks free ones).
@@ -99,6 +104,8 @@ impl ServerOptions {
             stream_buffer_tokens: NonZeroUsize::new(8192).expect("8192 > 0"),
             kv_events: None,
             failure_injection: FailureInjectionOptions::default(),
+            enable_sleep_mode: false,
+            embedding_dim: 1024,
         }
     }
 }
@@ -162,7 +169,12 @@ impl BoundServer {
             stream_buffer_tokens,
             kv_events,
             failure_injection,
+            enable_sleep_mode,
+            embedding_dim,
         } = options;
+        if embedding_dim == 0 {
+            return Err(ServerError::Options("--embedding-dim: must be at least 1, got 0".into()));
+        }
         let api_key = match api_key.as_deref() {
             None => None,
             Some(key) => Some(
@@ -257,6 +269,8 @@ impl BoundServer {
             faults: FailureInjector::new(&failure_injection),
             reasoning,
             replay,
+            sleep: enable_sleep_mode.then(SleepMode::default),
+            embedding_dim,
         });
         let limits = ConnLimits { max_connections, header_timeout };
         Ok(Self { listener, state, grace: shutdown_grace, limits, kv_events: bound_events })

@@ -112,6 +112,14 @@ pub struct ServeArgs {
     /// arrival order) with the same errors. Random by default.
     #[arg(long)]
     pub failure_injection_seed: Option<u64>,
+    /// Serve vLLM's sleep-mode routes: POST /sleep?level=1|2 (aborts in-flight requests,
+    /// frees the KV cache, then answers inference routes 503), POST /wake_up, GET
+    /// /is_sleeping. Without it they answer 404, as in vLLM without dev mode.
+    #[arg(long)]
+    pub enable_sleep_mode: bool,
+    /// Length of the unit-norm vectors /v1/embeddings returns (at least 1).
+    #[arg(long, value_name = "N", default_value_t = NonZeroUsize::new(1024).unwrap())]
+    pub embedding_dim: NonZeroUsize,
 }
 
 /// File descriptors kept free of connections by the default `--max-connections`.
@@ -297,6 +305,8 @@ impl ServeArgs {
                 options.max_connections = max_connections;
                 options.stream_buffer_tokens = self.stream_buffer_tokens;
                 options.failure_injection = failure_injection.clone();
+                options.enable_sleep_mode = self.enable_sleep_mode;
+                options.embedding_dim = self.embedding_dim.get();
                 if let Some(endpoint) = &kv_endpoint {
                     let shift = (i * launch.dp_size) as u32;
                     let offset = |flag: &str, e: &str| {
