@@ -29,6 +29,12 @@ pub(crate) enum Command {
         rank: u32,
         reply: oneshot::Sender<Result<(), LiveError>>,
     },
+    /// Abort every request of the rank, then drop its prefix cache (vLLM's sleep); the
+    /// reply is how many requests were aborted.
+    AbortAllAndReset {
+        rank: u32,
+        reply: oneshot::Sender<Result<usize, LiveError>>,
+    },
     /// Submit one side of a handoff: the source (held after finishing) or the destination
     /// (reserved until activated).
     SubmitHandoff {
@@ -155,16 +161,14 @@ impl Actor {
             }
             Command::ResetPrefixCache { rank, reply } => {
                 let r = &mut self.ranks[rank as usize];
-                let res = match r.engine.reset_prefix_cache() {
-                    Ok(Some(ev)) => {
-                        if let Some(sink) = r.kv_sink.as_mut() {
-                            sink(std::slice::from_ref(&ev));
-                        }
-                        Ok(())
-                    }
-                    Ok(None) => Ok(()),
-                    Err(e) => Err(LiveError::PrefixCacheBusy(e.to_string())),
-                };
+                let res = r.reset_prefix_cache();
+                r.publish_metrics();
+                let _ = reply.send(res);
+            }
+            Command::AbortAllAndReset { rank, reply } => {
+                let r = &mut self.ranks[rank as usize];
+                let aborted = r.cancel_all();
+                let res = r.reset_prefix_cache().map(|()| aborted);
                 r.publish_metrics();
                 let _ = reply.send(res);
             }

@@ -381,6 +381,22 @@ impl LiveEngine {
         rx.await.map_err(|_| LiveError::CommandAckDropped)?
     }
 
+    /// Aborts every request of this rank, then drops its prefix cache (the `Cleared` event
+    /// goes to the KV-event sink): what vLLM's `sleep` does to the scheduler in its default
+    /// `abort` mode. Returns how many requests were aborted; their streams end early.
+    pub async fn abort_all_and_reset(&self) -> Result<usize, LiveError> {
+        if !self.is_running() {
+            return Err(LiveError::NotRunning);
+        }
+        let (tx, rx) = oneshot::channel();
+        self.inner
+            .cmd
+            .send(Command::AbortAllAndReset { rank: self.inner.rank, reply: tx })
+            .await
+            .map_err(|_| LiveError::NotAcceptingCommands)?;
+        rx.await.map_err(|_| LiveError::CommandAckDropped)?
+    }
+
     /// Stops the whole group and waits until its actor (with its engines and sinks) is
     /// gone. Idempotent: every call, on any rank, sees the same result for that rank.
     pub async fn shutdown(&self) -> Result<(), LiveError> {

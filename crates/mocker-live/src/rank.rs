@@ -87,13 +87,34 @@ impl RankState {
         applied
     }
 
+    /// Cancels every request of the rank; returns how many there were.
+    pub(crate) fn cancel_all(&mut self) -> usize {
+        let ids: Vec<u128> = self.by_sched.keys().copied().collect();
+        for &id in &ids {
+            self.cancel(id);
+        }
+        ids.len()
+    }
+
+    /// Drops every cached block (only when none is in use), sending the `Cleared` event
+    /// to the KV-event sink.
+    pub(crate) fn reset_prefix_cache(&mut self) -> Result<(), LiveError> {
+        match self.engine.reset_prefix_cache() {
+            Ok(Some(ev)) => {
+                if let Some(sink) = self.kv_sink.as_mut() {
+                    sink(std::slice::from_ref(&ev));
+                }
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(e) => Err(LiveError::PrefixCacheBusy(e.to_string())),
+        }
+    }
+
     /// Cancels every request of the rank and refuses new ones.
     pub(crate) fn retire(&mut self) {
         self.retired = true;
-        let ids: Vec<u128> = self.by_sched.keys().copied().collect();
-        for id in ids {
-            self.cancel(id);
-        }
+        self.cancel_all();
         self.shared.stop();
         self.publish_metrics();
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use mocker_core::events::KvEventData;
-use mocker_live::{LiveEngine, LiveError, LiveOptions};
+use mocker_live::{LiveEngine, LiveError, LiveOptions, OutputBuffering};
 use tokio::time::timeout;
 
 // Property 15: dropping the engine closes outstanding streams promptly.
@@ -163,6 +163,41 @@ async fn reset_prefix_cache_emits_cleared_through_the_sink() {
     assert!(matches!(got.first(), Some(KvEventData::Stored { .. })), "{got:?}");
     assert_eq!(got.last(), Some(&KvEventData::Cleared));
     assert_eq!(e.metrics().borrow().inactive_blocks, 0);
+    e.shutdown().await.unwrap();
+}
+
+// abort_all_and_reset (vLLM's sleep): in-flight requests end early, their KV is freed and
+// the prefix cache dropped with one Cleared event, even though blocks were in use.
+#[tokio::test(start_paused = true)]
+async fn abort_all_and_reset_ends_streams_and_clears_the_cache() {
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let ev = events.clone();
+    let options = LiveOptions {
+        kv_events: Some(Box::new(move |batch| {
+            ev.lock().unwrap().extend(batch.iter().map(|e| e.data.clone()))
+        })),
+        buffering: OutputBuffering::FullResponse,
+        ..Default::default()
+    };
+    let e = LiveEngine::start(fixed_config(10.0, 1.0), options).unwrap();
+    let mut a = e.submit(generated(0, 16, 100)).await.unwrap();
+    let mut b = e.submit(generated(0, 32, 100)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(25)).await;
+    assert_eq!(e.abort_all_and_reset().await.unwrap(), 2);
+    for s in [&mut a, &mut b] {
+        let mut last = None;
+        while let Some(sig) = s.recv().await {
+            last = Some(sig);
+        }
+        assert!(!last.is_some_and(|s| s.completed), "an aborted stream never completes");
+    }
+    assert_eq!(e.active_request_count(), 0);
+    let got = events.lock().unwrap().clone();
+    assert_eq!(got.iter().filter(|e| matches!(e, KvEventData::Cleared)).count(), 1, "{got:?}");
+    assert_eq!(got.last(), Some(&KvEventData::Cleared));
+    let m = *e.metrics().borrow();
+    assert_eq!((m.active_blocks, m.inactive_blocks), (0, 0), "{m:?}");
+    assert_eq!(e.abort_all_and_reset().await.unwrap(), 0, "idempotent on an idle engine");
     e.shutdown().await.unwrap();
 }
 

@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use crate::auth::{require_api_key, ApiKey};
+use crate::embeddings::embeddings;
 use crate::error::ApiError;
 use crate::faults::FailureInjector;
 use crate::gate::{inject_failures, startup_gate, Readiness};
@@ -25,6 +26,8 @@ use crate::openai::request::{parse_chat, parse_completion, prompt_input, PromptI
 use crate::openai::response::Endpoint;
 use crate::openai::template;
 use crate::plan::{requested_replay_key, Reasoning, ReplayTable};
+use crate::responses::responses;
+use crate::sleep::{is_sleeping, refuse_while_sleeping, sleep, wake_up, SleepMode};
 use crate::tokenizer::Tokenizer;
 
 /// The DP ranks of one engine; requests go to the rank with the fewest active requests.
@@ -92,6 +95,10 @@ pub struct AppState {
     pub replay: Option<ReplayTable>,
     /// Prompt tokens one image in a chat message counts as (`--image-tokens`).
     pub image_tokens: usize,
+    /// Sleep mode (`--enable-sleep-mode`); `None` answers its routes 404.
+    pub sleep: Option<SleepMode>,
+    /// Length of `/v1/embeddings` vectors (`--embedding-dim`).
+    pub embedding_dim: usize,
 }
 
 impl AppState {
@@ -112,7 +119,10 @@ pub fn router(state: Arc<AppState>) -> Router {
     let inference = Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
-        .route_layer(middleware::from_fn_with_state(state.clone(), inject_failures));
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/responses", post(responses))
+        .route_layer(middleware::from_fn_with_state(state.clone(), inject_failures))
+        .route_layer(middleware::from_fn_with_state(state.clone(), refuse_while_sleeping));
     Router::new()
         .merge(inference)
         .route("/v1/models", get(models))
@@ -124,6 +134,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route("/sleep", post(sleep))
+        .route("/wake_up", post(wake_up))
+        .route("/is_sleeping", get(is_sleeping))
         .fallback(|request: Request| async move {
             ApiError {
                 status: StatusCode::NOT_FOUND,
@@ -159,7 +172,7 @@ async fn echo_request_id(request: Request, next: Next) -> Response {
 
 /// The body, at most `max_body_bytes` arriving within `body_timeout`, as a JSON error
 /// otherwise.
-async fn body(state: &AppState, request: Request) -> Result<Bytes, ApiError> {
+pub(crate) async fn body(state: &AppState, request: Request) -> Result<Bytes, ApiError> {
     let limit = state.max_body_bytes;
     let request = request.map(|b| axum::body::Body::new(http_body_util::Limited::new(b, limit)));
     let read = tokio::time::timeout(state.body_timeout, Bytes::from_request(request, &()));
@@ -183,7 +196,7 @@ async fn body(state: &AppState, request: Request) -> Result<Bytes, ApiError> {
 }
 
 /// The client's `X-Request-Id`, which vLLM makes the response id (after the prefix).
-fn request_id(request: &Request) -> Option<String> {
+pub(crate) fn request_id(request: &Request) -> Option<String> {
     let id = request.headers().get("x-request-id")?.to_str().ok()?;
     (!id.is_empty()).then(|| id.to_string())
 }

@@ -3,7 +3,7 @@
 //! As vLLM's authentication middleware, every path under `/v1` needs
 //! `Authorization: Bearer KEY` (the scheme is case-insensitive), matched or not, so an
 //! unknown `/v1/...` path answers 401 rather than telling what exists. Beyond vLLM, routes
-//! that change the engine's state (`/reset_prefix_cache`) need it too. `/health`, `/ping`,
+//! that change the engine's state (`/reset_prefix_cache`, `/sleep`, `/wake_up`) need it too. `/health`, `/ping`,
 //! `/health/ready`,
 //! `/version`, `/metrics`, `/tokenize` and `/detokenize` stay open, as in vLLM: they read
 //! nothing private and change nothing.
@@ -20,7 +20,7 @@ use crate::app::AppState;
 use crate::error::ApiError;
 
 /// Routes outside `/v1` that change state and so need the key.
-const STATE_CHANGING: &[&str] = &["/reset_prefix_cache"];
+const STATE_CHANGING: &[&str] = &["/reset_prefix_cache", "/sleep", "/wake_up"];
 
 /// The key clients must present. Only its digest is kept: comparing digests of equal length
 /// in constant time tells an attacker neither the key's bytes nor its length.

@@ -452,6 +452,8 @@ impl TokenStream {
                 "the request was cancelled: its client read the stream too slowly and its output buffer \
                  (--stream-buffer-tokens) overflowed",
             )
+        } else if self.state.sleep.as_ref().is_some_and(crate::sleep::SleepMode::is_sleeping) {
+            ApiError::unavailable("the request was aborted: the engine was put to sleep (POST /sleep)")
         } else {
             ApiError::unavailable("the engine stopped before the request finished")
         }

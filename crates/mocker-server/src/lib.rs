@@ -1,12 +1,15 @@
 //! mocker's OpenAI-compatible HTTP server: `/v1/completions` and `/v1/chat/completions`
 //! (streamed at the simulated engine's pace), `/v1/models`, `/health` (and `/ping`,
-//! `/health/ready`), `/metrics` as vLLM exposes it, `/tokenize` and `/detokenize`.
+//! `/health/ready`), `/metrics` as vLLM exposes it, `/tokenize` and `/detokenize`,
+//! `/v1/embeddings`, `/v1/responses`, and vLLM's sleep mode (`/sleep`, `/wake_up`,
+//! `/is_sleeping`).
 
 #![warn(missing_docs)]
 
 pub mod app;
 pub mod auth;
 mod conn;
+pub mod embeddings;
 pub mod error;
 pub mod faults;
 pub mod gate;
@@ -16,7 +19,9 @@ pub mod openai;
 pub mod output;
 pub mod plan;
 mod raw_errors;
+pub mod responses;
 pub mod server;
+pub mod sleep;
 pub mod tokenizer;
 
 pub use server::{BoundKvEvents, BoundServer, KvEventsOptions, ServerError, ServerOptions};

@@ -18,6 +18,7 @@ use crate::faults::{FailureInjectionOptions, FailureInjector};
 use crate::gate::Readiness;
 use crate::metrics::{MetricFlavor, MetricsOptions, ServerMetrics};
 use crate::plan::{Reasoning, ReplayTable};
+use crate::sleep::SleepMode;
 use crate::tokenizer::Tokenizer;
 
 /// Everything one server needs.
@@ -60,6 +61,10 @@ pub struct ServerOptions {
     /// Prompt tokens per image in chat content (`--image-tokens`, default
     /// [`DEFAULT_IMAGE_TOKENS`]).
     pub image_tokens: usize,
+    /// Serve vLLM's sleep-mode routes (`--enable-sleep-mode`; 404 without it).
+    pub enable_sleep_mode: bool,
+    /// Length of `/v1/embeddings` vectors (`--embedding-dim`); at least 1.
+    pub embedding_dim: usize,
 }
 
 /// Tokens per image by default: Qwen2-VL's count for a 448×448 image, one token per
@@ -107,6 +112,8 @@ impl ServerOptions {
             kv_events: None,
             failure_injection: FailureInjectionOptions::default(),
             image_tokens: DEFAULT_IMAGE_TOKENS,
+            enable_sleep_mode: false,
+            embedding_dim: 1024,
         }
     }
 }
@@ -171,7 +178,12 @@ impl BoundServer {
             kv_events,
             failure_injection,
             image_tokens,
+            enable_sleep_mode,
+            embedding_dim,
         } = options;
+        if embedding_dim == 0 {
+            return Err(ServerError::Options("--embedding-dim: must be at least 1, got 0".into()));
+        }
         let api_key = match api_key.as_deref() {
             None => None,
             Some(key) => Some(
@@ -267,6 +279,8 @@ impl BoundServer {
             reasoning,
             replay,
             image_tokens,
+            sleep: enable_sleep_mode.then(SleepMode::default),
+            embedding_dim,
         });
         let limits = ConnLimits { max_connections, header_timeout };
         Ok(Self { listener, state, grace: shutdown_grace, limits, kv_events: bound_events })

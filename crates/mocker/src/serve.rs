@@ -118,6 +118,14 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = mocker_server::server::DEFAULT_IMAGE_TOKENS as u32,
           value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub image_tokens: u32,
+    /// Serve vLLM's sleep-mode routes: POST /sleep?level=1|2 (aborts in-flight requests,
+    /// frees the KV cache, then answers inference routes 503), POST /wake_up, GET
+    /// /is_sleeping. Without it they answer 404, as in vLLM without dev mode.
+    #[arg(long)]
+    pub enable_sleep_mode: bool,
+    /// Length of the unit-norm vectors /v1/embeddings returns (at least 1).
+    #[arg(long, value_name = "N", default_value_t = NonZeroUsize::new(1024).unwrap())]
+    pub embedding_dim: NonZeroUsize,
 }
 
 /// File descriptors kept free of connections by the default `--max-connections`.
@@ -333,6 +341,8 @@ impl ServeArgs {
                 options.stream_buffer_tokens = self.stream_buffer_tokens;
                 options.failure_injection = failure_injection.clone();
                 options.image_tokens = self.image_tokens as usize;
+                options.enable_sleep_mode = self.enable_sleep_mode;
+                options.embedding_dim = self.embedding_dim.get();
                 if let Some(endpoint) = &kv_endpoint {
                     let shift = (i * launch.dp_size) as u32;
                     let offset = |flag: &str, e: &str| {

@@ -7,7 +7,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{lines_of, python, repo_root, run_client, run_script, Server, KEY};
+use common::{http, lines_of, python, repo_root, run_client, run_script, Server, KEY};
 
 use mocker_core::config::LaunchConfig;
 use mocker_core::{Engine, EngineOptions, Request};
@@ -64,6 +64,45 @@ fn request_fields_behave_as_in_vllm_or_are_refused_by_name() {
     let result =
         run_script("serve_fields.py", &[&server.base, KEY, tokenizer.to_str().unwrap(), "512", "100"]);
     assert_eq!(result["ok"], true, "{result}");
+}
+
+/// /v1/embeddings and /v1/responses through the openai SDK and vLLM's sleep mode through
+/// httpx (tests/python/serve_endpoints.py): unit-norm deterministic vectors of
+/// --embedding-dim with exact prompt_tokens (text, token ids, base64 = float, `dimensions`),
+/// Responses bodies and numbered stream events whose usage matches the chat path, 400s
+/// naming unsupported fields; a sleep aborts an in-flight stream, answers inference 503,
+/// publishes one AllBlocksCleared, drops the prefix cache (no cached tokens after waking),
+/// and a partial wake-up leaves the engine asleep. Without --enable-sleep-mode the routes
+/// are 404.
+#[test]
+fn embeddings_responses_and_sleep_mode_behave_as_in_vllm() {
+    let server = Server::start(&[
+        "--max-model-len",
+        "512",
+        "--block-size",
+        "16",
+        "--embedding-dim",
+        "64",
+        "--enable-sleep-mode",
+        "--kv-events-endpoint",
+        "tcp://127.0.0.1:0",
+    ]);
+    let line = loop {
+        let line = server.stderr.recv_timeout(Duration::from_secs(10)).expect("publisher announced");
+        if line.contains("publishing KV events on") {
+            break line;
+        }
+    };
+    let endpoint = line.split("events on ").nth(1).unwrap().split(' ').next().unwrap().to_string();
+    let result = run_script("serve_endpoints.py", &[&server.base, KEY, &endpoint]);
+    assert_eq!(result["ok"], true, "{result}");
+
+    let plain = Server::start(&[]);
+    for (method, path) in [("POST", "/sleep"), ("POST", "/wake_up"), ("GET", "/is_sleeping")] {
+        let (status, body) = http(&plain.base, method, path, &[], "");
+        assert_eq!(status, 404, "{path}: {body}");
+        assert!(body.contains("--enable-sleep-mode"), "{body}");
+    }
 }
 
 /// Pass-end times (ms from submission) of one request on an idle engine, from the core.
