@@ -41,6 +41,16 @@ fn given(launch: &LaunchConfig) -> Vec<(&'static str, bool)> {
 pub(crate) fn apply(launch: &mut LaunchConfig, meta: Option<&ProfileMeta>) -> Result<(), ResolveError> {
     let set: Vec<&'static str> = given(launch).into_iter().filter(|(_, g)| *g).map(|(k, _)| k).collect();
     let Some(meta) = meta else {
+        if launch.num_gpu_blocks_is_explicit != launch.num_gpu_blocks_given {
+            return Err(ResolveError::Key {
+                key: "num_gpu_blocks_is_explicit",
+                reason: format!(
+                    "{} differs from whether num_gpu_blocks is given, which matters only when a timing \
+                     profile's memory facts size the KV cache (--timing-profile NAME); remove it",
+                    launch.num_gpu_blocks_is_explicit
+                ),
+            });
+        }
         return match set.first() {
             Some(&key) => Err(ResolveError::Key {
                 key,
@@ -171,6 +181,18 @@ mod tests {
             None,
             "gpu_memory_utilization",
         );
+        refuse(
+            &mut LaunchConfig { num_gpu_blocks_is_explicit: true, ..Default::default() },
+            None,
+            "num_gpu_blocks_is_explicit",
+        );
+        // Agreeing with whether num_gpu_blocks was given, the key changes nothing: accepted.
+        let mut agreed = LaunchConfig {
+            num_gpu_blocks_is_explicit: true,
+            num_gpu_blocks_given: true,
+            ..Default::default()
+        };
+        apply(&mut agreed, None).unwrap();
         refuse(
             &mut LaunchConfig { mem_fraction_static: Some(0.8), ..Default::default() },
             Some(&meta(1)),

@@ -491,6 +491,17 @@ pub fn run(args: ReplayArgs) -> Result<(), UsageError> {
     }
     let shown = path.as_ref().map(|p| p.display().to_string());
     print!("{}", render_table(&outcome.summary, shown.as_deref()));
+    let s = &outcome.summary;
+    if s.completed_requests < s.num_requests {
+        // The table's figures cover completed requests only; say what the rest were.
+        eprintln!(
+            "warning: {} of {} requests did not complete (rejected: a prompt plus its output needs more \
+             KV than a worker has, or the simulation ended first); the figures cover the {} that did",
+            s.num_requests - s.completed_requests,
+            s.num_requests,
+            s.completed_requests
+        );
+    }
     Ok(())
 }
 

@@ -458,6 +458,9 @@ pub struct LaunchConfig {
     pub startup_time: Option<f64>,
     /// Whether the user fixed `num_gpu_blocks`, so memory fractions must not override it.
     pub num_gpu_blocks_is_explicit: bool,
+    /// Whether the engine args gave `num_gpu_blocks`: what `num_gpu_blocks_is_explicit`
+    /// is unless that key says otherwise (a difference acts only with a profile's memory).
+    pub num_gpu_blocks_given: bool,
     /// vLLM-style memory fraction.
     pub gpu_memory_utilization: Option<f64>,
     /// SGLang-style memory fraction.
@@ -478,6 +481,7 @@ impl Default for LaunchConfig {
             tensor_parallel_size: 1,
             startup_time: None,
             num_gpu_blocks_is_explicit: false,
+            num_gpu_blocks_given: false,
             gpu_memory_utilization: None,
             mem_fraction_static: None,
             free_gpu_memory_fraction: None,

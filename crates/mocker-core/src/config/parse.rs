@@ -235,7 +235,8 @@ fn parse_launch(v: &Value) -> Result<LaunchConfig> {
     let mut c = LaunchConfig::default();
     if let Some(engine) = o.map.get("engine") {
         c.engine = parse_engine(engine, "engine")?;
-        c.num_gpu_blocks_is_explicit = engine.get("num_gpu_blocks").is_some();
+        c.num_gpu_blocks_given = engine.get("num_gpu_blocks").is_some();
+        c.num_gpu_blocks_is_explicit = c.num_gpu_blocks_given;
     }
     set!(o, c.dp_size, to_uint);
     set!(o, c.tensor_parallel_size, to_uint);
