@@ -460,6 +460,8 @@ pub struct LaunchConfig {
     pub num_gpu_blocks_is_explicit: bool,
     /// Whether the engine args gave `num_gpu_blocks`: what `num_gpu_blocks_is_explicit`
     /// is unless that key says otherwise (a difference acts only with a profile's memory).
+    /// Not part of the canonical form: it is a fact about the input, not a setting.
+    #[serde(skip)]
     pub num_gpu_blocks_given: bool,
     /// vLLM-style memory fraction.
     pub gpu_memory_utilization: Option<f64>,
