@@ -256,10 +256,22 @@ pub struct SchedulerOptions {
     pub dp_size: u32,
 }
 
+/// Moves `pass`'s end to `end_ns` (its group's wave end, not before its own), so its tokens
+/// are emitted then and every later gap counts from it; `set_last` as in [`stretch_outputs`].
+pub(crate) fn stretch_pass(pass: &mut Pass, end_ns: u64, set_last: impl FnMut(SeqKey, u64)) {
+    let delta = end_ns - pass.end_ns;
+    if delta == 0 {
+        return;
+    }
+    pass.end_ns = end_ns;
+    pass.metrics.wall_time_secs = (end_ns - pass.start_ns) as f64 / 1e9;
+    stretch_outputs(pass, delta, set_last);
+}
+
 /// Moves every token of `pass` `delta` ns later (its end moved to its group's wave end):
 /// the first token of each request's burst gets a gap `delta` longer, counted steady
 /// tokens too; `set_last` records each emitting request's new last token time.
-pub(crate) fn stretch_outputs(pass: &mut Pass, delta: u64, mut set_last: impl FnMut(SeqKey, u64)) {
+fn stretch_outputs(pass: &mut Pass, delta: u64, mut set_last: impl FnMut(SeqKey, u64)) {
     let end = pass.end_ns;
     let mut prev = None;
     for o in pass.outputs.iter_mut().chain(pass.steady.iter_mut()) {

@@ -528,14 +528,7 @@ impl VllmScheduler {
     /// Moves the last pass's end to `end_ns` (its group's wave end, not before its own):
     /// its tokens are emitted then, so their gaps and every later gap count from it.
     pub(crate) fn stretch_last_pass(&mut self, end_ns: u64) {
-        let delta = end_ns - self.pass.end_ns;
-        if delta == 0 {
-            return;
-        }
-        let pass = &mut self.pass;
-        pass.end_ns = end_ns;
-        pass.metrics.wall_time_secs = (end_ns - pass.start_ns) as f64 / 1e9;
-        super::stretch_outputs(pass, delta, |key, t| {
+        super::stretch_pass(&mut self.pass, end_ns, |key, t| {
             if let Some(seq) = self.seqs[key.0 as usize].as_mut() {
                 seq.last_token_ns = t;
             }
