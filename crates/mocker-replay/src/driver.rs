@@ -20,6 +20,7 @@ use crate::collector::{Collector, RecordId};
 use crate::deps::{Deps, SessionId};
 use crate::feed::{FeedOptions, PlannedSession, PlannedTurn, PromptHashing, SessionFeed};
 use crate::options::{ms_to_ns, Cluster, ReplayError, ReplayOptions, Workload};
+use crate::pass_log::PassRecord;
 use crate::report::Summary;
 use crate::request_log::PoolKind;
 use crate::request_log::RequestRecord;
@@ -46,6 +47,8 @@ pub struct Hooks<'a> {
     /// Called with each request's record as it ends (completed or rejected); setting it
     /// makes the replay keep every token time of live requests.
     pub request_ended: Option<&'a mut dyn FnMut(RequestRecord)>,
+    /// Called with each simulated forward pass as it completes (`--report-passes`).
+    pub pass_ended: Option<&'a mut dyn FnMut(PassRecord)>,
 }
 
 /// What a worker does with the requests it gets.
@@ -139,6 +142,8 @@ struct Sim {
     /// each worker's ranks step in lock-step waves (`waves`, one per worker).
     dp: usize,
     waves: Vec<Waves>,
+    /// Records of the passes delivered since the hook last took them, when one is set.
+    pass_log: Option<Vec<PassRecord>>,
 }
 
 /// Started sessions and their remaining turns.
@@ -313,10 +318,12 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
         ended: Vec::new(),
         dp,
         waves: if dp > 1 { vec![Waves::new(dp); entry.workers] } else { Vec::new() },
+        pass_log: hooks.pass_ended.is_some().then(Vec::new),
     };
     let total = options.workload.total_requests();
     let cap = options.max_sim_time_ms.map(ms_to_ns);
     sim.run(cap, total, &mut hooks)?;
+    sim.take_passes(&mut hooks);
     sim.collector.flush_requests();
     if let Some(sink) = hooks.request_ended.as_mut() {
         sim.collector.take_ended_requests().for_each(&mut **sink);
@@ -358,11 +365,34 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
 }
 
 impl Sim {
+    /// Records worker `w`'s last pass (kept out of `deliver`, which every pass runs).
+    #[inline(never)]
+    fn log_pass(&mut self, w: usize) {
+        let worker = &self.workers[w];
+        let pool = match worker.role {
+            Role::Aggregated => "agg",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        };
+        let blocks = worker.engine.pool().map(|p| (p.num_active(), p.capacity()));
+        if let Some(log) = self.pass_log.as_mut() {
+            crate::pass_log::records(worker.engine.last_pass(), w, pool, blocks, log);
+        }
+    }
+
+    /// Hands the passes delivered so far to the hook.
+    fn take_passes(&mut self, hooks: &mut Hooks<'_>) {
+        if let (Some(sink), Some(log)) = (hooks.pass_ended.as_mut(), self.pass_log.as_mut()) {
+            log.drain(..).for_each(&mut **sink);
+        }
+    }
+
     fn run(&mut self, cap: Option<u64>, total: usize, hooks: &mut Hooks<'_>) -> Result<(), ReplayError> {
         let mut now = 0;
         let mut reported = 0;
         loop {
             self.drain(now)?;
+            self.take_passes(hooks);
             if let Some(sink) = hooks.request_ended.as_mut() {
                 self.collector.take_ended_requests().for_each(&mut **sink);
             }
@@ -562,6 +592,9 @@ impl Sim {
 
     /// Hands worker `w`'s last pass outputs to the collector and router, stamped at `t`.
     fn deliver(&mut self, w: usize, t: u64) {
+        if self.pass_log.is_some() {
+            self.log_pass(w);
+        }
         let worker = &mut self.workers[w];
         let role = worker.role;
         let pass = worker.engine.last_pass();

@@ -9,6 +9,7 @@ pub mod driver;
 pub mod feed;
 pub mod gaps;
 pub mod options;
+pub mod pass_log;
 pub mod report;
 pub mod request_log;
 pub mod router;
@@ -22,6 +23,7 @@ pub mod workload;
 
 pub use driver::{run_replay, run_synthetic, Hooks, ReplayOutcome};
 pub use options::{Cluster, Pool, ReplayError, ReplayOptions, RouterMode, Sla, TraceWorkload, Workload};
+pub use pass_log::PassRecord;
 pub use request_log::RequestRecord;
 pub use trace::{load_trace, Trace, TraceError, TraceFormat, DEFAULT_TRACE_BLOCK_SIZE};
 pub use workload::{Load, SyntheticWorkload};

@@ -120,6 +120,12 @@ pub struct ReplayArgs {
     /// plus every token time. Offline mode only.
     #[arg(long)]
     pub report_jsonl: Option<PathBuf>,
+    /// Write one JSON record per simulated forward pass here (worker, pool, start and end,
+    /// prefill requests and tokens, decode requests and KV tokens, queue, preemptions, KV
+    /// blocks in use): the forward-pass metrics a planner reads. Streamed as the replay
+    /// runs, so memory stays flat. Offline mode only.
+    #[arg(long)]
+    pub report_passes: Option<PathBuf>,
     /// Write SVG charts into this directory (created if missing): TTFT and ITL CDFs,
     /// throughput and queue depth over simulated time, per-worker cache hit rate. Offline only.
     #[arg(long)]
@@ -476,10 +482,18 @@ pub fn run(args: ReplayArgs) -> Result<(), UsageError> {
         crate::avoid_huge_pages();
     }
     let outcome = match args.mode {
-        Mode::Offline => run_offline(&options, args.report_jsonl.as_deref(), args.plot.as_deref())?,
-        Mode::Online if args.report_jsonl.is_some() || args.plot.is_some() => {
+        Mode::Offline => run_offline(
+            &options,
+            args.report_jsonl.as_deref(),
+            args.report_passes.as_deref(),
+            args.plot.as_deref(),
+        )?,
+        Mode::Online
+            if args.report_jsonl.is_some() || args.report_passes.is_some() || args.plot.is_some() =>
+        {
             return Err(UsageError(
-                "--report-jsonl, --plot: only offline replays (--mode offline) write them".into(),
+                "--report-jsonl, --report-passes, --plot: only offline replays (--mode offline) write them"
+                    .into(),
             ))
         }
         Mode::Online => crate::online::run_online(&options).map_err(|e| UsageError(e.to_string()))?,
@@ -506,10 +520,11 @@ pub fn run(args: ReplayArgs) -> Result<(), UsageError> {
 }
 
 /// The offline replay with a progress bar, streaming per-request records to `jsonl` and
-/// charting them into `plot`.
+/// per-pass records to `passes`, and charting the requests into `plot`.
 fn run_offline(
     options: &ReplayOptions,
     jsonl: Option<&Path>,
+    passes: Option<&Path>,
     plot: Option<&Path>,
 ) -> Result<mocker_replay::ReplayOutcome, UsageError> {
     let plot_error = |p: &Path, e: &dyn std::fmt::Display| {
@@ -542,11 +557,31 @@ fn run_offline(
             }
         }
     };
+    let passes_error = |p: &Path, e: &dyn std::fmt::Display| {
+        UsageError(format!("--report-passes: cannot write {}: {e}", p.display()))
+    };
+    let mut passes_file = match passes {
+        Some(p) => Some(AtomicFile::create(p).map_err(|e| passes_error(p, &e))?),
+        None => None,
+    };
+    let mut passes_write_error: Option<std::io::Error> = None;
+    let mut write_pass = |r: mocker_replay::PassRecord| {
+        if let (Some(f), None) = (passes_file.as_mut(), &passes_write_error) {
+            let w = f.writer();
+            if let Err(e) = serde_json::to_writer(&mut *w, &r)
+                .map_err(std::io::Error::from)
+                .and_then(|()| w.write_all(b"\n"))
+            {
+                passes_write_error = Some(e);
+            }
+        }
+    };
     let mut progress = Progress::new();
     let mut on_progress = |done: usize, total: usize, sim_ms: f64| progress.update(done, total, sim_ms);
     let hooks = mocker_replay::Hooks {
         progress: Some(&mut on_progress),
         request_ended: if jsonl.is_some() || plot.is_some() { Some(&mut write_record) } else { None },
+        pass_ended: if passes.is_some() { Some(&mut write_pass) } else { None },
     };
     let outcome = mocker_replay::run_replay(options, hooks).map_err(|e| UsageError(e.to_string()));
     progress.finish();
@@ -555,6 +590,12 @@ fn run_offline(
         match write_error {
             Some(e) => return Err(jsonl_error(p, &e)),
             None => f.commit().map_err(|e| jsonl_error(p, &e))?,
+        }
+    }
+    if let (Some(f), Some(p)) = (passes_file, passes) {
+        match passes_write_error {
+            Some(e) => return Err(passes_error(p, &e)),
+            None => f.commit().map_err(|e| passes_error(p, &e))?,
         }
     }
     if let (Some(c), Some(dir)) = (charts, plot) {

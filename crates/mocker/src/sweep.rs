@@ -116,9 +116,14 @@ impl SweepArgs {
         if b.mode != Mode::Offline {
             return Err(UsageError("--mode: sweep runs offline only".into()));
         }
-        if b.report_json.is_some() || b.report_jsonl.is_some() || b.plot.is_some() {
+        if b.report_json.is_some()
+            || b.report_jsonl.is_some()
+            || b.report_passes.is_some()
+            || b.plot.is_some()
+        {
             return Err(UsageError(
-                "--report-json, --report-jsonl, --plot: not used by sweep (use --output-json / --output-csv)"
+                "--report-json, --report-jsonl, --report-passes, --plot: not used by sweep (use --output-json / \
+                 --output-csv)"
                     .into(),
             ));
         }
