@@ -182,24 +182,14 @@ impl Sim {
                 self.disagg().close(h);
                 continue;
             }
+            let (w, i) = self.route_decode(h, t);
             let d = self.disagg();
-            let r = &d.handoffs[h as usize].as_ref().expect("live handoff").request;
-            let hashes = r.block_hashes.as_ref().map_or(&[][..], |x| &x.sequence[..]);
-            let shareable = r.shareable_blocks.unwrap_or(hashes.len());
-            let p = d.router.route(RouteRequest { isl: r.prompt_len(), hashes, shareable });
-            let w = d.first_decode + p.worker;
-            let timed = d.transfer.delay_ms(r.prompt_len(), None).is_some_and(|ms| ms > 0.0);
-            let record = d.get(h).record;
-            let overlap = (p.overlap_blocks, p.best_overlap_blocks);
-            self.collector.on_routed(record, PoolKind::Decode, p.worker, overlap, t);
-            let d = self.disagg();
-            let handoff = d.get_mut(h);
-            handoff.decode_worker = w;
-            handoff.route = p.id;
-            handoff.held_ns = t;
+            let prompt = d.get(h).request.prompt_len();
+            let timed = d.transfer.delay_ms(prompt, None).is_some_and(|ms| ms > 0.0);
+            d.get_mut(h).held_ns = t;
             // Reservations are served in order; a timed transfer waits for a pass start.
-            if timed || !d.inbox[p.worker].is_empty() || !self.reserve(h, t) {
-                self.disagg().inbox[p.worker].push_back(h);
+            if timed || !d.inbox[i].is_empty() || !self.reserve(h, t) {
+                self.disagg().inbox[i].push_back(h);
                 // The pass starting next must see it: a steady run is cut back to it.
                 self.interrupt_run(w, t);
                 self.mark_dirty(w);
@@ -207,6 +197,25 @@ impl Sim {
         }
         started.clear();
         self.disagg().started = started;
+    }
+
+    /// Routes handoff `h` to a decode worker at `t` (recorded on the request and the
+    /// handoff); returns the worker's index among all workers and within the decode pool.
+    fn route_decode(&mut self, h: HandoffId, t: u64) -> (usize, usize) {
+        let d = self.disagg();
+        // Field by field: the router is borrowed mutably beside the request.
+        let r = &d.handoffs[h as usize].as_ref().expect("live handoff").request;
+        let hashes = r.block_hashes.as_ref().map_or(&[][..], |x| &x.sequence[..]);
+        let shareable = r.shareable_blocks.unwrap_or(hashes.len());
+        let p = d.router.route(RouteRequest { isl: r.prompt_len(), hashes, shareable });
+        let w = d.first_decode + p.worker;
+        let record = d.get(h).record;
+        let overlap = (p.overlap_blocks, p.best_overlap_blocks);
+        self.collector.on_routed(record, PoolKind::Decode, p.worker, overlap, t);
+        let handoff = self.disagg().get_mut(h);
+        handoff.decode_worker = w;
+        handoff.route = p.id;
+        (w, p.worker)
     }
 
     /// Reserves handoff `h`'s prompt blocks on its decode worker at `t` and starts the
@@ -305,20 +314,8 @@ impl Sim {
     /// decode worker, which reserves its prompt at once when idle; otherwise it waits for
     /// the end of one of that worker's passes (the reference reserves only between them).
     pub(super) fn route_destination(&mut self, h: HandoffId, t: u64) {
-        let d = self.disagg();
-        let r = &d.handoffs[h as usize].as_ref().expect("live handoff").request;
-        let hashes = r.block_hashes.as_ref().map_or(&[][..], |x| &x.sequence[..]);
-        let shareable = r.shareable_blocks.unwrap_or(hashes.len());
-        let p = d.router.route(RouteRequest { isl: r.prompt_len(), hashes, shareable });
-        let w = d.first_decode + p.worker;
-        let record = d.get(h).record;
-        let overlap = (p.overlap_blocks, p.best_overlap_blocks);
-        self.collector.on_routed(record, PoolKind::Decode, p.worker, overlap, t);
-        let d = self.disagg();
-        let handoff = d.get_mut(h);
-        handoff.decode_worker = w;
-        handoff.route = p.id;
-        d.inbox[p.worker].push_back(h);
+        let (w, i) = self.route_decode(h, t);
+        self.disagg().inbox[i].push_back(h);
         let worker = &self.workers[w];
         if !worker.busy && !worker.engine.has_work() {
             self.reserve_front(w, t);
