@@ -3,7 +3,7 @@
 use crate::config::{Backend, EngineConfig};
 use crate::events::KvEvent;
 use crate::kv::{BlockPool, RadixCache};
-use crate::metrics::EngineMetrics;
+use crate::metrics::{EngineMetrics, LoraActivity};
 use crate::request::{Request, SeqKey};
 use crate::scheduler::sglang::SglangScheduler;
 use crate::scheduler::vllm::{Reservation, ReserveError, VllmScheduler};
@@ -40,6 +40,10 @@ pub struct EngineOptions {
     /// 0.3 (SGLang's attention-DP launch normalization), vLLM ranks follow
     /// `prefill_schedule_interval`. Groups step in lock-step waves (`crate::wave`).
     pub dp_size: usize,
+    /// Most distinct LoRA adapters in one batch (vLLM's `--max-loras`); 0 serves none and
+    /// refuses requests that name one. A waiting request whose adapter would exceed it is
+    /// passed over until a batch slot's adapter finishes. vLLM and TRT-LLM cores only.
+    pub max_loras: usize,
 }
 
 /// Why an engine could not be built or a request not accepted.
@@ -59,6 +63,11 @@ pub enum EngineError {
         /// The configured size.
         chunked_prefill_size: usize,
     },
+    /// LoRA adapters (`max_loras` > 0) on a backend or KV tier that does not model them.
+    #[error(
+        "max_loras: LoRA adapters are simulated on the vllm and trtllm backends, without native_host_offload"
+    )]
+    LoraUnsupported,
 }
 
 /// The scheduler core of the configured backend. The vLLM core is stored inline so its
@@ -103,7 +112,11 @@ impl Engine {
             opaque_output_blocks,
             seed_offset,
             dp_size,
+            max_loras,
         } = options;
+        if max_loras > 0 && (config.backend == Backend::Sglang || config.native_host_offload.is_some()) {
+            return Err(EngineError::LoraUnsupported);
+        }
         let timing = build_timing_model(&config)?;
         let dp_size = dp_size.max(1);
         let opts = SchedulerOptions {
@@ -113,6 +126,7 @@ impl Engine {
             opaque_output_blocks,
             seed_offset,
             dp_size: dp_size.min(u32::MAX as usize) as u32,
+            max_loras: max_loras.min(u32::MAX as usize) as u32,
         };
         let core = match config.backend {
             Backend::Sglang => {
@@ -143,7 +157,18 @@ impl Engine {
 
     /// Queues a request for admission by the next pass.
     pub fn submit(&mut self, request: Request) -> Result<SeqKey, EngineError> {
+        if request.lora.is_some() && matches!(self.core, Core::Sglang(_)) {
+            return Err(SubmitError::LoraDisabled(request.uuid).into());
+        }
         Ok(dispatch!(mut self, s => s.submit(request))?)
+    }
+
+    /// The LoRA adapters with running and waiting requests (empty without LoRA).
+    pub fn lora_activity(&self) -> LoraActivity {
+        match &self.core {
+            Core::Vllm(s) => s.lora_activity(),
+            Core::Sglang(_) => LoraActivity::default(),
+        }
     }
 
     /// Runs one forward pass starting at simulated time `now_ns`.

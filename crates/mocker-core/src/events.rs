@@ -21,6 +21,8 @@ pub enum KvEventData {
         parent_hash: Option<u64>,
         /// The run, root first.
         blocks: Vec<StoredBlock>,
+        /// The LoRA adapter whose request computed the blocks (`None`: the base model).
+        lora: Option<crate::request::LoraRef>,
     },
     /// The last copies of these blocks were evicted.
     Removed {

@@ -66,6 +66,14 @@ impl PromptHashes {
         h
     }
 
+    /// The hashes of a prompt whose first block chains onto `root` (`None`: the sequence
+    /// root, as [`PromptHashes::of`]; a LoRA request's [`lora_hash_root`]).
+    pub fn rooted(tokens: &[u32], block_size: usize, root: Option<u64>) -> Self {
+        let mut h = Self::default();
+        extend_hashes(root, tokens, block_size, &mut h.sequence, Some(&mut h.local));
+        h
+    }
+
     /// Only the sequence hashes (`local` left empty), for engines that record no KV
     /// events and so never need the local ones.
     pub fn sequence_only(tokens: &[u32], block_size: usize) -> Self {
@@ -73,6 +81,16 @@ impl PromptHashes {
         extend_hashes(None, tokens, block_size, &mut h.sequence, None);
         h
     }
+}
+
+/// The parent sequence hash of the first block of a request run with LoRA adapter `name`:
+/// a block's identity then depends on the adapter as on everything before it.
+pub fn lora_hash_root(name: &str) -> u64 {
+    // Tagged so that a name's bytes never read as a block of token ids.
+    let mut buf = Vec::with_capacity(name.len() + 5);
+    buf.extend_from_slice(b"lora\0");
+    buf.extend_from_slice(name.as_bytes());
+    xxh3_64_with_seed(&buf, BLOCK_HASH_SEED)
 }
 
 /// [`extend_sequence_hashes`] for blocks that follow a block with sequence hash `parent`

@@ -17,5 +17,5 @@ pub mod transfer;
 pub mod wave;
 
 pub use engine::{Engine, EngineError, EngineOptions};
-pub use request::{Admission, Output, OutputToken, Request, SeqKey};
+pub use request::{Admission, LoraRef, Output, OutputToken, Request, SeqKey};
 pub use scheduler::{Pass, PrefixCacheBusy, SubmitError};

@@ -55,3 +55,13 @@ pub struct ForwardPassMetrics {
     /// Modelled pass duration in seconds.
     pub wall_time_secs: f64,
 }
+
+/// The LoRA adapters with requests running and with requests waiting on a rank, each
+/// named once in queue order (vLLM's `lora_requests_info` labels).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoraActivity {
+    /// Adapters of running requests.
+    pub running: Vec<std::sync::Arc<str>>,
+    /// Adapters of waiting requests (fresh and preempted).
+    pub waiting: Vec<std::sync::Arc<str>>,
+}

@@ -32,6 +32,31 @@ pub struct Request {
     /// ids) may skip materialising prompts; an engine refuses such a request otherwise.
     /// Ignored when `tokens` is not empty.
     pub prompt_len: Option<usize>,
+    /// The LoRA adapter the request runs with (`None`: the base model). Only a vLLM or
+    /// TRT-LLM engine built with `EngineOptions::max_loras` > 0 accepts one.
+    pub lora: Option<LoraRef>,
+}
+
+/// A LoRA adapter as a request names it.
+///
+/// Its name roots every block hash of the request (vLLM puts the adapter name in each
+/// block's extra hash keys), so requests of different adapters, or of an adapter and the
+/// base model, never share cached blocks; `block_hashes` given with the request must be
+/// rooted the same way ([`crate::hashing::PromptHashes::rooted`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LoraRef {
+    /// vLLM's `lora_int_id` (from 1): what the scheduler's `max_loras` limit counts and
+    /// KV events carry as `lora_id`.
+    pub id: u32,
+    /// The adapter's name, KV events' `lora_name`.
+    pub name: std::sync::Arc<str>,
+}
+
+impl LoraRef {
+    /// The parent hash the adapter's first block chains onto.
+    pub fn hash_root(&self) -> u64 {
+        crate::hashing::lora_hash_root(&self.name)
+    }
 }
 
 impl Request {

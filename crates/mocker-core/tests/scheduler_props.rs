@@ -147,7 +147,7 @@ impl EventView {
             prop_assert_eq!(ev.event_id, self.next_id, "event ids count up by 1 from 0");
             self.next_id += 1;
             match &ev.data {
-                KvEventData::Stored { parent_hash, blocks } => {
+                KvEventData::Stored { parent_hash, blocks, .. } => {
                     prop_assert!(!blocks.is_empty(), "empty Stored event");
                     if let Some(p) = parent_hash {
                         prop_assert!(self.live.contains(p), "Stored parent {:#x} not cached", p);
@@ -204,6 +204,7 @@ fn run(config: EngineConfig, specs: &[Spec], record: bool) -> Result<(), TestCas
                     block_hashes: None,
                     shareable_blocks: None,
                     prompt_len: None,
+                    lora: None,
                 })
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             seen.insert(uuid, Seen::default());

@@ -154,7 +154,7 @@ fn kv_events_use_chained_page_hashes() {
                     assert_eq!(ev.event_id, next_id);
                     next_id += 1;
                     match &ev.data {
-                        KvEventData::Stored { parent_hash, blocks } => {
+                        KvEventData::Stored { parent_hash, blocks, .. } => {
                             let mut parent = *parent_hash;
                             for b in blocks {
                                 stored.push((parent, b.block_hash, b.tokens_hash));

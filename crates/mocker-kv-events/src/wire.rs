@@ -14,8 +14,9 @@
 //! and the batch is `[ts, events, data_parallel_rank]`. Older subscribers (five-field
 //! `BlockStored`, no rank) decode it too: msgspec and Dynamo ignore trailing elements. Block hashes are the core's u64
 //! sequence hashes, encoded as msgpack integers (vLLM's `ExternalBlockHash` accepts ints, and
-//! Dynamo's decoder reads 64-bit ints); `medium` is `"GPU"`; `lora_id`, `lora_name`,
-//! `extra_keys` and `group_idx` are nil (no LoRA, no extra hash keys, one KV-cache group).
+//! Dynamo's decoder reads 64-bit ints); `medium` is `"GPU"`; `lora_id` and `lora_name` name
+//! the adapter of a LoRA request's blocks (nil for the base model); `extra_keys` and
+//! `group_idx` are nil (no extra hash keys, one KV-cache group).
 //!
 //! A [`PendingBatch`] is the engine-side copy of one pass's events, flattened into three
 //! vectors so that copying a pass costs a handful of allocations whatever its size; the
@@ -24,6 +25,7 @@
 use std::ops::Range;
 
 use mocker_core::events::{KvEvent, KvEventData};
+use mocker_core::LoraRef;
 use serde::ser::{SerializeSeq, SerializeTuple};
 use serde::{Serialize, Serializer};
 
@@ -33,7 +35,7 @@ pub const MEDIUM_GPU: &str = "GPU";
 /// One event of a [`PendingBatch`], pointing into the batch's flat vectors.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum PendingEvent {
-    Stored { hashes: Range<usize>, parent: Option<u64>, tokens: Range<usize> },
+    Stored { hashes: Range<usize>, parent: Option<u64>, tokens: Range<usize>, lora: Option<LoraRef> },
     Removed { hashes: Range<usize> },
     Cleared,
 }
@@ -66,7 +68,7 @@ impl PendingBatch {
         self.events.clear();
         for e in events {
             let event = match &e.data {
-                KvEventData::Stored { parent_hash, blocks } => {
+                KvEventData::Stored { parent_hash, blocks, lora } => {
                     let (h0, t0) = (self.hashes.len(), self.tokens.len());
                     for b in blocks {
                         self.hashes.push(b.block_hash);
@@ -78,6 +80,7 @@ impl PendingBatch {
                         hashes: h0..self.hashes.len(),
                         parent: *parent_hash,
                         tokens: t0..self.tokens.len(),
+                        lora: lora.clone(),
                     }
                 }
                 KvEventData::Removed { block_hashes } => {
@@ -140,18 +143,18 @@ impl Serialize for EventsWire<'_> {
         let mut seq = s.serialize_seq(Some(b.events.len()))?;
         for e in &b.events {
             match e {
-                PendingEvent::Stored { hashes, parent, tokens } => {
+                PendingEvent::Stored { hashes, parent, tokens, lora } => {
                     seq.serialize_element(&(
                         "BlockStored",
                         &b.hashes[hashes.clone()],
                         parent,
                         &b.tokens[tokens.clone()],
                         self.0.block_size,
-                        None::<u64>, // lora_id
+                        lora.as_ref().map(|l| u64::from(l.id)),
                         MEDIUM_GPU,
-                        None::<&str>, // lora_name
-                        None::<()>,   // extra_keys
-                        None::<u32>,  // group_idx
+                        lora.as_ref().map(|l| &*l.name),
+                        None::<()>,  // extra_keys
+                        None::<u32>, // group_idx
                     ))?;
                 }
                 PendingEvent::Removed { hashes } => {
@@ -203,7 +206,7 @@ mod tests {
             StoredBlock { block_hash: 5, tokens_hash: 9, token_ids: Some(vec![300, 4]) },
         ];
         let events = [
-            ev(KvEventData::Stored { parent_hash: Some(7), blocks }),
+            ev(KvEventData::Stored { parent_hash: Some(7), blocks, lora: None }),
             ev(KvEventData::Removed { block_hashes: vec![5] }),
         ];
         let got = encode_batch(0.0, &events, 0, 2);
@@ -231,9 +234,23 @@ mod tests {
     }
 
     #[test]
+    fn a_lora_block_carries_the_adapter_id_and_name() {
+        let blocks = vec![StoredBlock { block_hash: 1, tokens_hash: 0, token_ids: None }];
+        let lora = Some(mocker_core::LoraRef { id: 3, name: "sql".into() });
+        let got = encode_batch(0.0, &[ev(KvEventData::Stored { parent_hash: None, blocks, lora })], 0, 64);
+        // ... block_size 64, lora_id 3, "GPU", lora_name "sql", extra_keys nil, group_idx nil
+        let mut tail = vec![0x40, 0x03];
+        tail.extend(fixstr("GPU"));
+        tail.extend(fixstr("sql"));
+        tail.extend([0xc0, 0xc0, 0x00]);
+        assert!(got.ends_with(&tail), "{got:02x?}");
+    }
+
+    #[test]
     fn root_parent_is_nil_and_missing_tokens_give_empty_list() {
         let blocks = vec![StoredBlock { block_hash: 1, tokens_hash: 0, token_ids: None }];
-        let got = encode_batch(0.0, &[ev(KvEventData::Stored { parent_hash: None, blocks })], 3, 64);
+        let got =
+            encode_batch(0.0, &[ev(KvEventData::Stored { parent_hash: None, blocks, lora: None })], 3, 64);
         let tail = [0x91, 0x01, 0xc0, 0x90, 0x40, 0xc0];
         let at = 1 + 9 + 1 + 1 + 12; // batch hdr, ts, events hdr, event hdr, tag
         assert_eq!(&got[at..at + tail.len()], &tail);
@@ -244,9 +261,9 @@ mod tests {
     fn flattening_keeps_each_event_in_its_own_range() {
         let b = |h: u64, t: u32| StoredBlock { block_hash: h, tokens_hash: 0, token_ids: Some(vec![t, t]) };
         let events = [
-            ev(KvEventData::Stored { parent_hash: None, blocks: vec![b(1, 10), b(2, 20)] }),
+            ev(KvEventData::Stored { parent_hash: None, blocks: vec![b(1, 10), b(2, 20)], lora: None }),
             ev(KvEventData::Removed { block_hashes: vec![8, 9] }),
-            ev(KvEventData::Stored { parent_hash: Some(2), blocks: vec![b(3, 30)] }),
+            ev(KvEventData::Stored { parent_hash: Some(2), blocks: vec![b(3, 30)], lora: None }),
         ];
         // Refilling a used batch leaves nothing of its previous contents.
         let mut p = PendingBatch::new(1.0, &[ev(KvEventData::Removed { block_hashes: vec![4; 9] })]);
@@ -257,9 +274,9 @@ mod tests {
         assert_eq!(
             p.events,
             vec![
-                PendingEvent::Stored { hashes: 0..2, parent: None, tokens: 0..4 },
+                PendingEvent::Stored { hashes: 0..2, parent: None, tokens: 0..4, lora: None },
                 PendingEvent::Removed { hashes: 2..4 },
-                PendingEvent::Stored { hashes: 4..5, parent: Some(2), tokens: 4..6 },
+                PendingEvent::Stored { hashes: 4..5, parent: Some(2), tokens: 4..6, lora: None },
             ]
         );
     }

@@ -225,6 +225,8 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
                 // Per-request logs need every token's time; aggregate reports only counts.
                 aggregate_steady_tokens: hooks.request_ended.is_none(),
                 opaque_output_blocks: !outputs_reappear,
+                // Traces name no adapters.
+                max_loras: 0,
             })?;
             Ok::<_, ReplayError>(Worker {
                 engine,
@@ -845,6 +847,7 @@ impl Sim {
             block_hashes: turn.block_hashes,
             shareable_blocks: turn.shareable_blocks,
             prompt_len: Some(turn.input_length),
+            lora: None,
         };
         if let Some(d) = self.disagg.as_mut().filter(|d| d.destination_first) {
             // The decode side reserves first; the prefill follows its reservation.

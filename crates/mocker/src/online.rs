@@ -299,6 +299,7 @@ impl Driver<'_> {
             block_hashes: turn.block_hashes,
             shareable_blocks: None,
             prompt_len: None,
+            lora: None,
         })?;
         let engine = self.workers[worker].clone();
         self.acks.push(Box::pin(async move { engine.submit_prepared(registration).await }));

@@ -237,6 +237,10 @@ pub enum SubmitError {
     /// them: its block hashes are missing, or tokens must be read back.
     #[error("request {0:#x}: prompt tokens are required here (block hashes missing, planned output, KV token ids, or output blocks hashed by content)")]
     MissingTokens(u128),
+    /// The request names a LoRA adapter and the engine serves none (`max_loras` 0, or a
+    /// backend without LoRA).
+    #[error("request {0:#x}: this engine serves no LoRA adapters")]
+    LoraDisabled(u128),
 }
 
 /// Options of a scheduler beyond its engine configuration.
@@ -254,6 +258,8 @@ pub struct SchedulerOptions {
     pub seed_offset: u64,
     /// Ranks in the worker's data-parallel group (see `EngineOptions::dp_size`).
     pub dp_size: u32,
+    /// Most LoRA adapters in one batch (see `EngineOptions::max_loras`).
+    pub max_loras: u32,
 }
 
 /// Moves `pass`'s end to `end_ns` (its group's wave end, not before its own), so its tokens

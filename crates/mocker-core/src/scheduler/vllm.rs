@@ -8,8 +8,8 @@ use crate::config::{Backend, EngineConfig, PreemptionMode, WorkerType};
 use crate::events::{KvEvent, KvEventData, StoredBlock};
 use crate::hashing::{chain_hash, extend_hashes, local_block_hash, unique_block_identity, PromptHashes};
 use crate::kv::{BlockId, BlockPool, Scope};
-use crate::metrics::{EngineMetrics, ForwardPassMetrics};
-use crate::request::{Admission, Output, OutputToken, Request, SeqKey};
+use crate::metrics::{EngineMetrics, ForwardPassMetrics, LoraActivity};
+use crate::request::{Admission, LoraRef, Output, OutputToken, Request, SeqKey};
 use crate::timing::{pass_ms, scaled_nanos, PassWork, TimingModel};
 
 use super::{Pass, PrefixCacheBusy, RunEntry, SchedulerOptions, SubmitError};
@@ -73,6 +73,10 @@ struct Seq {
     pass_decode: bool,
     /// Host-offload connector state (only with `native_host_offload`).
     host: Option<offload::HostSeq>,
+    /// The LoRA adapter it runs with.
+    lora: Option<LoraRef>,
+    /// What its first block's hash chains onto (the adapter's root; `None` for the base model).
+    hash_root: Option<u64>,
 }
 
 impl Seq {
@@ -130,6 +134,12 @@ pub struct VllmScheduler {
     cadence: Cadence,
     /// The host-memory KV tier (`native_host_offload`), if configured.
     offload: Option<Box<offload::Offload>>,
+    /// Most distinct LoRA adapters per batch (0: requests may name none).
+    max_loras: u32,
+    /// The adapters of the batch being scheduled, and the waiting requests passed over
+    /// because theirs would exceed `max_loras` (both empty between passes).
+    batch_loras: Vec<u32>,
+    lora_skipped: Vec<SeqKey>,
 
     seqs: Vec<Option<Seq>>,
     free_slots: Vec<u32>,
@@ -227,6 +237,9 @@ impl VllmScheduler {
                 let bytes = config.kv_cache_bytes_per_token.unwrap_or(1);
                 Box::new(offload::Offload::new(h, config.block_size, bytes, config.num_gpu_blocks))
             }),
+            max_loras: options.max_loras,
+            batch_loras: Vec::new(),
+            lora_skipped: Vec::new(),
             seqs: Vec::new(),
             free_slots: Vec::new(),
             retired_slots: Vec::new(),
@@ -252,6 +265,10 @@ impl VllmScheduler {
     /// Queues a request; it is considered for admission by the next pass.
     pub fn submit(&mut self, request: Request) -> Result<SeqKey, SubmitError> {
         let mut max_output = super::requested_output(&request)?;
+        if request.lora.is_some() && self.max_loras == 0 {
+            return Err(SubmitError::LoraDisabled(request.uuid));
+        }
+        let hash_root = request.lora.as_ref().map(LoraRef::hash_root);
         let prompt_len = request.prompt_len();
         if let Some(m) = self.max_model_len {
             // Generation stops when the sequence reaches the model length; a prompt that
@@ -295,7 +312,8 @@ impl VllmScheduler {
                     !record
                         || request.tokens.is_empty()
                         || h.sequence[..locals_needed]
-                            == PromptHashes::of(&request.tokens[..locals_needed * bs], bs).sequence
+                            == PromptHashes::rooted(&request.tokens[..locals_needed * bs], bs, hash_root)
+                                .sequence
                 );
                 let PromptHashes { sequence: mut h, local: mut l } = h;
                 h.reserve(final_blocks.saturating_sub(h.len()));
@@ -309,7 +327,7 @@ impl VllmScheduler {
             _ => {
                 let mut h = Vec::with_capacity(final_blocks);
                 let mut l = Vec::with_capacity(if record { final_blocks } else { 0 });
-                extend_hashes(None, &request.tokens, bs, &mut h, record.then_some(&mut l));
+                extend_hashes(hash_root, &request.tokens, bs, &mut h, record.then_some(&mut l));
                 (h, l)
             }
         };
@@ -340,6 +358,8 @@ impl VllmScheduler {
             pass_prefix: 0,
             pass_decode: false,
             host: self.offload.is_some().then(offload::HostSeq::new),
+            lora: request.lora,
+            hash_root,
         };
         let key = super::insert_slot(&mut self.seqs, &mut self.free_slots, seq);
         self.waiting.push_back(key);
@@ -377,6 +397,26 @@ impl VllmScheduler {
             physical_gpu_cache_usage_perc: frac(active + inactive),
             ..self.totals
         }
+    }
+
+    /// The adapters of running and waiting requests (empty without LoRA).
+    pub fn lora_activity(&self) -> LoraActivity {
+        let mut a = LoraActivity::default();
+        if self.max_loras == 0 {
+            return a;
+        }
+        let names = |keys: &mut dyn Iterator<Item = SeqKey>, out: &mut Vec<std::sync::Arc<str>>| {
+            for key in keys {
+                if let Some(l) = &self.seq(key).lora {
+                    if !out.contains(&l.name) {
+                        out.push(l.name.clone());
+                    }
+                }
+            }
+        };
+        names(&mut self.running.iter().map(|e| e.key), &mut a.running);
+        names(&mut self.waiting.iter().copied(), &mut a.waiting);
+        a
     }
 
     /// Drops every cached block, as vLLM's `reset_prefix_cache`: only when no block is in
@@ -612,11 +652,42 @@ impl VllmScheduler {
         (n, kv)
     }
 
-    /// (b) Admissions from the waiting head, FCFS, while sequences and blocks allow.
+    /// (b) Admissions from the waiting head, FCFS, while sequences and blocks allow. With
+    /// LoRA, as vLLM: a request whose adapter would make the batch's adapters exceed
+    /// `max_loras` is passed over (it keeps its place at the head, in order) and the
+    /// requests behind it are considered.
     fn admit_waiting(&mut self, b: &mut Budget, pass: &mut Pass) {
+        if self.max_loras == 0 {
+            return self.admit_waiting_fcfs(b, pass);
+        }
+        let mut loras = std::mem::take(&mut self.batch_loras);
+        for e in &self.running {
+            if let Some(l) = &self.seq(e.key).lora {
+                if !loras.contains(&l.id) {
+                    loras.push(l.id);
+                }
+            }
+        }
+        self.batch_loras = loras;
+        self.admit_waiting_fcfs(b, pass);
+        self.batch_loras.clear();
+        while let Some(key) = self.lora_skipped.pop() {
+            self.waiting.push_front(key);
+        }
+    }
+
+    fn admit_waiting_fcfs(&mut self, b: &mut Budget, pass: &mut Pass) {
         let bs = self.block_size as usize;
         while self.running.len() < self.max_num_seqs {
             let Some(&key) = self.waiting.front() else { break };
+            let lora = self.seq(key).lora.as_ref().map(|l| l.id);
+            if let Some(id) = lora {
+                if self.batch_loras.len() >= self.max_loras as usize && !self.batch_loras.contains(&id) {
+                    self.waiting.pop_front();
+                    self.lora_skipped.push(key);
+                    continue;
+                }
+            }
             let mut matched = std::mem::take(&mut self.matched);
             let seq = self.seq(key);
             if self.never_fits(seq) {
@@ -650,6 +721,9 @@ impl VllmScheduler {
             match self.schedule(key, Some(cost), b, pass, &mut cursor) {
                 Scheduled::Yes => {}
                 Scheduled::Blocked | Scheduled::CurrentPreempted => break,
+            }
+            if let Some(id) = lora.filter(|id| !self.batch_loras.contains(id)) {
+                self.batch_loras.push(id);
             }
             if budget_before == b.tokens && b.tokens == 0 {
                 break;
@@ -902,7 +976,9 @@ impl VllmScheduler {
         for blk in first..end {
             let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
             let idx = blk as usize;
+            // The event's parent is the previous block; the hash chains onto the adapter's root.
             let parent = if idx == 0 { None } else { Some(seq.hashes[idx - 1]) };
+            let hash_parent = if idx == 0 { seq.hash_root } else { parent };
             let scope = match (blk >= seq.private_from, seq.published) {
                 (false, _) => Scope::Shared,
                 (true, false) => Scope::Private,
@@ -929,7 +1005,7 @@ impl VllmScheduler {
                 (h, h)
             } else {
                 let local = local_block_hash(&self.scratch_tokens);
-                let h = parent.map_or(local, |p| chain_hash(p, local));
+                let h = hash_parent.map_or(local, |p| chain_hash(p, local));
                 seq.hashes.push(h);
                 if announce {
                     seq.local_hashes.push(local);
@@ -949,11 +1025,13 @@ impl VllmScheduler {
                 run.push(StoredBlock { block_hash: hash, tokens_hash: local, token_ids });
             } else if !run.is_empty() {
                 let blocks = std::mem::take(&mut run);
-                self.push_event(pass, KvEventData::Stored { parent_hash: run_parent, blocks });
+                let lora = self.seq(key).lora.clone();
+                self.push_event(pass, KvEventData::Stored { parent_hash: run_parent, blocks, lora });
             }
         }
         if !run.is_empty() {
-            self.push_event(pass, KvEventData::Stored { parent_hash: run_parent, blocks: run });
+            let lora = self.seq(key).lora.clone();
+            self.push_event(pass, KvEventData::Stored { parent_hash: run_parent, blocks: run, lora });
         }
     }
 

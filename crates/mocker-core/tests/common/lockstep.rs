@@ -165,10 +165,14 @@ fn shareable_events(events: &[KvEvent], shareable: &HashSet<u64>) -> Vec<KvEvent
     events
         .iter()
         .filter_map(|e| match &e.data {
-            KvEventData::Stored { parent_hash, blocks } => {
+            KvEventData::Stored { parent_hash, blocks, lora } => {
                 let blocks: Vec<_> =
                     blocks.iter().filter(|b| shareable.contains(&b.block_hash)).cloned().collect();
-                (!blocks.is_empty()).then_some(KvEventData::Stored { parent_hash: *parent_hash, blocks })
+                (!blocks.is_empty()).then_some(KvEventData::Stored {
+                    parent_hash: *parent_hash,
+                    blocks,
+                    lora: lora.clone(),
+                })
             }
             KvEventData::Removed { block_hashes } => {
                 let block_hashes: Vec<u64> =

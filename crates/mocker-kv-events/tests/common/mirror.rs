@@ -34,7 +34,7 @@ impl DecodedEvent {
     /// What the wire must carry for a core event.
     pub fn from_core(e: &KvEvent) -> Self {
         match &e.data {
-            KvEventData::Stored { parent_hash, blocks } => DecodedEvent::Stored {
+            KvEventData::Stored { parent_hash, blocks, lora } => DecodedEvent::Stored {
                 block_hashes: blocks.iter().map(|b| b.block_hash).collect(),
                 parent_block_hash: *parent_hash,
                 token_ids: blocks
@@ -42,9 +42,9 @@ impl DecodedEvent {
                     .flat_map(|b| b.token_ids.clone().expect("token ids recorded"))
                     .collect(),
                 block_size: super::scenario::BLOCK_SIZE as u32,
-                lora_id: None,
+                lora_id: lora.as_ref().map(|l| u64::from(l.id)),
                 medium: Some("GPU".into()),
-                lora_name: None,
+                lora_name: lora.as_ref().map(|l| l.name.to_string()),
                 extra_keys: None,
                 group_idx: None,
             },

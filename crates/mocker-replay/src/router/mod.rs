@@ -362,6 +362,7 @@ mod tests {
                     .iter()
                     .map(|&h| StoredBlock { block_hash: h, tokens_hash: h, token_ids: None })
                     .collect(),
+                lora: None,
             },
         }
     }

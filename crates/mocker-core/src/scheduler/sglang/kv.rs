@@ -107,7 +107,7 @@ impl SglangScheduler {
                     StoredBlock { block_hash: seq.hashes[b as usize], tokens_hash, token_ids }
                 })
                 .collect();
-            self.push_event(pass, KvEventData::Stored { parent_hash, blocks });
+            self.push_event(pass, KvEventData::Stored { parent_hash, blocks, lora: None });
             i = j;
         }
         self.created = created;
