@@ -340,6 +340,9 @@ impl Drop for Actor {
             m.active_blocks = 0;
             m.gpu_cache_usage_perc = 0.0;
             r.metrics.send_replace(m);
+            if let Some(tx) = &r.lora {
+                tx.send_replace(mocker_core::metrics::LoraActivity::default());
+            }
         }
     }
 }

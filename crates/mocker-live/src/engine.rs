@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use mocker_core::config::{EngineConfig, LaunchConfig};
 use mocker_core::events::KvEvent;
-use mocker_core::metrics::{EngineMetrics, ForwardPassMetrics};
+use mocker_core::metrics::{EngineMetrics, ForwardPassMetrics, LoraActivity};
 use mocker_core::{Engine, EngineOptions, Request};
 use tokio::sync::{mpsc, oneshot, watch, OnceCell};
 use tokio::task::JoinHandle;
@@ -58,6 +58,9 @@ pub struct LiveOptions {
     /// Observer of admissions (client ids), sent at pass start. Dropping the receiver while
     /// the engine runs stops the rank; `shutdown` then reports it.
     pub admissions: Option<mpsc::UnboundedSender<ObservedAdmission>>,
+    /// Most LoRA adapters in one batch (vLLM's `--max-loras`); 0 serves none. See
+    /// `mocker_core::EngineOptions::max_loras`.
+    pub max_loras: usize,
 }
 
 impl std::fmt::Debug for LiveOptions {
@@ -67,6 +70,7 @@ impl std::fmt::Debug for LiveOptions {
             .field("kv_events", &self.kv_events.is_some())
             .field("forward_pass_metrics", &self.forward_pass_metrics.is_some())
             .field("admissions", &self.admissions.is_some())
+            .field("max_loras", &self.max_loras)
             .finish()
     }
 }
@@ -114,6 +118,7 @@ pub(crate) struct Rank {
     cmd: mpsc::Sender<Command>,
     cancel: mpsc::Sender<CancelMsg>,
     metrics: watch::Receiver<EngineMetrics>,
+    lora: Option<watch::Receiver<LoraActivity>>,
     buffering: OutputBuffering,
     shutdown: OnceCell<Result<(), LiveError>>,
 }
@@ -183,10 +188,18 @@ impl LiveEngine {
                 // One worker: rank r draws MTP acceptances from seed + r, as the reference.
                 seed_offset: r as u64,
                 dp_size: n,
+                max_loras: o.max_loras,
                 ..Default::default()
             })
             .map_err(|e| LiveError::InvalidArguments(e.to_string()))?;
             let (mtx, mrx) = watch::channel(engine.metrics());
+            let (ltx, lrx) = match o.max_loras {
+                0 => (None, None),
+                _ => {
+                    let (tx, rx) = watch::channel(LoraActivity::default());
+                    (Some(tx), Some(rx))
+                }
+            };
             let shared = RankShared::new();
             let mut state = RankState::new(
                 engine,
@@ -197,15 +210,16 @@ impl LiveEngine {
                 o.admissions,
             );
             state.transfer = crate::handoff::HandoffTransferTiming::from_config(&config, 0);
+            state.lora = ltx;
             states.push(state);
-            ranks.push((r as u32, shared, mrx, o.buffering));
+            ranks.push((r as u32, shared, mrx, lrx, o.buffering));
         }
         let actor = Actor::new(states, cmd_rx, cancel_rx, token.clone(), epoch);
         let join = rt.spawn(actor.run());
         let group = Arc::new(Group { token, join: Mutex::new(Some(join)), result: OnceCell::new(), epoch });
         Ok(ranks
             .into_iter()
-            .map(|(rank, shared, metrics, buffering)| LiveEngine {
+            .map(|(rank, shared, metrics, lora, buffering)| LiveEngine {
                 inner: Arc::new(Rank {
                     id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
                     rank,
@@ -214,6 +228,7 @@ impl LiveEngine {
                     cmd: cmd_tx.clone(),
                     cancel: cancel_tx.clone(),
                     metrics,
+                    lora,
                     buffering,
                     shutdown: OnceCell::new(),
                 }),
@@ -353,6 +368,12 @@ impl LiveEngine {
     /// This rank's metrics, updated at pass ends and when commands change them.
     pub fn metrics(&self) -> watch::Receiver<EngineMetrics> {
         self.inner.metrics.clone()
+    }
+
+    /// The LoRA adapters with running and with waiting requests on this rank, as of the
+    /// last pass (empty when the rank serves no adapters).
+    pub fn lora_activity(&self) -> LoraActivity {
+        self.inner.lora.as_ref().map(|rx| rx.borrow().clone()).unwrap_or_default()
     }
 
     /// Requests of this rank cancelled so far because their reader let the output buffer

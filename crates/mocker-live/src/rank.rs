@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use mocker_core::config::EngineConfig;
-use mocker_core::metrics::EngineMetrics;
+use mocker_core::metrics::{EngineMetrics, LoraActivity};
 use mocker_core::{Engine, SeqKey};
 use rustc_hash::FxHashMap;
 use tokio::sync::{mpsc, watch};
@@ -42,6 +42,8 @@ pub(crate) struct RankState {
     pub(crate) stepped: bool,
     /// Transfer settings of the engine (the prompt length is filled per request).
     pub transfer: HandoffTransferTiming,
+    /// Adapters running and waiting, when the rank serves LoRA adapters.
+    pub lora: Option<watch::Sender<LoraActivity>>,
 }
 
 impl RankState {
@@ -65,6 +67,7 @@ impl RankState {
             retired: false,
             stepped: false,
             transfer: HandoffTransferTiming::from_config(&EngineConfig::default(), 0),
+            lora: None,
         }
     }
 
@@ -75,6 +78,16 @@ impl RankState {
             *old = m;
             changed
         });
+        if let Some(tx) = &self.lora {
+            let a = self.engine.lora_activity();
+            tx.send_if_modified(|old| {
+                let changed = *old != a;
+                if changed {
+                    *old = a;
+                }
+                changed
+            });
+        }
     }
 
     /// Removes one submission from the core and closes its stream.

@@ -21,6 +21,7 @@ use crate::error::ApiError;
 use crate::faults::FailureInjector;
 use crate::gate::{inject_failures, startup_gate, Readiness};
 use crate::generate::{generate, Prepared};
+use crate::lora::{load_lora_adapter, unload_lora_adapter, LoraRegistry};
 use crate::metrics::ServerMetrics;
 use crate::openai::request::{parse_chat, parse_completion, prompt_input, PromptInput};
 use crate::openai::response::Endpoint;
@@ -99,6 +100,23 @@ pub struct AppState {
     pub sleep: Option<SleepMode>,
     /// Length of `/v1/embeddings` vectors (`--embedding-dim`).
     pub embedding_dim: usize,
+    /// LoRA adapters (`--enable-lora`); `None` answers the adapter routes 404.
+    pub lora: Option<LoraRegistry>,
+}
+
+impl AppState {
+    /// What a request's `model` selects: the served model (`None`) or one of its LoRA
+    /// adapters; anything else is a 404.
+    pub fn resolve_model(&self, model: Option<&str>) -> Result<Option<mocker_core::LoraRef>, ApiError> {
+        match model {
+            None => Ok(None),
+            Some(m) if m == self.model_name => Ok(None),
+            Some(m) => match self.lora.as_ref().and_then(|l| l.resolve(m)) {
+                Some(lora) => Ok(Some(lora)),
+                None => Err(ApiError::model_not_found(m)),
+            },
+        }
+    }
 }
 
 impl AppState {
@@ -137,6 +155,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/sleep", post(sleep))
         .route("/wake_up", post(wake_up))
         .route("/is_sleeping", get(is_sleeping))
+        .route("/v1/load_lora_adapter", post(load_lora_adapter))
+        .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
         .fallback(|request: Request| async move {
             ApiError {
                 status: StatusCode::NOT_FOUND,
@@ -250,18 +270,19 @@ async fn ready(state: State<Arc<AppState>>) -> Response {
 async fn models(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let created =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    axum::Json(json!({
-        "object": "list",
-        "data": [{
-            "id": state.model_name,
-            "object": "model",
-            "created": created,
-            "owned_by": "mocker",
-            "root": state.model_name,
-            "parent": null,
-            "max_model_len": state.served_max_model_len,
-        }],
-    }))
+    let mut data = vec![json!({
+        "id": state.model_name,
+        "object": "model",
+        "created": created,
+        "owned_by": "mocker",
+        "root": state.model_name,
+        "parent": null,
+        "max_model_len": state.served_max_model_len,
+    })];
+    if let Some(lora) = &state.lora {
+        data.extend(lora.model_cards(created));
+    }
+    axum::Json(json!({ "object": "list", "data": data }))
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {

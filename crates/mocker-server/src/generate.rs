@@ -49,11 +49,7 @@ pub async fn generate(
     arrived: Instant,
 ) -> Result<Response, ApiError> {
     let Prepared { endpoint, mut generation, prompt, request_id, replay_key } = prepared;
-    if let Some(model) = generation.model.as_deref() {
-        if model != state.model_name {
-            return Err(ApiError::model_not_found(model));
-        }
-    }
+    let lora = state.resolve_model(generation.model.as_deref())?;
     let codec = |e: crate::tokenizer::TokenizerError| ApiError::internal(e.to_string());
     let (tokens, echo) = match prompt {
         PromptInput::Ids(ids) => {
@@ -121,6 +117,7 @@ pub async fn generate(
                 // Planned output ends where the plan does (the model writes EOS there).
                 max_output_tokens: planned_len.map_or(max_tokens, |l| l.min(max_tokens)),
                 output_token_ids: req_plan.replay.as_ref().map(|r| r.ids().to_vec()),
+                lora: lora.clone(),
                 ..Default::default()
             })
             .await?;
@@ -135,7 +132,8 @@ pub async fn generate(
             None => format!("{}{}", endpoint.id_prefix(), uuid::Uuid::new_v4().simple()),
         },
         created: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-        model: state.model_name.clone(),
+        // As vLLM: an adapter's requests are answered in its name.
+        model: lora.as_ref().map_or_else(|| state.model_name.clone(), |l| l.name.to_string()),
     };
     let mut choices = Vec::with_capacity(n as usize);
     let mut firsts = Vec::with_capacity(n as usize);

@@ -2,7 +2,7 @@
 //! (streamed at the simulated engine's pace), `/v1/models`, `/health` (and `/ping`,
 //! `/health/ready`), `/metrics` as vLLM exposes it, `/tokenize` and `/detokenize`,
 //! `/v1/embeddings`, `/v1/responses`, and vLLM's sleep mode (`/sleep`, `/wake_up`,
-//! `/is_sleeping`).
+//! `/is_sleeping`), and LoRA adapters (`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`).
 
 #![warn(missing_docs)]
 
@@ -14,6 +14,7 @@ pub mod error;
 pub mod faults;
 pub mod gate;
 pub mod generate;
+pub mod lora;
 pub mod metrics;
 pub mod openai;
 pub mod output;

@@ -260,7 +260,7 @@ pub async fn responses(State(state): State<Arc<AppState>>, request: Request) -> 
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0),
-        model: state.model_name.clone(),
+        model: generation.model.clone().unwrap_or_else(|| state.model_name.clone()),
         instructions: object.get("instructions").cloned().unwrap_or(Value::Null),
         max_output_tokens: object.get("max_output_tokens").cloned().unwrap_or(Value::Null),
         temperature: object.get("temperature").cloned().unwrap_or(json!(1.0)),

@@ -16,6 +16,7 @@ use crate::auth::ApiKey;
 use crate::conn::{accept_loop, ConnLimits, Connections};
 use crate::faults::{FailureInjectionOptions, FailureInjector};
 use crate::gate::Readiness;
+use crate::lora::{LoraOptions, LoraRegistry};
 use crate::metrics::{MetricFlavor, MetricsOptions, ServerMetrics};
 use crate::plan::{Reasoning, ReplayTable};
 use crate::sleep::SleepMode;
@@ -65,6 +66,8 @@ pub struct ServerOptions {
     pub enable_sleep_mode: bool,
     /// Length of `/v1/embeddings` vectors (`--embedding-dim`); at least 1.
     pub embedding_dim: usize,
+    /// Serve LoRA adapters (`--enable-lora`); vLLM and TRT-LLM backends only.
+    pub lora: Option<LoraOptions>,
 }
 
 /// Tokens per image by default: Qwen2-VL's count for a 448×448 image, one token per
@@ -114,6 +117,7 @@ impl ServerOptions {
             image_tokens: DEFAULT_IMAGE_TOKENS,
             enable_sleep_mode: false,
             embedding_dim: 1024,
+            lora: None,
         }
     }
 }
@@ -180,6 +184,7 @@ impl BoundServer {
             image_tokens,
             enable_sleep_mode,
             embedding_dim,
+            lora,
         } = options;
         if embedding_dim == 0 {
             return Err(ServerError::Options("--embedding-dim: must be at least 1, got 0".into()));
@@ -201,6 +206,22 @@ impl BoundServer {
             None => None,
         };
         let reasoning = launch.dynamo.reasoning.as_ref().map(|r| Reasoning::new(r, &tokenizer));
+        let lora = match &lora {
+            None => None,
+            Some(_) if launch.engine.backend == Backend::Sglang => {
+                return Err(ServerError::Options(
+                    "--enable-lora: LoRA adapters are simulated on the vllm and trtllm backends only".into(),
+                ))
+            }
+            Some(_) if launch.engine.native_host_offload.is_some() => {
+                return Err(ServerError::Options(
+                    "--enable-lora: LoRA adapters cannot be combined with engine-args native_host_offload"
+                        .into(),
+                ))
+            }
+            Some(o) => Some(LoraRegistry::new(o, &model_name).map_err(ServerError::Options)?),
+        };
+        let max_loras = lora.as_ref().map_or(0, LoraRegistry::max_loras);
         let mut engine = launch.engine;
         if let Some(kv) = &kv_events {
             engine.emit_kv_events = true;
@@ -241,6 +262,7 @@ impl BoundServer {
             dp_ranks: (0..ranks_options.len() as u32).collect(),
             block_size: engine.block_size,
             max_model_len: served_max_model_len(&engine),
+            max_loras,
         });
         let ranks_options: Vec<LiveOptions> = ranks_options
             .into_iter()
@@ -251,6 +273,7 @@ impl BoundServer {
                 o.forward_pass_metrics = metrics.iteration_sink(rank, o.forward_pass_metrics.take());
                 LiveOptions {
                     buffering: OutputBuffering::CancelOnOverflow { capacity: stream_buffer_tokens },
+                    max_loras,
                     ..o
                 }
             })
@@ -281,6 +304,7 @@ impl BoundServer {
             image_tokens,
             sleep: enable_sleep_mode.then(SleepMode::default),
             embedding_dim,
+            lora,
         });
         let limits = ConnLimits { max_connections, header_timeout };
         Ok(Self { listener, state, grace: shutdown_grace, limits, kv_events: bound_events })

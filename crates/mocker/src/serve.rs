@@ -8,8 +8,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use mocker_core::config::LaunchConfig;
+use mocker_core::config::{Backend, LaunchConfig};
 use mocker_server::faults::{FailureInjectionOptions, FailureType};
+use mocker_server::lora::{LoraModule, LoraOptions, LoraRegistry};
 use mocker_server::{BoundServer, KvEventsOptions, ServerOptions, Tokenizer};
 
 use crate::UsageError;
@@ -126,6 +127,24 @@ pub struct ServeArgs {
     /// Length of the unit-norm vectors /v1/embeddings returns (at least 1).
     #[arg(long, value_name = "N", default_value_t = NonZeroUsize::new(1024).unwrap())]
     pub embedding_dim: NonZeroUsize,
+    /// Serve LoRA adapters (vLLM's flag; vllm and trtllm backends): a request's `model`
+    /// picks one, at most --max-loras adapters share a batch (requests of others wait),
+    /// adapters never share cached blocks, KV events name the adapter, and
+    /// POST /v1/load_lora_adapter and /v1/unload_lora_adapter manage them at run time.
+    #[arg(long)]
+    pub enable_lora: bool,
+    /// Adapters loaded at start: `name=path` or `{"name": ..., "path": ...,
+    /// "base_model_name": ...}` (vLLM's forms), space-separated or repeated. No weights are
+    /// read; the path is what /v1/models reports as the adapter's root. Needs --enable-lora.
+    #[arg(long, num_args = 1.., value_name = "NAME=PATH")]
+    pub lora_modules: Vec<String>,
+    /// Most LoRA adapters in one batch (vLLM's default: 1). Needs --enable-lora.
+    #[arg(long, value_name = "N")]
+    pub max_loras: Option<usize>,
+    /// vLLM's CPU cache of adapters: refused, since all it changes is how long vLLM takes
+    /// to reload an adapter from disk, which mocker does not model.
+    #[arg(long, value_name = "N")]
+    pub max_cpu_loras: Option<usize>,
 }
 
 /// File descriptors kept free of connections by the default `--max-connections`.
@@ -279,6 +298,54 @@ impl ServeArgs {
         Ok(FailureInjectionOptions { rate_percent: rate, types, seed: self.failure_injection_seed })
     }
 
+    /// The LoRA flags, checked as vLLM checks them, plus what mocker cannot simulate.
+    fn lora_options(&self, launch: &LaunchConfig) -> Result<Option<LoraOptions>, UsageError> {
+        if self.max_cpu_loras.is_some() {
+            return Err(UsageError(
+                "--max-cpu-loras: not supported: in vLLM it sizes the CPU cache adapters are reloaded \
+                 from, and mocker does not model adapter load times; leave it out"
+                    .into(),
+            ));
+        }
+        if !self.enable_lora {
+            for (set, flag) in
+                [(!self.lora_modules.is_empty(), "--lora-modules"), (self.max_loras.is_some(), "--max-loras")]
+            {
+                if set {
+                    return Err(UsageError(format!("{flag}: needs --enable-lora")));
+                }
+            }
+            return Ok(None);
+        }
+        if launch.engine.backend == Backend::Sglang {
+            return Err(UsageError(
+                "--enable-lora: LoRA adapters are simulated on the vllm and trtllm backends only, not sglang"
+                    .into(),
+            ));
+        }
+        if launch.engine.native_host_offload.is_some() {
+            return Err(UsageError(
+                "--enable-lora: cannot be combined with engine-args native_host_offload (its admission path \
+                 does not model adapters)"
+                    .into(),
+            ));
+        }
+        let max_loras = self.max_loras.unwrap_or(1);
+        if max_loras == 0 {
+            return Err(UsageError("--max-loras: must be at least 1, got 0".into()));
+        }
+        let modules = self
+            .lora_modules
+            .iter()
+            .map(|m| LoraModule::parse(m))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(UsageError)?;
+        let options = LoraOptions { max_loras, modules };
+        // Names clash with each other or the served model: the same check the server makes.
+        LoraRegistry::new(&options, &self.model_name).map_err(UsageError)?;
+        Ok(Some(options))
+    }
+
     fn options(&self) -> Result<Vec<ServerOptions>, UsageError> {
         if self.num_workers == 0 {
             return Err(UsageError("--num-workers: must be at least 1, got 0".into()));
@@ -298,6 +365,7 @@ impl ServeArgs {
         };
         let failure_injection = self.failure_injection()?;
         let launch = self.launch_config()?;
+        let lora = self.lora_options(&launch)?;
         let kv_endpoint = self
             .kv_events_endpoint
             .clone()
@@ -343,6 +411,7 @@ impl ServeArgs {
                 options.image_tokens = self.image_tokens as usize;
                 options.enable_sleep_mode = self.enable_sleep_mode;
                 options.embedding_dim = self.embedding_dim.get();
+                options.lora = lora.clone();
                 if let Some(endpoint) = &kv_endpoint {
                     let shift = (i * launch.dp_size) as u32;
                     let offset = |flag: &str, e: &str| {

@@ -105,6 +105,65 @@ fn embeddings_responses_and_sleep_mode_behave_as_in_vllm() {
     }
 }
 
+/// LoRA as vLLM serves it (tests/python/serve_lora.py): adapters from --lora-modules in both
+/// of vLLM's forms listed by /v1/models, loaded and unloaded at run time with vLLM's answers,
+/// picked by `model`; no prefix sharing across adapters or with the base model; with
+/// --max-loras 1 a second adapter's requests wait until the first's finish, as
+/// `vllm:lora_requests_info` shows; BlockStored events carry each adapter's id and name.
+/// Without --enable-lora the adapter routes are 404 and the LoRA flags are refused.
+#[test]
+fn lora_adapters_are_loaded_picked_batched_and_published_as_in_vllm() {
+    let server = Server::start(&[
+        "--block-size",
+        "16",
+        "--max-model-len",
+        "1024",
+        "--enable-lora",
+        "--max-loras",
+        "1",
+        "--lora-modules",
+        "sql=/adapters/sql",
+        r#"{"name": "chat", "path": "/adapters/chat"}"#,
+        "--kv-events-endpoint",
+        "tcp://127.0.0.1:0",
+    ]);
+    let line = loop {
+        let line = server.stderr.recv_timeout(Duration::from_secs(10)).expect("publisher announced");
+        if line.contains("publishing KV events on") {
+            break line;
+        }
+    };
+    let endpoint = line.split("events on ").nth(1).unwrap().split(' ').next().unwrap().to_string();
+    let result = run_script("serve_lora.py", &[&server.base, KEY, &endpoint]);
+    assert_eq!(result["ok"], true, "{result}");
+
+    let plain = Server::start(&[]);
+    for path in ["/v1/load_lora_adapter", "/v1/unload_lora_adapter"] {
+        let (status, body) = http(&plain.base, "POST", path, &[], r#"{"lora_name": "a", "lora_path": "/a"}"#);
+        assert_eq!(status, 404, "{path}: {body}");
+        assert!(body.contains("--enable-lora"), "{body}");
+    }
+    for (args, named) in [
+        (&["--lora-modules", "a=/a"][..], "--lora-modules: needs --enable-lora"),
+        (&["--max-loras", "2"][..], "--max-loras: needs --enable-lora"),
+        (&["--enable-lora", "--max-loras", "0"][..], "--max-loras: must be at least 1"),
+        (&["--enable-lora", "--max-cpu-loras", "4"][..], "--max-cpu-loras"),
+        (&["--enable-lora", "--lora-modules", "a"][..], "--lora-modules: expected name=path"),
+        (&["--enable-lora", "--lora-modules", "a=/x", "a=/y"][..], "already been loaded"),
+        (&["--enable-lora", "--engine-args", r#"{"backend": "sglang"}"#][..], "not sglang"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_mocker"))
+            .args(["serve", "--port", "0"])
+            .args(args)
+            .stdout(Stdio::null())
+            .output()
+            .expect("mocker runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(named), "{args:?}: {stderr}");
+    }
+}
+
 /// Pass-end times (ms from submission) of one request on an idle engine, from the core.
 fn modelled_arrivals_ms(prompt_len: usize, max_tokens: usize) -> Vec<f64> {
     let config = LaunchConfig::from_json_str("").unwrap().engine;

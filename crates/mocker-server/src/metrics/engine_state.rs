@@ -15,6 +15,8 @@ pub(super) struct EngineState {
     pub flavor: MetricFlavor,
     pub model_name: String,
     pub block_size: usize,
+    /// `max_lora` of `vllm:lora_requests_info`.
+    pub max_loras: usize,
     /// `_created` of the counters (the server's start).
     pub created: f64,
     pub ranks: Vec<watch::Receiver<EngineMetrics>>,
@@ -178,20 +180,26 @@ impl Collector for EngineState {
                     MetricType::GAUGE,
                     info,
                 ));
-                // The Gateway API Inference Extension reads adapters from these labels; no
-                // LoRA yet, so none run or wait and none can be loaded. The value is the
-                // time of the reading, as in vLLM (readers take the newest series).
+                // The Gateway API Inference Extension reads adapters from these labels
+                // (comma-separated names, as vLLM joins them). The value is the time of
+                // the reading, as in vLLM (readers take the newest series).
                 let now = super::unix_now();
+                let max_lora = self.max_loras.to_string();
                 let lora = ranks
                     .iter()
-                    .map(|m| {
+                    .enumerate()
+                    .map(|(i, m)| {
                         let rank = m.dp_rank.to_string();
+                        let activity = self.engines.get(i).map(LiveEngine::lora_activity).unwrap_or_default();
+                        let join = |names: &[std::sync::Arc<str>]| {
+                            names.iter().map(|n| &**n).collect::<Vec<_>>().join(",")
+                        };
                         let l = labels(&[
                             ("model_name", &self.model_name),
                             ("engine", &rank),
-                            ("max_lora", "0"),
-                            ("running_lora_adapters", ""),
-                            ("waiting_lora_adapters", ""),
+                            ("max_lora", &max_lora),
+                            ("running_lora_adapters", &join(&activity.running)),
+                            ("waiting_lora_adapters", &join(&activity.waiting)),
                         ]);
                         gauge_sample(l, now)
                     })

@@ -50,6 +50,8 @@ pub struct MetricsOptions {
     pub block_size: usize,
     /// Longest sequence the engine accepts: the top of vLLM's 1-2-5 token-count buckets.
     pub max_model_len: usize,
+    /// Most LoRA adapters per batch (`vllm:lora_requests_info`'s `max_lora`; 0 without LoRA).
+    pub max_loras: usize,
 }
 
 /// Why a request stopped (vLLM's `finished_reason` label values).
@@ -414,6 +416,7 @@ impl ServerMetrics {
             flavor: self.options.flavor,
             model_name: self.options.model_name.clone(),
             block_size: self.options.block_size,
+            max_loras: self.options.max_loras,
             created: self.created,
             ranks,
             engines,

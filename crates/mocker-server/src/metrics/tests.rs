@@ -7,6 +7,7 @@ fn vllm(ranks: Vec<u32>) -> ServerMetrics {
         dp_ranks: ranks,
         block_size: 64,
         max_model_len: 1000,
+        max_loras: 0,
     })
 }
 
@@ -136,6 +137,7 @@ fn sglang_flavor_uses_sglang_names() {
         dp_ranks: vec![0],
         block_size: 64,
         max_model_len: 100,
+        max_loras: 0,
     });
     assert!(metrics.iteration_sink(0, None).is_none());
     metrics.attach_engines(vec![rx], Vec::new());

@@ -1,0 +1,318 @@
+//! LoRA adapters as vLLM serves them (`--enable-lora`): the adapters loaded at start
+//! (`--lora-modules`) and at run time (`POST /v1/load_lora_adapter`,
+//! `POST /v1/unload_lora_adapter`), listed by `/v1/models` and picked by a request's `model`.
+//!
+//! The simulation has no weights, so loading an adapter registers its name and path; what
+//! an adapter changes is scheduling and caching, in the core: at most `--max-loras`
+//! adapters in one batch (requests of others wait), no prefix sharing across adapters, and
+//! KV events that carry the adapter's id and name. As vLLM, each load gets a fresh
+//! `lora_int_id` from 1, and the same name loaded again hashes its blocks the same way.
+
+use std::sync::{Arc, RwLock};
+
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use mocker_core::LoraRef;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::app::AppState;
+use crate::error::ApiError;
+
+/// An adapter named on the command line (`--lora-modules`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraModule {
+    /// The name requests put in `model`.
+    pub name: String,
+    /// Where vLLM would read its weights from (reported as the model card's `root`).
+    pub path: String,
+    /// The model it adapts (the card's `parent`); the served model when absent.
+    pub base_model_name: Option<String>,
+}
+
+impl LoraModule {
+    /// Parses one `--lora-modules` value as vLLM does: `name=path`, or a JSON object
+    /// `{"name": ..., "path": ..., "base_model_name": ...}`.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        let module = if value.trim_start().starts_with('{') {
+            #[derive(Deserialize)]
+            #[serde(deny_unknown_fields)]
+            struct Json {
+                name: String,
+                path: String,
+                base_model_name: Option<String>,
+            }
+            let j: Json = serde_json::from_str(value).map_err(|e| {
+                format!("--lora-modules: expected name=path or a JSON object with name, path and optional base_model_name ({e})")
+            })?;
+            Self { name: j.name, path: j.path, base_model_name: j.base_model_name }
+        } else {
+            let (name, path) = value
+                .split_once('=')
+                .ok_or_else(|| format!("--lora-modules: expected name=path, got {value:?}"))?;
+            Self { name: name.to_string(), path: path.to_string(), base_model_name: None }
+        };
+        if module.name.is_empty() || module.path.is_empty() {
+            return Err(format!("--lora-modules: name and path must not be empty, got {value:?}"));
+        }
+        Ok(module)
+    }
+}
+
+/// LoRA serving options (`--enable-lora` and the flags that go with it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraOptions {
+    /// Most adapters in one batch (`--max-loras`, vLLM's default 1).
+    pub max_loras: usize,
+    /// Adapters loaded at start.
+    pub modules: Vec<LoraModule>,
+}
+
+impl Default for LoraOptions {
+    fn default() -> Self {
+        Self { max_loras: 1, modules: Vec::new() }
+    }
+}
+
+#[derive(Debug)]
+struct Loaded {
+    lora: LoraRef,
+    path: String,
+    parent: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct Adapters {
+    /// In load order, as `/v1/models` lists them.
+    loaded: Vec<Loaded>,
+    next_id: u32,
+}
+
+/// The adapters this server serves.
+#[derive(Debug)]
+pub struct LoraRegistry {
+    max_loras: usize,
+    base_model: String,
+    adapters: RwLock<Adapters>,
+}
+
+impl LoraRegistry {
+    /// A registry holding `options.modules`; a module named like the served model or twice
+    /// is refused.
+    pub fn new(options: &LoraOptions, base_model: &str) -> Result<Self, String> {
+        if options.max_loras == 0 {
+            return Err("--max-loras: must be at least 1, got 0".into());
+        }
+        let registry = Self {
+            max_loras: options.max_loras,
+            base_model: base_model.to_string(),
+            adapters: Default::default(),
+        };
+        for m in &options.modules {
+            registry
+                .load(&m.name, &m.path, m.base_model_name.clone())
+                .map_err(|e| format!("--lora-modules: {}", e.message))?;
+        }
+        Ok(registry)
+    }
+
+    /// Most adapters in one batch.
+    pub fn max_loras(&self) -> usize {
+        self.max_loras
+    }
+
+    /// The adapter a request's `model` names, if it names one.
+    pub fn resolve(&self, model: &str) -> Option<LoraRef> {
+        let a = self.adapters.read().expect("lora registry");
+        a.loaded.iter().find(|l| &*l.lora.name == model).map(|l| l.lora.clone())
+    }
+
+    fn load(&self, name: &str, path: &str, parent: Option<String>) -> Result<(), ApiError> {
+        if name.is_empty() || path.is_empty() {
+            return Err(ApiError::bad_request("Both 'lora_name' and 'lora_path' must be provided."));
+        }
+        if name == self.base_model {
+            return Err(ApiError::invalid_field(
+                "lora_name",
+                format!("The lora adapter name '{name}' is the served model's name."),
+            ));
+        }
+        let mut a = self.adapters.write().expect("lora registry");
+        if a.loaded.iter().any(|l| &*l.lora.name == name) {
+            return Err(ApiError::bad_request(format!(
+                "The lora adapter '{name}' has already been loaded. If you want to load the adapter in place, set 'load_inplace' to True."
+            )));
+        }
+        a.next_id += 1;
+        let lora = LoraRef { id: a.next_id, name: Arc::from(name) };
+        a.loaded.push(Loaded { lora, path: path.to_string(), parent });
+        Ok(())
+    }
+
+    fn load_in_place(&self, name: &str, path: &str) -> Result<(), ApiError> {
+        {
+            let mut a = self.adapters.write().expect("lora registry");
+            if let Some(l) = a.loaded.iter_mut().find(|l| &*l.lora.name == name) {
+                l.path = path.to_string();
+                return Ok(());
+            }
+        }
+        self.load(name, path, None)
+    }
+
+    fn unload(&self, name: &str) -> Result<(), ApiError> {
+        let mut a = self.adapters.write().expect("lora registry");
+        match a.loaded.iter().position(|l| &*l.lora.name == name) {
+            Some(i) => {
+                a.loaded.remove(i);
+                Ok(())
+            }
+            None => Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                message: format!("The lora adapter '{name}' cannot be found."),
+                param: Some("lora_name".into()),
+            }),
+        }
+    }
+
+    /// Model cards of the loaded adapters, as vLLM lists them after the base model.
+    pub fn model_cards(&self, created: u64) -> Vec<Value> {
+        let a = self.adapters.read().expect("lora registry");
+        a.loaded
+            .iter()
+            .map(|l| {
+                json!({
+                    "id": &*l.lora.name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "vllm",
+                    "root": l.path,
+                    "parent": l.parent.as_deref().unwrap_or(&self.base_model),
+                    "max_model_len": null,
+                })
+            })
+            .collect()
+    }
+}
+
+fn registry(state: &AppState, request: &Request) -> Result<(), ApiError> {
+    match state.lora {
+        Some(_) => Ok(()),
+        None => Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!(
+                "no route {} {} (LoRA is off: start the server with --enable-lora)",
+                request.method(),
+                request.uri().path()
+            ),
+            param: None,
+        }),
+    }
+}
+
+fn parse_body<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("malformed request body: {e}")))
+}
+
+/// `POST /v1/load_lora_adapter` `{"lora_name", "lora_path", "load_inplace"?}`.
+pub async fn load_lora_adapter(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    registry(&state, &request)?;
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        #[serde(default)]
+        lora_name: String,
+        #[serde(default)]
+        lora_path: String,
+        #[serde(default)]
+        load_inplace: bool,
+    }
+    let b: Body = parse_body(&crate::app::body(&state, request).await?)?;
+    let lora = state.lora.as_ref().expect("checked above");
+    if b.load_inplace && !b.lora_name.is_empty() && !b.lora_path.is_empty() {
+        lora.load_in_place(&b.lora_name, &b.lora_path)?;
+    } else {
+        lora.load(&b.lora_name, &b.lora_path, None)?;
+    }
+    Ok((StatusCode::OK, format!("Success: LoRA adapter '{}' added successfully.", b.lora_name))
+        .into_response())
+}
+
+/// `POST /v1/unload_lora_adapter` `{"lora_name", "lora_int_id"?}`. Requests already running
+/// with the adapter finish with it.
+pub async fn unload_lora_adapter(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    registry(&state, &request)?;
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        #[serde(default)]
+        lora_name: String,
+        lora_int_id: Option<u32>,
+    }
+    let b: Body = parse_body(&crate::app::body(&state, request).await?)?;
+    let lora = state.lora.as_ref().expect("checked above");
+    if b.lora_name.is_empty() {
+        return Err(match b.lora_int_id {
+            None => ApiError::bad_request("either 'lora_name' and 'lora_int_id' needs to be provided."),
+            // vLLM unloads by name; an id alone finds nothing there either.
+            Some(_) => {
+                ApiError::invalid_field("lora_name", "'lora_name' must be provided to unload an adapter.")
+            }
+        });
+    }
+    lora.unload(&b.lora_name)?;
+    Ok((StatusCode::OK, format!("Success: LoRA adapter '{}' removed successfully.", b.lora_name))
+        .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registry(modules: &[&str]) -> Result<LoraRegistry, String> {
+        let modules = modules.iter().map(|m| LoraModule::parse(m)).collect::<Result<Vec<_>, _>>()?;
+        LoraRegistry::new(&LoraOptions { max_loras: 2, modules }, "base")
+    }
+
+    #[test]
+    fn modules_parse_in_both_of_vllms_forms() {
+        assert_eq!(
+            LoraModule::parse("sql=/adapters/sql").unwrap(),
+            LoraModule { name: "sql".into(), path: "/adapters/sql".into(), base_model_name: None }
+        );
+        let j =
+            LoraModule::parse(r#"{"name": "chat", "path": "/a/chat", "base_model_name": "llama"}"#).unwrap();
+        assert_eq!(j.base_model_name.as_deref(), Some("llama"));
+        for bad in ["sql", "=/p", "sql=", r#"{"name": "x"}"#, r#"{"name": "x", "path": "p", "rank": 8}"#] {
+            assert!(LoraModule::parse(bad).unwrap_err().starts_with("--lora-modules"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn loads_get_fresh_ids_and_names_stay_unique() {
+        let r = registry(&["a=/p/a", "b=/p/b"]).unwrap();
+        assert_eq!(r.resolve("a").unwrap().id, 1);
+        assert_eq!(r.resolve("b").unwrap().id, 2);
+        assert!(r.resolve("base").is_none());
+        assert_eq!(r.load("a", "/q", None).unwrap_err().status, StatusCode::BAD_REQUEST);
+        r.unload("a").unwrap();
+        assert!(r.resolve("a").is_none());
+        assert_eq!(r.unload("a").unwrap_err().status, StatusCode::NOT_FOUND);
+        r.load("a", "/p/a2", None).unwrap();
+        assert_eq!(r.resolve("a").unwrap().id, 3);
+        let cards = r.model_cards(0);
+        assert_eq!(cards.iter().map(|c| c["id"].as_str().unwrap()).collect::<Vec<_>>(), ["b", "a"]);
+        assert_eq!(cards[1]["root"], "/p/a2");
+        assert_eq!(cards[1]["parent"], "base");
+        assert!(registry(&["a=/x", "a=/y"]).unwrap_err().contains("already been loaded"));
+        assert!(registry(&["base=/x"]).unwrap_err().contains("served model"));
+        assert!(LoraRegistry::new(&LoraOptions { max_loras: 0, modules: vec![] }, "m").is_err());
+    }
+}
