@@ -36,14 +36,18 @@ use crate::tokenizer::Tokenizer;
 pub struct Ranks(pub Vec<LiveEngine>);
 
 impl Ranks {
-    /// Submits to the least-loaded rank; also says which (its position).
-    pub async fn submit(&self, request: mocker_core::Request) -> Result<(LiveRequest, usize), ApiError> {
-        let (position, rank) = self
-            .0
+    /// The least-loaded rank and its position.
+    pub fn pick(&self) -> Result<(usize, &LiveEngine), ApiError> {
+        self.0
             .iter()
             .enumerate()
             .min_by_key(|(_, e)| e.active_request_count())
-            .ok_or_else(|| ApiError::unavailable("no engine ranks"))?;
+            .ok_or_else(|| ApiError::unavailable("no engine ranks"))
+    }
+
+    /// Submits to the least-loaded rank; also says which (its position).
+    pub async fn submit(&self, request: mocker_core::Request) -> Result<(LiveRequest, usize), ApiError> {
+        let (position, rank) = self.pick()?;
         Ok((rank.submit(request).await?, position))
     }
 }
@@ -102,6 +106,9 @@ pub struct AppState {
     pub embedding_dim: usize,
     /// LoRA adapters (`--enable-lora`); `None` answers the adapter routes 404.
     pub lora: Option<LoraRegistry>,
+    /// Disaggregated prefill/decode (`--kv-transfer-config`); `None` refuses
+    /// `kv_transfer_params`.
+    pub pd: Option<Arc<crate::pd::PdState>>,
 }
 
 impl AppState {
@@ -157,6 +164,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/is_sleeping", get(is_sleeping))
         .route("/v1/load_lora_adapter", post(load_lora_adapter))
         .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
+        .route("/mocker/kv_transfer/read", post(crate::pd::read_handler))
         .fallback(|request: Request| async move {
             ApiError {
                 status: StatusCode::NOT_FOUND,

@@ -26,6 +26,7 @@ use crate::output::logprobs::LogprobsAcc;
 use crate::output::plan::{plan_choice, ChoicePlan, Planned};
 use crate::output::sampler::Sampler;
 use crate::output::stop::{StopRules, StopScan};
+use crate::pd::{KvTransfer, PrefillHandoff};
 use crate::plan::{reasoning_frame, with_reasoning, Phase, Replayed, RequestPlan};
 
 /// A validated, tokenized request ready for the engine.
@@ -50,6 +51,30 @@ pub async fn generate(
 ) -> Result<Response, ApiError> {
     let Prepared { endpoint, mut generation, prompt, request_id, replay_key } = prepared;
     let lora = state.resolve_model(generation.model.as_deref())?;
+    let transfer = std::mem::take(&mut generation.kv_transfer);
+    if transfer != KvTransfer::None {
+        let Some(pd) = &state.pd else {
+            return Err(ApiError::invalid_field(
+                "kv_transfer_params",
+                "kv_transfer_params: this server has no KV connector; start it with --kv-transfer-config \
+                 '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}'",
+            ));
+        };
+        pd.check_role(&transfer)?;
+        if generation.n > 1 {
+            return Err(ApiError::invalid_field(
+                "n",
+                "n: a disaggregated request generates one sequence (n = 1)",
+            ));
+        }
+        if transfer == KvTransfer::Prefill && generation.stream {
+            return Err(ApiError::invalid_field(
+                "stream",
+                "stream: a prefill request (kv_transfer_params.do_remote_decode) is answered in one body; \
+                 send stream: false",
+            ));
+        }
+    }
     let codec = |e: crate::tokenizer::TokenizerError| ApiError::internal(e.to_string());
     let (tokens, echo) = match prompt {
         PromptInput::Ids(ids) => {
@@ -107,20 +132,35 @@ pub async fn generate(
     // pass or later, find its full blocks in the prefix cache.
     let submitted = Instant::now();
     let mut lives = Vec::with_capacity(n as usize);
+    let mut prefill: Option<PrefillHandoff> = None;
+    // A decode whose prompt KV was transferred counts the whole prompt as computed.
+    let mut transferred = false;
     for (sampler, plan, req_plan) in plans {
         let planned_len = plan.planned.as_ref().map(Planned::len);
-        let (live, rank) = state
-            .ranks
-            .submit(Request {
-                uuid: uuid::Uuid::new_v4().as_u128(),
-                tokens: tokens.clone(),
-                // Planned output ends where the plan does (the model writes EOS there).
-                max_output_tokens: planned_len.map_or(max_tokens, |l| l.min(max_tokens)),
-                output_token_ids: req_plan.replay.as_ref().map(|r| r.ids().to_vec()),
-                lora: lora.clone(),
-                ..Default::default()
-            })
-            .await?;
+        let request = Request {
+            uuid: uuid::Uuid::new_v4().as_u128(),
+            tokens: tokens.clone(),
+            // Planned output ends where the plan does (the model writes EOS there).
+            max_output_tokens: planned_len.map_or(max_tokens, |l| l.min(max_tokens)),
+            output_token_ids: req_plan.replay.as_ref().map(|r| r.ids().to_vec()),
+            lora: lora.clone(),
+            ..Default::default()
+        };
+        let (live, rank) = match (&transfer, &state.pd) {
+            (KvTransfer::Prefill, Some(_)) => {
+                let (rank, engine) = state.ranks.pick()?;
+                let (live, handoff) = crate::pd::start_prefill(engine, request, state.block_size).await?;
+                prefill = Some(handoff);
+                (live, rank)
+            }
+            (KvTransfer::Decode(remote), Some(pd)) => {
+                let (rank, engine) = state.ranks.pick()?;
+                let (live, read) = crate::pd::start_decode(pd, engine, request, remote).await?;
+                transferred = read;
+                (live, rank)
+            }
+            _ => state.ranks.submit(request).await?,
+        };
         lives.push((live, rank, sampler, plan, req_plan));
     }
     drop(tokens);
@@ -168,7 +208,7 @@ pub async fn generate(
             max_tokens,
             n: n as usize,
             prompt_tokens,
-            cached_tokens: first.cached_tokens.unwrap_or(0),
+            cached_tokens: if transferred { prompt_tokens } else { first.cached_tokens.unwrap_or(0) },
             generated: 0,
             done: false,
             sampler,
@@ -190,7 +230,9 @@ pub async fn generate(
             UsageMode { include_usage: generation.include_usage, continuous: generation.continuous_usage };
         Ok(sse_response(choices, header, mode, echo))
     } else {
-        full_response(choices, header, echo).await
+        let prefill =
+            prefill.map(|h| (h, state.pd.clone().expect("a prefill needs the connector"), prompt_tokens));
+        full_response(choices, header, echo, prefill).await
     }
 }
 
@@ -559,6 +601,7 @@ async fn full_response(
     mut choices: Choices,
     header: ResponseHeader,
     echo: Option<String>,
+    prefill: Option<(PrefillHandoff, Arc<crate::pd::PdState>, usize)>,
 ) -> Result<Response, ApiError> {
     let mut texts: Vec<String> = vec![echo.unwrap_or_default(); choices.streams.len()];
     loop {
@@ -584,6 +627,12 @@ async fn full_response(
     if choices.streams.first().is_some_and(|s| s.req_plan.split) {
         let reasoning: Vec<&str> = choices.streams.iter().map(|s| s.reasoning.as_str()).collect();
         body = with_reasoning(body, &reasoning);
+    }
+    if let Some((handoff, pd, prompt_tokens)) = prefill {
+        let params = handoff.finish(&pd, &header.id, prompt_tokens).await?;
+        let mut value: serde_json::Value = serde_json::from_str(&body).expect("our own JSON");
+        value["kv_transfer_params"] = params;
+        body = value.to_string();
     }
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }

@@ -18,6 +18,7 @@ pub mod lora;
 pub mod metrics;
 pub mod openai;
 pub mod output;
+pub mod pd;
 pub mod plan;
 mod raw_errors;
 pub mod responses;

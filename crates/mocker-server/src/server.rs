@@ -18,6 +18,7 @@ use crate::faults::{FailureInjectionOptions, FailureInjector};
 use crate::gate::Readiness;
 use crate::lora::{LoraOptions, LoraRegistry};
 use crate::metrics::{MetricFlavor, MetricsOptions, ServerMetrics};
+use crate::pd::{PdOptions, PdState};
 use crate::plan::{Reasoning, ReplayTable};
 use crate::sleep::SleepMode;
 use crate::tokenizer::Tokenizer;
@@ -68,6 +69,8 @@ pub struct ServerOptions {
     pub embedding_dim: usize,
     /// Serve LoRA adapters (`--enable-lora`); vLLM and TRT-LLM backends only.
     pub lora: Option<LoraOptions>,
+    /// Take part in disaggregated prefill/decode (`--kv-transfer-config`); vLLM backend.
+    pub pd: Option<PdOptions>,
 }
 
 /// Tokens per image by default: Qwen2-VL's count for a 448×448 image, one token per
@@ -118,6 +121,7 @@ impl ServerOptions {
             enable_sleep_mode: false,
             embedding_dim: 1024,
             lora: None,
+            pd: None,
         }
     }
 }
@@ -185,10 +189,18 @@ impl BoundServer {
             enable_sleep_mode,
             embedding_dim,
             lora,
+            pd,
         } = options;
+        if pd.is_some() && launch.engine.backend != Backend::Vllm {
+            return Err(ServerError::Options(
+                "--kv-transfer-config: vLLM's KV-transfer contract is simulated on the vllm backend only"
+                    .into(),
+            ));
+        }
         if embedding_dim == 0 {
             return Err(ServerError::Options("--embedding-dim: must be at least 1, got 0".into()));
         }
+        let api_key_plain = api_key.clone();
         let api_key = match api_key.as_deref() {
             None => None,
             Some(key) => Some(
@@ -285,6 +297,13 @@ impl BoundServer {
             LiveEngine::start_group(engine.clone(), ranks_options)?
         };
         metrics.attach_engines(engines.iter().map(|e| e.metrics()).collect(), engines.clone());
+        let pd = pd.map(|o| {
+            let bound = listener.local_addr().unwrap_or(addr);
+            // Decode servers dial this address; an unspecified bind is reachable on loopback.
+            let host =
+                if bound.ip().is_unspecified() { "127.0.0.1".to_string() } else { bound.ip().to_string() };
+            Arc::new(PdState::new(&o, host, bound.port(), api_key_plain.clone(), &model_name, &metrics))
+        });
         let state = Arc::new(AppState {
             model_name,
             tokenizer,
@@ -305,6 +324,7 @@ impl BoundServer {
             sleep: enable_sleep_mode.then(SleepMode::default),
             embedding_dim,
             lora,
+            pd,
         });
         let limits = ConnLimits { max_connections, header_timeout };
         Ok(Self { listener, state, grace: shutdown_grace, limits, kv_events: bound_events })

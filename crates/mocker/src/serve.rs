@@ -11,6 +11,7 @@ use clap::Args;
 use mocker_core::config::{Backend, LaunchConfig};
 use mocker_server::faults::{FailureInjectionOptions, FailureType};
 use mocker_server::lora::{LoraModule, LoraOptions, LoraRegistry};
+use mocker_server::pd::{KvTransferConfig, PdOptions, DEFAULT_ABORT_TIMEOUT};
 use mocker_server::{BoundServer, KvEventsOptions, ServerOptions, Tokenizer};
 
 use crate::UsageError;
@@ -145,6 +146,17 @@ pub struct ServeArgs {
     /// to reload an adapter from disk, which mocker does not model.
     #[arg(long, value_name = "N")]
     pub max_cpu_loras: Option<usize>,
+    /// Take part in disaggregated prefill/decode with vLLM's NIXL contract (vllm backend):
+    /// `{"kv_connector": "NixlConnector", "kv_role": "kv_both"|"kv_producer"|"kv_consumer"}`.
+    /// Requests' `kv_transfer_params` then prefill and hold KV for a remote decode, or decode
+    /// from KV a remote prefill holds, read over mocker's side channel with the modelled
+    /// transfer time (engine-args kv_transfer_* of the prefill server).
+    #[arg(long, value_name = "JSON")]
+    pub kv_transfer_config: Option<String>,
+    /// How long a finished prefill holds its KV for a decode side that never reads it
+    /// (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT). Needs --kv-transfer-config.
+    #[arg(long, value_name = "SECONDS")]
+    pub kv_abort_timeout_seconds: Option<f64>,
 }
 
 /// File descriptors kept free of connections by the default `--max-connections`.
@@ -211,11 +223,14 @@ impl ServeArgs {
                  (disaggregated prefill/decode runs in mocker replay --prefill-engine-args/--decode-engine-args)"
             )));
         }
-        crate::replay::warn_transfer_keys(
-            "--engine-args",
-            &launch,
-            "a disaggregated replay's --prefill-engine-args (mocker serve runs aggregated workers)",
-        );
+        if self.kv_transfer_config.is_none() {
+            crate::replay::warn_transfer_keys(
+                "--engine-args",
+                &launch,
+                "a prefill server of a disaggregated pair (--kv-transfer-config) or a disaggregated replay's \
+                 --prefill-engine-args",
+            );
+        }
         if launch.tensor_parallel_size != 1 {
             eprintln!(
                 "warning: --engine-args: tensor_parallel_size not used by serve (no figure here is per GPU); \
@@ -298,6 +313,28 @@ impl ServeArgs {
         Ok(FailureInjectionOptions { rate_percent: rate, types, seed: self.failure_injection_seed })
     }
 
+    /// `--kv-transfer-config` and its timeout.
+    fn pd_options(&self, launch: &LaunchConfig) -> Result<Option<PdOptions>, UsageError> {
+        let Some(json) = &self.kv_transfer_config else {
+            if self.kv_abort_timeout_seconds.is_some() {
+                return Err(UsageError("--kv-abort-timeout-seconds: needs --kv-transfer-config".into()));
+            }
+            return Ok(None);
+        };
+        if launch.engine.backend != Backend::Vllm {
+            return Err(UsageError(format!(
+                "--kv-transfer-config: vLLM's KV-transfer contract is simulated on the vllm backend only, not {}",
+                launch.engine.backend
+            )));
+        }
+        let config = KvTransferConfig::parse(json).map_err(UsageError)?;
+        let abort_timeout = match self.kv_abort_timeout_seconds {
+            None => DEFAULT_ABORT_TIMEOUT,
+            Some(s) => seconds("--kv-abort-timeout-seconds", s, true)?,
+        };
+        Ok(Some(PdOptions { config, abort_timeout }))
+    }
+
     /// The LoRA flags, checked as vLLM checks them, plus what mocker cannot simulate.
     fn lora_options(&self, launch: &LaunchConfig) -> Result<Option<LoraOptions>, UsageError> {
         if self.max_cpu_loras.is_some() {
@@ -366,6 +403,7 @@ impl ServeArgs {
         let failure_injection = self.failure_injection()?;
         let launch = self.launch_config()?;
         let lora = self.lora_options(&launch)?;
+        let pd = self.pd_options(&launch)?;
         let kv_endpoint = self
             .kv_events_endpoint
             .clone()
@@ -412,6 +450,7 @@ impl ServeArgs {
                 options.enable_sleep_mode = self.enable_sleep_mode;
                 options.embedding_dim = self.embedding_dim.get();
                 options.lora = lora.clone();
+                options.pd = pd.clone();
                 if let Some(endpoint) = &kv_endpoint {
                     let shift = (i * launch.dp_size) as u32;
                     let offset = |flag: &str, e: &str| {

@@ -164,6 +164,52 @@ fn lora_adapters_are_loaded_picked_batched_and_published_as_in_vllm() {
     }
 }
 
+/// Disaggregated prefill/decode between two server processes with vLLM's NIXL contract,
+/// driven with the request flow of vLLM's P/D test proxy (tests/python/serve_pd.py): the
+/// prefill answer's kv_transfer_params, the prefill server holding the prompt's blocks until
+/// the decode server reads them (its KV usage back to 0 after), the decode TTFT including
+/// the prefill side's modelled transfer, the whole prompt counted as cached, the recompute
+/// fallback when the KV cannot be read, the abort timeout, and 400s for malformed params.
+/// Without --kv-transfer-config kv_transfer_params are refused by name.
+#[test]
+fn disaggregated_prefill_and_decode_servers_hand_off_kv_as_vllm_nixl_does() {
+    let config = r#"{"kv_connector": "NixlConnector", "kv_role": "kv_both"}"#;
+    let prefill = Server::start(&[
+        "--block-size",
+        "16",
+        "--kv-transfer-config",
+        config,
+        "--kv-abort-timeout-seconds",
+        "2",
+        "--engine-args",
+        r#"{"kv_transfer_bytes_per_token": 131072, "kv_transfer_bandwidth": 0.05}"#,
+    ]);
+    let decode = Server::start(&["--block-size", "16", "--kv-transfer-config", config]);
+    let result = run_script("serve_pd.py", &[&prefill.base, &decode.base, KEY]);
+    assert_eq!(result["ok"], true, "{result}");
+
+    let plain = Server::start(&[]);
+    let body = r#"{"prompt": "x", "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": true}}"#;
+    let (status, text) = http(&plain.base, "POST", "/v1/completions", &[], body);
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("--kv-transfer-config"), "{text}");
+    for (args, named) in [
+        (&["--kv-transfer-config", r#"{"kv_connector": "LMCacheConnectorV1"}"#][..], "not supported"),
+        (&["--kv-transfer-config", r#"{"kv_connector": "NixlConnector", "kv_role": "x"}"#][..], "kv_role"),
+        (&["--kv-abort-timeout-seconds", "5"][..], "needs --kv-transfer-config"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_mocker"))
+            .args(["serve", "--port", "0"])
+            .args(args)
+            .stdout(Stdio::null())
+            .output()
+            .expect("mocker runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(named), "{args:?}: {stderr}");
+    }
+}
+
 /// Pass-end times (ms from submission) of one request on an idle engine, from the core.
 fn modelled_arrivals_ms(prompt_len: usize, max_tokens: usize) -> Vec<f64> {
     let config = LaunchConfig::from_json_str("").unwrap().engine;

@@ -409,6 +409,11 @@ impl ServerMetrics {
         }))
     }
 
+    /// Registers a collector of another module (exposed with the rest).
+    pub fn register_collector(&self, collector: Box<dyn prometheus::core::Collector>) {
+        self.registry.register(collector).expect("metric names are unique and valid");
+    }
+
     /// Adds the engine state read at scrape time from each rank's watch (`ranks`), and the
     /// stream-overflow cancellations of `engines` (the same ranks, when live).
     pub fn attach_engines(&self, ranks: Vec<watch::Receiver<EngineMetrics>>, engines: Vec<LiveEngine>) {

@@ -2,6 +2,7 @@
 //! vLLM does (unknown fields ignored, `max_tokens` and `max_completion_tokens` both taken)
 //! and validated into one [`Generation`] with errors that name the field.
 
+use crate::pd::KvTransfer;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -116,6 +117,8 @@ pub struct Generation {
     pub structured: Option<Structured>,
     /// `tools` that may be called (chat).
     pub tools: Option<Tools>,
+    /// `kv_transfer_params`: a disaggregated prefill or decode (see [`crate::pd`]).
+    pub kv_transfer: KvTransfer,
 }
 
 /// The body as a JSON object, and the fields both endpoints share.
@@ -194,6 +197,7 @@ impl Common {
             logprobs: None,
             structured: None,
             tools: None,
+            kv_transfer: KvTransfer::None,
         })
     }
 }
@@ -208,6 +212,7 @@ pub fn parse_completion(body: &[u8]) -> Result<(Generation, PromptInput), ApiErr
     generation.n = fields::n(&value["n"])?;
     generation.logprobs = fields::completion_logprobs(&value["logprobs"])?;
     generation.structured = fields::response_format(&value["response_format"])?;
+    generation.kv_transfer = KvTransfer::from_request(&value)?;
     generation.echo = match &value["echo"] {
         Value::Null => false,
         Value::Bool(b) => *b,
@@ -232,6 +237,7 @@ pub fn parse_chat(body: &[u8]) -> Result<(Generation, Vec<ChatMessage>), ApiErro
     generation.logprobs = fields::chat_logprobs(&value["logprobs"], &value["top_logprobs"])?;
     generation.structured = fields::response_format(&value["response_format"])?;
     generation.tools = fields::tools(&value["tools"], &value["tool_choice"])?;
+    generation.kv_transfer = KvTransfer::from_request(&value)?;
     // The chat template already carries the special tokens.
     generation.add_special_tokens = false;
     generation.default_to_context = true;

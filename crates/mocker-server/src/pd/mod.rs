@@ -1,0 +1,344 @@
+//! Disaggregated prefill/decode over HTTP with vLLM's NIXL-connector contract
+//! (`--kv-transfer-config`), between mocker servers in separate processes.
+//!
+//! * A request whose `kv_transfer_params` say `do_remote_decode` is a **prefill request**:
+//!   it runs here as a handoff source, so when it finishes its KV blocks stay held, and the
+//!   answer carries vLLM's `kv_transfer_params` (`do_remote_prefill`, `remote_engine_id`,
+//!   `remote_block_ids`, `remote_host`, `remote_port`, `remote_request_id`, `tp_size`).
+//! * A request whose params say `do_remote_prefill` is a **decode request**: it reserves
+//!   the prompt blocks it lacks here, then "reads" the KV from the prefill server over the
+//!   side channel below; the read takes the prefill side's modelled transfer time
+//!   (`kv_transfer_bytes_per_token`, `kv_transfer_bandwidth`, `kv_transfer_timing_mode`, as
+//!   in the core), after which the prefill side frees its blocks and the decode side starts
+//!   decoding with the prompt counted as computed. If the prefill server cannot be reached
+//!   or does not hold the blocks, the decode side computes the prompt itself (vLLM's
+//!   recompute fallback), logs it and counts it in `mocker:kv_transfer_recomputes_total`.
+//! * A held source no decode side reads is freed after `--kv-abort-timeout-seconds`
+//!   (vLLM's `VLLM_NIXL_ABORT_REQUEST_TIMEOUT`, 480 s).
+//!
+//! The side channel is mocker's own: `POST /mocker/kv_transfer/read` on the prefill
+//! server's serve port (`remote_port`), JSON `{remote_engine_id, remote_request_id,
+//! remote_block_ids, missing_tokens}`. Block ids are this server's handles for the held
+//! blocks (one per prompt block, unique per server), not the core's pool indices.
+
+pub mod params;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use mocker_core::Request as CoreRequest;
+use mocker_live::{
+    HandoffEvent, HandoffId, HandoffTransferTiming, LiveEngine, LiveHandoffControl, LiveHandoffEvents,
+    LiveRequest,
+};
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::app::AppState;
+use crate::error::ApiError;
+pub use params::{KvRole, KvTransfer, KvTransferConfig, RemotePrefill};
+
+/// vLLM's default abort timeout for held prefill KV (`VLLM_NIXL_ABORT_REQUEST_TIMEOUT`).
+pub const DEFAULT_ABORT_TIMEOUT: Duration = Duration::from_secs(480);
+
+/// Options of a server that takes part in disaggregated serving.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PdOptions {
+    /// `--kv-transfer-config`.
+    pub config: KvTransferConfig,
+    /// How long a finished prefill holds its KV for a decode side that never reads it.
+    pub abort_timeout: Duration,
+}
+
+/// A finished prefill holding its KV until a decode side reads it.
+struct Held {
+    control: LiveHandoffControl,
+    /// Keeps the handoff route registered while the KV is held.
+    _events: LiveHandoffEvents,
+    block_ids: Vec<u64>,
+    timing: HandoffTransferTiming,
+}
+
+/// The disaggregation state of one server.
+pub struct PdState {
+    role: KvRole,
+    abort_timeout: Duration,
+    /// `remote_engine_id` of this server.
+    engine_id: String,
+    /// Where decode servers reach this one (`remote_host`, `remote_port`).
+    host: String,
+    port: u16,
+    /// Bearer token this server sends on reads (the servers of a pair share a key).
+    api_key: Option<String>,
+    held: Mutex<FxHashMap<String, Held>>,
+    next_block_id: AtomicU64,
+    recomputes: prometheus::IntCounter,
+    client: reqwest::Client,
+}
+
+impl std::fmt::Debug for PdState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PdState")
+            .field("role", &self.role)
+            .field("engine_id", &self.engine_id)
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("held", &self.held.lock().map(|h| h.len()).unwrap_or(0))
+            .finish()
+    }
+}
+
+impl PdState {
+    /// State for a server reachable at `host:port`; registers its counter in `registry`.
+    pub fn new(
+        options: &PdOptions,
+        host: String,
+        port: u16,
+        api_key: Option<String>,
+        model_name: &str,
+        registry: &crate::metrics::ServerMetrics,
+    ) -> Self {
+        let recomputes = prometheus::IntCounter::with_opts(
+            prometheus::Opts::new(
+                "mocker:kv_transfer_recomputes_total",
+                "Decode requests that computed their prompt locally because the prefill server's KV could not be read.",
+            )
+            .const_label("model_name", model_name),
+        )
+        .expect("valid counter");
+        registry.register_collector(Box::new(recomputes.clone()));
+        Self {
+            role: options.config.role,
+            abort_timeout: options.abort_timeout,
+            engine_id: uuid::Uuid::new_v4().to_string(),
+            host,
+            port,
+            api_key,
+            held: Mutex::default(),
+            next_block_id: AtomicU64::new(1),
+            recomputes,
+            client: reqwest::Client::builder().build().expect("an HTTP client without TLS builds"),
+        }
+    }
+
+    /// Refuses a transfer this server's role does not take.
+    pub fn check_role(&self, transfer: &KvTransfer) -> Result<(), ApiError> {
+        let refused = match (transfer, self.role) {
+            (KvTransfer::Prefill, KvRole::Consumer) => {
+                "do_remote_decode: this server is a kv_consumer (decode only)"
+            }
+            (KvTransfer::Decode(_), KvRole::Producer) => {
+                "do_remote_prefill: this server is a kv_producer (prefill only)"
+            }
+            _ => return Ok(()),
+        };
+        Err(ApiError::invalid_field("kv_transfer_params", format!("kv_transfer_params.{refused}")))
+    }
+
+    /// Held prefills (for tests and logs).
+    pub fn num_held(&self) -> usize {
+        self.held.lock().expect("held").len()
+    }
+}
+
+/// A prefill request on its way to holding its KV. Dropped before [`Self::finish`] (the
+/// client left), it cancels the source so no KV stays held.
+pub struct PrefillHandoff {
+    route: Option<(LiveHandoffControl, LiveHandoffEvents)>,
+    block_size: usize,
+}
+
+impl Drop for PrefillHandoff {
+    fn drop(&mut self) {
+        if let Some((control, _)) = self.route.take() {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = control.cancel_source().await;
+                });
+            }
+        }
+    }
+}
+
+/// Submits `request` on `engine` as a handoff source; its stream runs like any request's.
+pub async fn start_prefill(
+    engine: &LiveEngine,
+    request: CoreRequest,
+    block_size: usize,
+) -> Result<(LiveRequest, PrefillHandoff), ApiError> {
+    let (control, events) = engine.register_handoff(HandoffId(uuid::Uuid::new_v4()))?;
+    let (registration, live) = engine.prepare_request(request)?;
+    control.submit_prefill(registration).await?;
+    Ok((live, PrefillHandoff { route: Some((control, events)), block_size }))
+}
+
+impl PrefillHandoff {
+    /// Once the request has finished: registers its held KV under `request_id` and returns
+    /// the `kv_transfer_params` of the answer.
+    pub async fn finish(
+        mut self,
+        pd: &Arc<PdState>,
+        request_id: &str,
+        prompt_tokens: usize,
+    ) -> Result<Value, ApiError> {
+        let events = &mut self.route.as_mut().expect("finished once").1;
+        let timing = match tokio::time::timeout(Duration::from_secs(5), events.recv()).await {
+            Ok(Some(HandoffEvent::SourceHeld { transfer_timing })) => transfer_timing,
+            _ => return Err(ApiError::internal("the prefill finished without holding its KV")),
+        };
+        let (control, events) = self.route.take().expect("finished once");
+        let blocks = prompt_tokens.div_ceil(self.block_size.max(1)) as u64;
+        let first = pd.next_block_id.fetch_add(blocks, Ordering::Relaxed);
+        let block_ids: Vec<u64> = (first..first + blocks).collect();
+        let params = json!({
+            "do_remote_prefill": true,
+            "do_remote_decode": false,
+            "remote_engine_id": pd.engine_id,
+            "remote_block_ids": block_ids,
+            "remote_host": pd.host,
+            "remote_port": pd.port,
+            "remote_request_id": request_id,
+            "tp_size": 1,
+        });
+        pd.held
+            .lock()
+            .expect("held")
+            .insert(request_id.to_string(), Held { control, _events: events, block_ids, timing });
+        // vLLM frees KV no decode side read after its abort timeout.
+        let (pd, id) = (pd.clone(), request_id.to_string());
+        tokio::spawn(async move {
+            tokio::time::sleep(pd.abort_timeout).await;
+            let expired = pd.held.lock().expect("held").remove(&id);
+            if let Some(h) = expired {
+                eprintln!(
+                    "kv transfer: no decode side read prefill {id} within {:?}; its KV is freed",
+                    pd.abort_timeout
+                );
+                let _ = h.control.release_source().await;
+            }
+        });
+        Ok(params)
+    }
+}
+
+/// The side channel's read request.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReadBody {
+    remote_engine_id: String,
+    remote_request_id: Option<String>,
+    remote_block_ids: Vec<u64>,
+    /// Prompt tokens the decode side lacks (`destination_missing` charges these).
+    missing_tokens: usize,
+}
+
+/// `POST /mocker/kv_transfer/read`: the decode side reads a held prefill's KV. Answers once
+/// the modelled transfer is over; the blocks are freed then, even if the reader is gone.
+pub async fn read_handler(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let not_found = |m: String| ApiError { status: StatusCode::NOT_FOUND, message: m, param: None };
+    let Some(pd) = state.pd.clone() else {
+        return Err(not_found("no KV connector here (start the server with --kv-transfer-config)".into()));
+    };
+    let bytes = crate::app::body(&state, request).await?;
+    let b: ReadBody =
+        serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("read: {e}")))?;
+    if b.remote_engine_id != pd.engine_id {
+        return Err(not_found(format!(
+            "read: engine {} is not this server's ({})",
+            b.remote_engine_id, pd.engine_id
+        )));
+    }
+    let held = {
+        let mut table = pd.held.lock().expect("held");
+        let key = match &b.remote_request_id {
+            Some(id) => Some(id.clone()),
+            None => table.iter().find(|(_, h)| h.block_ids == b.remote_block_ids).map(|(k, _)| k.clone()),
+        };
+        match key.and_then(|k| table.remove(&k)) {
+            Some(h) if h.block_ids == b.remote_block_ids => h,
+            Some(h) => {
+                let ids = h.block_ids.clone();
+                if let Some(id) = &b.remote_request_id {
+                    table.insert(id.clone(), h);
+                }
+                return Err(not_found(format!(
+                    "read: request holds blocks {ids:?}, not {:?}",
+                    b.remote_block_ids
+                )));
+            }
+            None => {
+                return Err(not_found(
+                    "read: no held prefill with these blocks (already read or expired)".into(),
+                ))
+            }
+        }
+    };
+    let delay_ms = held.timing.delay_ms(Some(b.missing_tokens)).unwrap_or(0.0);
+    let transfer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs_f64(delay_ms / 1000.0)).await;
+        let _ = held.control.release_source().await;
+    });
+    let _ = transfer.await;
+    Ok(axum::Json(json!({ "transfer_ms": delay_ms })).into_response())
+}
+
+/// Submits `request` on `engine` as a decode request whose prompt KV `remote` holds: the
+/// stream yields tokens once the read is over. Falls back to computing the prompt here
+/// when the read fails. Returns the stream and whether the KV was transferred.
+pub async fn start_decode(
+    pd: &PdState,
+    engine: &LiveEngine,
+    request: CoreRequest,
+    remote: &RemotePrefill,
+) -> Result<(LiveRequest, bool), ApiError> {
+    let (control, mut events) = engine.register_handoff(HandoffId(uuid::Uuid::new_v4()))?;
+    let (registration, live) = engine.prepare_request(request.clone())?;
+    control.reserve_destination(registration).await?;
+    let missing = match tokio::time::timeout(Duration::from_secs(5), events.recv()).await {
+        Ok(Some(HandoffEvent::DestinationReserved { transferable_prompt_tokens })) => {
+            transferable_prompt_tokens
+        }
+        _ => return Err(ApiError::unavailable("the decode engine could not reserve the prompt's blocks")),
+    };
+    let url = format!("http://{}:{}/mocker/kv_transfer/read", remote.host, remote.port);
+    let body = ReadBody {
+        remote_engine_id: remote.engine_id.clone(),
+        remote_request_id: remote.request_id.clone(),
+        remote_block_ids: remote.block_ids.clone(),
+        missing_tokens: missing,
+    };
+    let mut call = pd.client.post(&url).json(&body).timeout(pd.abort_timeout);
+    if let Some(key) = &pd.api_key {
+        call = call.bearer_auth(key);
+    }
+    let failure = match call.send().await {
+        Ok(r) if r.status().is_success() => None,
+        Ok(r) => {
+            let status = r.status();
+            Some(format!("{url} answered {status}: {}", r.text().await.unwrap_or_default()))
+        }
+        Err(e) => Some(format!("{url}: {e}")),
+    };
+    match failure {
+        None => {
+            control.activate_destination().await?;
+            Ok((live, true))
+        }
+        Some(why) => {
+            eprintln!("kv transfer: cannot read the prompt's KV ({why}); computing the prompt here instead");
+            pd.recomputes.inc();
+            let _ = control.cancel_destination().await;
+            drop(live);
+            let live = engine.submit(CoreRequest { uuid: 0, ..request }).await?;
+            Ok((live, false))
+        }
+    }
+}

@@ -1,0 +1,147 @@
+"""Disaggregated prefill/decode between two `mocker serve --kv-transfer-config` processes,
+driven with the request flow of vLLM's P/D test proxy
+(tests/v1/kv_connector/nixl_integration/toy_proxy_server.py in vllm-project/vllm): the
+request goes to the prefill server with `kv_transfer_params: {do_remote_decode: true, ...}`,
+`stream: false` and one output token; the `kv_transfer_params` of its answer go, with the
+client's original request, to the decode server, whose answer (streamed or not) is the
+client's. Driven by crates/mocker/tests/serve_e2e.rs; prints one JSON line of results.
+
+The prefill server runs with kv_transfer_bytes_per_token 131072 and kv_transfer_bandwidth
+0.05 GB/s (so a 160-token prompt's transfer takes 419.43 ms) and a 2 s abort timeout.
+
+usage: serve_pd.py PREFILL_URL DECODE_URL API_KEY
+"""
+
+import copy
+import json
+import sys
+import time
+import uuid
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+MODEL = "mocker-test"
+BYTES_PER_TOKEN, BANDWIDTH_GB_S = 131072, 0.05
+
+
+def metric(base, name):
+    total = 0.0
+    for family in text_string_to_metric_families(httpx.get(f"{base}/metrics").text):
+        for s in family.samples:
+            if s.name == name:
+                total += s.value
+    return total
+
+
+def proxy(http, prefill, decode, path, body):
+    """The toy proxy's two steps; returns (decode response, the prefill's params, TTFT s)."""
+    request_id = str(uuid.uuid4())
+    headers = {"X-Request-Id": request_id}
+    p = copy.deepcopy(body)
+    p["kv_transfer_params"] = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                               "remote_block_ids": None, "remote_host": None, "remote_port": None}
+    p["stream"] = False
+    p["max_tokens"] = 1
+    if "max_completion_tokens" in p:
+        p["max_completion_tokens"] = 1
+    p.pop("stream_options", None)
+    start = time.perf_counter()
+    r = http.post(f"{prefill}{path}", json=p, headers=headers)
+    assert r.status_code == 200, r.text
+    params = r.json().get("kv_transfer_params")
+    assert params and params["do_remote_prefill"] is True and params["do_remote_decode"] is False, r.json()
+    held_usage = metric(prefill, "vllm:kv_cache_usage_perc")
+    d = copy.deepcopy(body)
+    d["kv_transfer_params"] = params
+    if not body.get("stream"):
+        r = http.post(f"{decode}{path}", json=d, headers=headers)
+        assert r.status_code == 200, r.text
+        return r.json(), params, held_usage, None
+    first, chunks, usage = None, [], None
+    with http.stream("POST", f"{decode}{path}", json=d, headers=headers) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for c in chunk.get("choices", []):
+                piece = c.get("text") or (c.get("delta") or {}).get("content")
+                if piece:
+                    first = first or time.perf_counter() - start
+                    chunks.append(piece)
+    return {"usage": usage, "text": "".join(chunks)}, params, held_usage, first
+
+
+def main():
+    prefill, decode, key = sys.argv[1], sys.argv[2], sys.argv[3]
+    http = httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    prompt = "the quick brown fox jumps over the lazy dog " * 16
+    prompt_tokens = http.post(f"{prefill}/tokenize", json={"prompt": prompt}).json()["count"]
+    transfer_s = prompt_tokens * BYTES_PER_TOKEN / (BANDWIDTH_GB_S * 1e9)
+
+    # Streamed completion: exact counts, the whole prompt counted as computed, and a TTFT
+    # that includes the modelled transfer.
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 24, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": True}
+    out, params, held_usage, ttft = proxy(http, prefill, decode, "/v1/completions", body)
+    assert out["usage"]["completion_tokens"] == 24 and out["usage"]["prompt_tokens"] == prompt_tokens, out
+    assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == prompt_tokens, out["usage"]
+    assert len(params["remote_block_ids"]) == -(-prompt_tokens // 16), params
+    assert params["remote_port"] > 0 and params["remote_host"] == "127.0.0.1" and params["tp_size"] == 1, params
+    assert held_usage > 0, "the prefill server holds the prompt's blocks until the decode side reads them"
+    assert transfer_s <= ttft < transfer_s + 1.0, (ttft, transfer_s)
+    assert metric(prefill, "vllm:kv_cache_usage_perc") == 0.0, "the read freed the prefill's blocks"
+
+    # Streamed chat and non-streamed completions through the same flow.
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_completion_tokens": 12,
+            "stream": True, "stream_options": {"include_usage": True}}
+    out, _, _, _ = proxy(http, prefill, decode, "/v1/chat/completions", chat)
+    assert out["usage"]["completion_tokens"] == 12, out
+    plain = {"model": MODEL, "prompt": prompt + " again", "max_tokens": 8}
+    out, _, _, _ = proxy(http, prefill, decode, "/v1/completions", plain)
+    assert out["usage"]["completion_tokens"] == 8 and out["choices"][0]["finish_reason"] == "length", out
+
+    # A second read of the same blocks finds nothing: the decode side recomputes the prompt.
+    before = metric(decode, "mocker:kv_transfer_recomputes_total")
+    again = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "kv_transfer_params": params}
+    r = http.post(f"{decode}/v1/completions", json=again)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
+    assert metric(decode, "mocker:kv_transfer_recomputes_total") == before + 1
+    # So does an unreachable prefill server.
+    gone = dict(params, remote_port=1, remote_request_id="nobody")
+    r = http.post(f"{decode}/v1/completions", json=dict(again, kv_transfer_params=gone))
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] < prompt_tokens, r.text
+    assert metric(decode, "mocker:kv_transfer_recomputes_total") == before + 2
+
+    # A prefill nobody reads is freed after the abort timeout (2 s here).
+    p = {"model": MODEL, "prompt": "never decoded " * 40, "max_tokens": 1,
+         "kv_transfer_params": {"do_remote_decode": True}}
+    assert http.post(f"{prefill}/v1/completions", json=p).status_code == 200
+    assert metric(prefill, "vllm:kv_cache_usage_perc") > 0
+    deadline = time.time() + 10
+    while metric(prefill, "vllm:kv_cache_usage_perc") > 0 and time.time() < deadline:
+        time.sleep(0.2)
+    assert metric(prefill, "vllm:kv_cache_usage_perc") == 0.0, "the abort timeout freed the held blocks"
+
+    # Malformed params are a 400 naming the field, before anything runs.
+    for bad in [{"do_remote_prefill": True, "remote_block_ids": "1,2", "remote_engine_id": "e",
+                 "remote_host": "h", "remote_port": 1},
+                {"do_remote_prefill": True, "remote_block_ids": [1], "remote_engine_id": "e", "remote_host": "h"},
+                {"do_remote_decode": "yes"}, [1]]:
+        r = http.post(f"{decode}/v1/completions", json={"model": MODEL, "prompt": "x", "kv_transfer_params": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "kv_transfer_params", (bad, r.text)
+    r = http.post(f"{prefill}/v1/completions",
+                  json={"model": MODEL, "prompt": "x", "stream": True, "kv_transfer_params": {"do_remote_decode": True}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream", r.text
+
+    for base in (prefill, decode):
+        assert metric(base, "vllm:num_requests_running") == 0 and metric(base, "vllm:num_requests_waiting") == 0
+    print(json.dumps({"ok": True, "prompt_tokens": prompt_tokens, "ttft_s": round(ttft, 4),
+                      "transfer_s": round(transfer_s, 4)}))
+
+
+if __name__ == "__main__":
+    main()
