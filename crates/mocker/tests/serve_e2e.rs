@@ -185,7 +185,9 @@ fn disaggregated_prefill_and_decode_servers_hand_off_kv_as_vllm_nixl_does() {
         r#"{"kv_transfer_bytes_per_token": 131072, "kv_transfer_bandwidth": 0.05}"#,
     ]);
     let decode = Server::start(&["--block-size", "16", "--kv-transfer-config", config]);
-    let result = run_script("serve_pd.py", &[&prefill.base, &decode.base, KEY]);
+    let modelled = format!("{:.3}", modelled_pd_ttft_ms(160, 24));
+    let result = run_script("serve_pd.py", &[&prefill.base, &decode.base, KEY, &modelled]);
+    eprintln!("P/D pair: {result}");
     assert_eq!(result["ok"], true, "{result}");
 
     let plain = Server::start(&[]);
@@ -208,6 +210,28 @@ fn disaggregated_prefill_and_decode_servers_hand_off_kv_as_vllm_nixl_does() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(named), "{args:?}: {stderr}");
     }
+}
+
+/// TTFT through an idle P/D pair, from the core: the prefill's pass, the transfer at
+/// 131072 bytes per token over 0.05 GB/s, and the decode side's first pass after activation.
+fn modelled_pd_ttft_ms(prompt_len: usize, max_tokens: usize) -> f64 {
+    let mut config = LaunchConfig::from_json_str("").unwrap().engine;
+    config.block_size = 16;
+    let request = Request {
+        uuid: 1,
+        tokens: (1000..1000 + prompt_len as u32).collect(),
+        max_output_tokens: 1,
+        ..Default::default()
+    };
+    let mut prefill = Engine::new(EngineOptions { config: config.clone(), ..Default::default() }).unwrap();
+    prefill.submit(request.clone()).unwrap();
+    let prefill_ms = prefill.step(0).end_ns as f64 / 1e6;
+    let mut decode = Engine::new(EngineOptions { config, ..Default::default() }).unwrap();
+    let reserved = decode.reserve(Request { max_output_tokens: max_tokens, ..request }).unwrap();
+    decode.activate(reserved.key, 1).unwrap();
+    let decode_ms = decode.step(0).end_ns as f64 / 1e6;
+    let transfer_ms = prompt_len as f64 * 131072.0 / 0.05e9 * 1e3;
+    prefill_ms + transfer_ms + decode_ms
 }
 
 /// Pass-end times (ms from submission) of one request on an idle engine, from the core.
