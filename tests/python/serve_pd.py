@@ -138,9 +138,22 @@ def main():
                 {"do_remote_decode": "yes"}, [1]]:
         r = http.post(f"{decode}/v1/completions", json={"model": MODEL, "prompt": "x", "kv_transfer_params": bad})
         assert r.status_code == 400 and r.json()["error"]["param"] == "kv_transfer_params", (bad, r.text)
-    r = http.post(f"{prefill}/v1/completions",
-                  json={"model": MODEL, "prompt": "x", "stream": True, "kv_transfer_params": {"do_remote_decode": True}})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "stream", r.text
+
+    # A streamed prefill: its params come in a last chunk with no choices, before usage.
+    streamed = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "stream": True,
+                "stream_options": {"include_usage": True}, "kv_transfer_params": {"do_remote_decode": True}}
+    frames = []
+    with http.stream("POST", f"{prefill}/v1/completions", json=streamed) as r:
+        assert r.status_code == 200, r.read()
+        frames = [json.loads(l[6:]) for l in r.iter_lines() if l.startswith("data: {")]
+    kv = [f for f in frames if "kv_transfer_params" in f]
+    assert len(kv) == 1 and kv[0]["choices"] == [] and frames[-1].get("usage"), frames
+    assert frames.index(kv[0]) == len(frames) - 2, frames
+    params = kv[0]["kv_transfer_params"]
+    r = http.post(f"{decode}/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 3,
+                                                   "kv_transfer_params": params})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
+    assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == r.json()["usage"]["prompt_tokens"], r.text
 
     for base in (prefill, decode):
         assert metric(base, "vllm:num_requests_running") == 0 and metric(base, "vllm:num_requests_waiting") == 0

@@ -67,13 +67,6 @@ pub async fn generate(
                 "n: a disaggregated request generates one sequence (n = 1)",
             ));
         }
-        if transfer == KvTransfer::Prefill && generation.stream {
-            return Err(ApiError::invalid_field(
-                "stream",
-                "stream: a prefill request (kv_transfer_params.do_remote_decode) is answered in one body; \
-                 send stream: false",
-            ));
-        }
     }
     let codec = |e: crate::tokenizer::TokenizerError| ApiError::internal(e.to_string());
     let (tokens, echo) = match prompt {
@@ -225,13 +218,13 @@ pub async fn generate(
         firsts.push(Some(first));
     }
     let choices = Choices { streams: choices, firsts, cursor: 0 };
+    let prefill =
+        prefill.map(|h| (h, state.pd.clone().expect("a prefill needs the connector"), prompt_tokens));
     if generation.stream {
         let mode =
             UsageMode { include_usage: generation.include_usage, continuous: generation.continuous_usage };
-        Ok(sse_response(choices, header, mode, echo))
+        Ok(sse_response(choices, header, mode, echo, prefill))
     } else {
-        let prefill =
-            prefill.map(|h| (h, state.pd.clone().expect("a prefill needs the connector"), prompt_tokens));
         full_response(choices, header, echo, prefill).await
     }
 }
@@ -656,6 +649,10 @@ struct SseState {
     /// Per choice: whether its first content frame was written.
     opened_text: Vec<bool>,
     finished: bool,
+    /// A disaggregated prefill: its `kv_transfer_params` frame goes after the last token,
+    /// once its KV is held (`closing` from then until it is written).
+    prefill: Option<(PrefillHandoff, Arc<crate::pd::PdState>, usize)>,
+    closing: bool,
 }
 
 impl SseState {
@@ -707,12 +704,21 @@ impl SseState {
             acc.clear();
         }
         if self.choices.all_done() {
-            if self.mode.include_usage {
-                self.header.usage_frame(out, self.choices.usage());
+            if self.prefill.is_some() {
+                self.closing = true;
+                return;
             }
-            out.extend_from_slice(b"data: [DONE]\n\n");
-            self.finished = true;
+            self.close(out);
         }
+    }
+
+    /// The trailing frames: usage when asked, then `[DONE]`.
+    fn close(&mut self, out: &mut Vec<u8>) {
+        if self.mode.include_usage {
+            self.header.usage_frame(out, self.choices.usage());
+        }
+        out.extend_from_slice(b"data: [DONE]\n\n");
+        self.finished = true;
     }
 }
 
@@ -728,7 +734,13 @@ fn frame(json: &str) -> Bytes {
 /// asked, then `[DONE]`. If the engine stops mid-stream the client gets an error frame
 /// before `[DONE]`, never a silently truncated answer. Dropping the body (client gone)
 /// drops the `LiveRequest`s, which cancels the requests in the engine.
-fn sse_response(choices: Choices, header: ResponseHeader, mode: UsageMode, echo: Option<String>) -> Response {
+fn sse_response(
+    choices: Choices,
+    header: ResponseHeader,
+    mode: UsageMode,
+    echo: Option<String>,
+    prefill: Option<(PrefillHandoff, Arc<crate::pd::PdState>, usize)>,
+) -> Response {
     let frames = header.content_frames(mode);
     let n = choices.streams.len();
     let init = SseState {
@@ -742,6 +754,8 @@ fn sse_response(choices: Choices, header: ResponseHeader, mode: UsageMode, echo:
         opened: false,
         opened_text: vec![false; n],
         finished: false,
+        prefill,
+        closing: false,
     };
     let body = futures_util::stream::unfold(init, move |mut st| async move {
         if st.finished {
@@ -773,10 +787,18 @@ fn sse_response(choices: Choices, header: ResponseHeader, mode: UsageMode, echo:
                 }
                 Some(Next::Done) => st.finished = true,
             }
-            if st.finished {
+            if st.finished || st.closing {
                 break;
             }
             next = st.choices.try_next();
+        }
+        if st.closing && !st.finished {
+            let (handoff, pd, prompt_tokens) = st.prefill.take().expect("closing a prefill");
+            match handoff.finish(&pd, &st.header.id, prompt_tokens).await {
+                Ok(params) => st.header.kv_transfer_frame(&mut out, &params),
+                Err(e) => out.extend_from_slice(&frame(&e.body())),
+            }
+            st.close(&mut out);
         }
         // A signal taken when the chunk is full opens the next chunk.
         st.pending = next;

@@ -315,6 +315,22 @@ impl ResponseHeader {
         ContentFrames { endpoint: self.endpoint, mode, prefix }
     }
 
+    /// Appends a frame with no choices carrying a disaggregated prefill's
+    /// `kv_transfer_params` (the last frame of a streamed prefill, before usage).
+    pub fn kv_transfer_frame(&self, out: &mut Vec<u8>, params: &serde_json::Value) {
+        let object = match self.endpoint {
+            Endpoint::Completions => "text_completion",
+            Endpoint::Chat => "chat.completion.chunk",
+        };
+        let chunk = serde_json::json!({
+            "id": self.id, "object": object, "created": self.created, "model": self.model,
+            "choices": [], "kv_transfer_params": params,
+        });
+        out.extend_from_slice(b"data: ");
+        serde_json::to_writer(&mut *out, &chunk).expect("chunks serialize");
+        out.extend_from_slice(b"\n\n");
+    }
+
     /// Appends the trailing usage frame (`choices: []`).
     pub fn usage_frame(&self, out: &mut Vec<u8>, usage: Usage) {
         self.chunk::<[(); 0]>(out, [], UsageField::Value(usage))

@@ -4,7 +4,8 @@
 //! * A request whose `kv_transfer_params` say `do_remote_decode` is a **prefill request**:
 //!   it runs here as a handoff source, so when it finishes its KV blocks stay held, and the
 //!   answer carries vLLM's `kv_transfer_params` (`do_remote_prefill`, `remote_engine_id`,
-//!   `remote_block_ids`, `remote_host`, `remote_port`, `remote_request_id`, `tp_size`).
+//!   `remote_block_ids`, `remote_host`, `remote_port`, `remote_request_id`, `tp_size`;
+//!   streamed, in a last chunk with no choices).
 //! * A request whose params say `do_remote_prefill` is a **decode request**: it reserves
 //!   the prompt blocks it lacks here, then "reads" the KV from the prefill server over the
 //!   side channel below; the read takes the prefill side's modelled transfer time
