@@ -9,7 +9,7 @@ client's. Driven by crates/mocker/tests/serve_e2e.rs; prints one JSON line of re
 The prefill server runs with kv_transfer_bytes_per_token 131072 and kv_transfer_bandwidth
 0.05 GB/s (so a 160-token prompt's transfer takes 419.43 ms) and a 2 s abort timeout.
 
-usage: serve_pd.py PREFILL_URL DECODE_URL API_KEY MODELLED_TTFT_MS
+usage: serve_pd.py PREFILL_URL DECODE_URL API_KEY MODELLED_TTFT_MS PREFILL_EVENTS DECODE_EVENTS
 
 MODELLED_TTFT_MS: the core's prefill pass + transfer + first decode pass for a 160-token
 prompt, which the streamed completion's TTFT must match within the serve tests' tolerance.
@@ -21,7 +21,11 @@ import sys
 import time
 import uuid
 
+import threading
+
 import httpx
+import msgspec
+import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 MODEL = "mocker-test"
@@ -35,6 +39,23 @@ def metric(base, name):
             if s.name == name:
                 total += s.value
     return total
+
+
+def subscribe(endpoint, stored, stop):
+    """Collects the block hashes of every BlockStored event published on `endpoint`."""
+    sock = zmq.Context.instance().socket(zmq.SUB)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.setsockopt(zmq.RCVTIMEO, 100)
+    sock.connect(endpoint)
+    while not stop.is_set():
+        try:
+            frames = sock.recv_multipart()
+        except zmq.Again:
+            continue
+        for event in msgspec.msgpack.decode(frames[-1])[1]:
+            if event[0] == "BlockStored":
+                stored.extend(event[1])
+    sock.close()
 
 
 def proxy(http, prefill, decode, path, body):
@@ -81,6 +102,21 @@ def proxy(http, prefill, decode, path, body):
 def main():
     prefill, decode, key, modelled_ms = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
     http = httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    stop = threading.Event()
+    stored = {"prefill": [], "decode": []}
+    subs = [threading.Thread(target=subscribe, args=(e, stored[side], stop))
+            for side, e in (("prefill", sys.argv[5]), ("decode", sys.argv[6]))]
+    for t in subs:
+        t.start()
+    # Slow joiners: wait until both subscriptions see a batch.
+    warm = 0
+    while not (stored["prefill"] and stored["decode"]):
+        warm += 1
+        for base in (prefill, decode):
+            http.post(f"{base}/v1/completions", json={"model": MODEL, "prompt": [7] * 16 + [warm], "max_tokens": 1})
+        time.sleep(0.1)
+    stored["prefill"].clear()
+    stored["decode"].clear()
     ids = list(range(1000, 1160))
     prompt = "the quick brown fox jumps over the lazy dog " * 16
     prompt_tokens = len(ids)
@@ -99,6 +135,12 @@ def main():
     ttft_ms = ttft * 1e3
     assert modelled_ms - 1.0 <= ttft_ms <= modelled_ms * 1.5 + 100.0, (ttft_ms, modelled_ms, transfer_s)
     assert metric(prefill, "vllm:kv_cache_usage_perc") == 0.0, "the read freed the prefill's blocks"
+    # Both sides publish the prompt's blocks under the same hashes (the decode side for the
+    # blocks it received), so a KV router sees the prompt on both.
+    time.sleep(0.2)
+    prompt_blocks = prompt_tokens // 16
+    assert len(stored["prefill"]) >= prompt_blocks, stored
+    assert stored["prefill"][:prompt_blocks] == stored["decode"][:prompt_blocks], stored
 
     # Streamed chat and non-streamed completions through the same flow.
     chat = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_completion_tokens": 12,
@@ -115,7 +157,10 @@ def main():
     r = http.post(f"{decode}/v1/completions", json=again)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
     assert metric(decode, "mocker:kv_transfer_recomputes_total") == before + 1
-    # So does an unreachable prefill server.
+    # An engine id the prefill server does not have is the client's mistake: a 400.
+    r = http.post(f"{decode}/v1/completions", json=dict(again, kv_transfer_params=dict(params, remote_engine_id="x")))
+    assert r.status_code == 400 and "remote_engine_id" in r.json()["error"]["message"], r.text
+    # An unreachable prefill server falls back to a local prefill.
     gone = dict(params, remote_port=1, remote_request_id="nobody")
     r = http.post(f"{decode}/v1/completions", json=dict(again, kv_transfer_params=gone))
     assert r.status_code == 200 and r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] < prompt_tokens, r.text
@@ -157,6 +202,9 @@ def main():
 
     for base in (prefill, decode):
         assert metric(base, "vllm:num_requests_running") == 0 and metric(base, "vllm:num_requests_waiting") == 0
+    stop.set()
+    for t in subs:
+        t.join()
     print(json.dumps({"ok": True, "prompt_tokens": prompt_tokens, "ttft_ms": round(ttft_ms, 3),
                       "modelled_ms": modelled_ms}))
 

@@ -183,10 +183,29 @@ fn disaggregated_prefill_and_decode_servers_hand_off_kv_as_vllm_nixl_does() {
         "2",
         "--engine-args",
         r#"{"kv_transfer_bytes_per_token": 131072, "kv_transfer_bandwidth": 0.05}"#,
+        "--kv-events-endpoint",
+        "tcp://127.0.0.1:0",
     ]);
-    let decode = Server::start(&["--block-size", "16", "--kv-transfer-config", config]);
+    let decode = Server::start(&[
+        "--block-size",
+        "16",
+        "--kv-transfer-config",
+        config,
+        "--kv-events-endpoint",
+        "tcp://127.0.0.1:0",
+    ]);
+    let events = |server: &Server| loop {
+        let line = server.stderr.recv_timeout(Duration::from_secs(10)).expect("publisher announced");
+        if let Some(rest) = line.split("events on ").nth(1) {
+            break rest.split(' ').next().unwrap().to_string();
+        }
+    };
+    let (prefill_events, decode_events) = (events(&prefill), events(&decode));
     let modelled = format!("{:.3}", modelled_pd_ttft_ms(160, 24));
-    let result = run_script("serve_pd.py", &[&prefill.base, &decode.base, KEY, &modelled]);
+    let result = run_script(
+        "serve_pd.py",
+        &[&prefill.base, &decode.base, KEY, &modelled, &prefill_events, &decode_events],
+    );
     eprintln!("P/D pair: {result}");
     assert_eq!(result["ok"], true, "{result}");
 

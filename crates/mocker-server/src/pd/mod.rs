@@ -252,10 +252,12 @@ pub async fn read_handler(
     let b: ReadBody =
         serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("read: {e}")))?;
     if b.remote_engine_id != pd.engine_id {
-        return Err(not_found(format!(
-            "read: engine {} is not this server's ({})",
-            b.remote_engine_id, pd.engine_id
-        )));
+        // 421 Misdirected Request: the decode side reports a bad remote_engine_id as a 400.
+        return Err(ApiError {
+            status: StatusCode::MISDIRECTED_REQUEST,
+            message: format!("read: engine {} is not this server's ({})", b.remote_engine_id, pd.engine_id),
+            param: None,
+        });
     }
     let held = {
         let mut table = pd.held.lock().expect("held");
@@ -322,6 +324,16 @@ pub async fn start_decode(
     }
     let failure = match call.send().await {
         Ok(r) if r.status().is_success() => None,
+        Ok(r) if r.status() == StatusCode::MISDIRECTED_REQUEST => {
+            let _ = control.cancel_destination().await;
+            return Err(ApiError::invalid_field(
+                "kv_transfer_params",
+                format!(
+                    "kv_transfer_params.remote_engine_id: {} is not the engine at {}:{}",
+                    remote.engine_id, remote.host, remote.port
+                ),
+            ));
+        }
         Ok(r) => {
             let status = r.status();
             Some(format!("{url} answered {status}: {}", r.text().await.unwrap_or_default()))
