@@ -165,6 +165,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/load_lora_adapter", post(load_lora_adapter))
         .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
         .route("/mocker/kv_transfer/read", post(crate::pd::read_handler))
+        .route("/mocker/kv_transfer/abort", post(crate::pd::abort_handler))
         .fallback(|request: Request| async move {
             ApiError {
                 status: StatusCode::NOT_FOUND,

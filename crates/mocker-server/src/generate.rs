@@ -127,7 +127,7 @@ pub async fn generate(
     let mut lives = Vec::with_capacity(n as usize);
     let mut prefill: Option<PrefillHandoff> = None;
     // A decode whose prompt KV was transferred counts the whole prompt as computed.
-    let mut transferred = false;
+    let mut transfer_ms = None;
     for (sampler, plan, req_plan) in plans {
         let planned_len = plan.planned.as_ref().map(Planned::len);
         let request = Request {
@@ -149,7 +149,7 @@ pub async fn generate(
             (KvTransfer::Decode(remote), Some(pd)) => {
                 let (rank, engine) = state.ranks.pick()?;
                 let (live, read) = crate::pd::start_decode(pd, engine, request, remote).await?;
-                transferred = read;
+                transfer_ms = read;
                 (live, rank)
             }
             _ => state.ranks.submit(request).await?,
@@ -201,7 +201,11 @@ pub async fn generate(
             max_tokens,
             n: n as usize,
             prompt_tokens,
-            cached_tokens: if transferred { prompt_tokens } else { first.cached_tokens.unwrap_or(0) },
+            cached_tokens: if transfer_ms.is_some() {
+                prompt_tokens
+            } else {
+                first.cached_tokens.unwrap_or(0)
+            },
             generated: 0,
             done: false,
             sampler,
@@ -220,13 +224,19 @@ pub async fn generate(
     let choices = Choices { streams: choices, firsts, cursor: 0 };
     let prefill =
         prefill.map(|h| (h, state.pd.clone().expect("a prefill needs the connector"), prompt_tokens));
-    if generation.stream {
+    let mut response = if generation.stream {
         let mode =
             UsageMode { include_usage: generation.include_usage, continuous: generation.continuous_usage };
-        Ok(sse_response(choices, header, mode, echo, prefill))
+        sse_response(choices, header, mode, echo, prefill)
     } else {
-        full_response(choices, header, echo, prefill).await
+        full_response(choices, header, echo, prefill).await?
+    };
+    if let Some(ms) = transfer_ms {
+        if let Ok(v) = HeaderValue::from_str(&format!("{ms}")) {
+            response.headers_mut().insert(crate::pd::TRANSFER_MS_HEADER, v);
+        }
     }
+    Ok(response)
 }
 
 /// Token ids of a chat prompt with images: the text around each image tokenized on its

@@ -12,6 +12,7 @@ mod conn;
 pub mod embeddings;
 pub mod error;
 pub mod faults;
+pub mod front;
 pub mod gate;
 pub mod generate;
 pub mod lora;

@@ -10,8 +10,9 @@ use std::time::Duration;
 use clap::Args;
 use mocker_core::config::{Backend, LaunchConfig};
 use mocker_server::faults::{FailureInjectionOptions, FailureType};
+use mocker_server::front::{BoundFront, FrontOptions};
 use mocker_server::lora::{LoraModule, LoraOptions, LoraRegistry};
-use mocker_server::pd::{KvTransferConfig, PdOptions, DEFAULT_ABORT_TIMEOUT};
+use mocker_server::pd::{KvRole, KvTransferConfig, PdOptions, DEFAULT_ABORT_TIMEOUT};
 use mocker_server::{BoundServer, KvEventsOptions, ServerOptions, Tokenizer};
 
 use crate::UsageError;
@@ -157,6 +158,28 @@ pub struct ServeArgs {
     /// (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT). Needs --kv-transfer-config.
     #[arg(long, value_name = "SECONDS")]
     pub kv_abort_timeout_seconds: Option<f64>,
+    /// A disaggregated deployment in one process: P prefill workers (kv_producer) and
+    /// --decode-workers D decode workers (kv_consumer), each on its own port (--port + 1
+    /// on, listed at start), behind an OpenAI front on --port that runs each request as a
+    /// prefill then a decode with the returned kv_transfer_params (vllm backend).
+    #[arg(long, value_name = "P", requires = "decode_workers")]
+    pub prefill_workers: Option<usize>,
+    /// Decode workers of the deployment (see --prefill-workers).
+    #[arg(long, value_name = "D", requires = "prefill_workers")]
+    pub decode_workers: Option<usize>,
+    /// How the front picks workers: round-robin over each pool (the only policy simulated
+    /// yet). Needs --prefill-workers.
+    #[arg(long, value_name = "POLICY", value_parser = ["round-robin"], requires = "prefill_workers")]
+    pub pd_router: Option<String>,
+}
+
+/// The prefill and decode pools of a `--prefill-workers` deployment.
+#[derive(Debug, Clone, Copy)]
+pub struct Deployment {
+    /// Prefill workers: the first servers of [`ServeArgs::options`]' list.
+    pub prefill: usize,
+    /// Decode workers: the rest.
+    pub decode: usize,
 }
 
 /// File descriptors kept free of connections by the default `--max-connections`.
@@ -316,7 +339,7 @@ impl ServeArgs {
     /// `--kv-transfer-config` and its timeout.
     fn pd_options(&self, launch: &LaunchConfig) -> Result<Option<PdOptions>, UsageError> {
         let Some(json) = &self.kv_transfer_config else {
-            if self.kv_abort_timeout_seconds.is_some() {
+            if self.kv_abort_timeout_seconds.is_some() && self.prefill_workers.is_none() {
                 return Err(UsageError("--kv-abort-timeout-seconds: needs --kv-transfer-config".into()));
             }
             return Ok(None);
@@ -383,10 +406,39 @@ impl ServeArgs {
         Ok(Some(options))
     }
 
-    fn options(&self) -> Result<Vec<ServerOptions>, UsageError> {
+    /// The `--prefill-workers` / `--decode-workers` deployment, if asked for.
+    fn deployment(&self) -> Result<Option<Deployment>, UsageError> {
+        let (Some(prefill), Some(decode)) = (self.prefill_workers, self.decode_workers) else {
+            return Ok(None);
+        };
+        if prefill == 0 || decode == 0 {
+            return Err(UsageError(format!(
+                "--prefill-workers / --decode-workers: each pool needs at least 1 worker, got {prefill} and {decode}"
+            )));
+        }
+        if self.num_workers != 1 {
+            return Err(UsageError(
+                "--num-workers: cannot be combined with --prefill-workers/--decode-workers".into(),
+            ));
+        }
+        if self.kv_transfer_config.is_some() {
+            return Err(UsageError(
+                "--kv-transfer-config: the --prefill-workers/--decode-workers front sets its workers' roles itself"
+                    .into(),
+            ));
+        }
+        Ok(Some(Deployment { prefill, decode }))
+    }
+
+    /// One server's options per worker; with a deployment, its prefill workers first.
+    fn options(&self) -> Result<(Vec<ServerOptions>, Option<Deployment>), UsageError> {
         if self.num_workers == 0 {
             return Err(UsageError("--num-workers: must be at least 1, got 0".into()));
         }
+        let deployment = self.deployment()?;
+        let workers = deployment.map_or(self.num_workers, |d| d.prefill + d.decode);
+        // The front takes --port; its workers the ports after it.
+        let first_port = usize::from(self.port) + usize::from(deployment.is_some());
         let grace = seconds("--shutdown-grace-seconds", self.shutdown_grace_seconds, false)?;
         let header_timeout = seconds("--header-timeout-seconds", self.header_timeout_seconds, true)?;
         let body_timeout = seconds("--body-timeout-seconds", self.body_timeout_seconds, true)?;
@@ -404,6 +456,23 @@ impl ServeArgs {
         let launch = self.launch_config()?;
         let lora = self.lora_options(&launch)?;
         let pd = self.pd_options(&launch)?;
+        if deployment.is_some() && launch.engine.backend != Backend::Vllm {
+            return Err(UsageError(format!(
+                "--prefill-workers: vLLM's KV-transfer contract is simulated on the vllm backend only, not {}",
+                launch.engine.backend
+            )));
+        }
+        let abort_timeout = match self.kv_abort_timeout_seconds {
+            None => DEFAULT_ABORT_TIMEOUT,
+            Some(s) => seconds("--kv-abort-timeout-seconds", s, true)?,
+        };
+        let role = |i: usize| match deployment {
+            None => pd.clone(),
+            Some(d) => {
+                let role = if i < d.prefill { KvRole::Producer } else { KvRole::Consumer };
+                Some(PdOptions { config: KvTransferConfig { role }, abort_timeout })
+            }
+        };
         let kv_endpoint = self
             .kv_events_endpoint
             .clone()
@@ -424,16 +493,13 @@ impl ServeArgs {
             Some(path) => Tokenizer::from_path(path).map_err(|e| UsageError(e.to_string()))?,
             None => Tokenizer::Builtin,
         };
-        (0..self.num_workers)
+        let servers = (0..workers)
             .map(|i| {
                 let port = if self.port == 0 {
                     0
                 } else {
-                    u16::try_from(usize::from(self.port) + i).map_err(|_| {
-                        UsageError(format!(
-                            "--port: {} + {} workers exceeds 65535",
-                            self.port, self.num_workers
-                        ))
+                    u16::try_from(first_port + i).map_err(|_| {
+                        UsageError(format!("--port: {} + {workers} workers exceeds 65535", self.port))
                     })?
                 };
                 let mut options = ServerOptions::new(SocketAddr::new(self.host, port), launch.clone());
@@ -450,7 +516,7 @@ impl ServeArgs {
                 options.enable_sleep_mode = self.enable_sleep_mode;
                 options.embedding_dim = self.embedding_dim.get();
                 options.lora = lora.clone();
-                options.pd = pd.clone();
+                options.pd = role(i);
                 if let Some(endpoint) = &kv_endpoint {
                     let shift = (i * launch.dp_size) as u32;
                     let offset = |flag: &str, e: &str| {
@@ -468,14 +534,18 @@ impl ServeArgs {
                 }
                 Ok(options)
             })
-            .collect()
+            .collect::<Result<Vec<_>, UsageError>>()?;
+        Ok((servers, deployment))
     }
 }
 
 /// Runs the servers until a signal arrives; exit code 1 if one failed after starting.
 pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
-    let options = args.options()?;
+    let (options, deployment) = args.options()?;
     let grace = options.first().map_or(Duration::ZERO, |o| o.shutdown_grace);
+    let front_addr = SocketAddr::new(args.host, args.port);
+    let (model_name, max_body_bytes) =
+        options.first().map_or((String::new(), 0), |o| (o.model_name.clone(), o.max_body_bytes));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -486,10 +556,17 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
         let mut signals = Signals::new().map_err(|e| UsageError(format!("cannot watch signals: {e}")))?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut servers = Vec::new();
-        for o in options {
+        let mut workers = Vec::new();
+        for (i, o) in options.into_iter().enumerate() {
             let server = BoundServer::bind(o, Vec::new()).await.map_err(|e| UsageError(e.to_string()))?;
-            // Scripts and tests read the address from this line (port 0 picks a free one).
-            eprintln!("mocker: serving model on http://{}", server.local_addr());
+            let url = format!("http://{}", server.local_addr());
+            match deployment {
+                // Scripts and tests read the address from this line (port 0 picks a free one).
+                None => eprintln!("mocker: serving model on {url}"),
+                Some(d) if i < d.prefill => eprintln!("mocker: prefill worker {i} on {url}"),
+                Some(d) => eprintln!("mocker: decode worker {} on {url}", i - d.prefill),
+            }
+            workers.push(url);
             for kv in server.kv_events() {
                 let replay =
                     kv.replay_endpoint.as_deref().map(|r| format!(" (replay {r})")).unwrap_or_default();
@@ -497,6 +574,24 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
             }
             let mut stop = stop_rx.clone();
             servers.push(tokio::spawn(server.serve(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })));
+        }
+        if let Some(d) = deployment {
+            let decode = workers.split_off(d.prefill);
+            let front = BoundFront::bind(FrontOptions {
+                addr: front_addr,
+                prefill: workers,
+                decode,
+                max_body_bytes,
+                model_name,
+            })
+            .await
+            .map_err(|e| UsageError(e.to_string()))?;
+            eprintln!("mocker: P/D front over {} prefill and {} decode workers", d.prefill, d.decode);
+            eprintln!("mocker: serving model on http://{}", front.local_addr());
+            let mut stop = stop_rx.clone();
+            servers.push(tokio::spawn(front.serve(async move {
                 let _ = stop.wait_for(|s| *s).await;
             })));
         }

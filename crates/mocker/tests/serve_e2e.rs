@@ -231,6 +231,96 @@ fn disaggregated_prefill_and_decode_servers_hand_off_kv_as_vllm_nixl_does() {
     }
 }
 
+/// `--prefill-workers 1 --decode-workers 2`: a plain openai client talks to the front, which
+/// runs every request as a prefill then a decode (tests/python/serve_pd_front.py): exact
+/// token counts for concurrent streamed chats, the prompt counted as cached on the decode
+/// side, worker errors passed through, the front's handoff counter and transfer histogram,
+/// round-robin over the decode workers, every worker idle with its KV freed at the end.
+#[test]
+fn a_prefill_decode_deployment_serves_plain_clients_through_its_front() {
+    let tokenizer = repo_root().join("tests/fixtures/tokenizers/all-minilm-l6-v2");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mocker"))
+        .args([
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--model-name",
+            "mocker-test",
+            "--api-key",
+            KEY,
+        ])
+        .arg("--tokenizer")
+        .arg(&tokenizer)
+        .args([
+            "--prefill-workers",
+            "1",
+            "--decode-workers",
+            "2",
+            "--block-size",
+            "16",
+            "--speedup-ratio",
+            "5",
+        ])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("mocker starts");
+    let lines = lines_of_stderr(child.stderr.take().unwrap());
+    let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+    let front = loop {
+        let line = lines.recv_timeout(Duration::from_secs(30)).expect("start-up lines");
+        let url = || line.rsplit(' ').next().unwrap().to_string();
+        if line.starts_with("mocker: prefill worker") {
+            prefill.push(url());
+        } else if line.starts_with("mocker: decode worker") {
+            decode.push(url());
+        } else if line.contains("serving model on") {
+            break url();
+        }
+    };
+    assert_eq!((prefill.len(), decode.len()), (1, 2));
+    let mut args = vec![front.as_str(), KEY, prefill[0].as_str()];
+    args.extend(decode.iter().map(String::as_str));
+    let result = run_script("serve_pd_front.py", &args);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(result["ok"], true, "{result}");
+
+    for (args, named) in [
+        (&["--prefill-workers", "0", "--decode-workers", "1"][..], "at least 1 worker"),
+        (&["--prefill-workers", "1"][..], "--decode-workers"),
+        (&["--prefill-workers", "1", "--decode-workers", "1", "--num-workers", "2"][..], "--num-workers"),
+        (
+            &["--prefill-workers", "1", "--decode-workers", "1", "--engine-args", r#"{"backend": "sglang"}"#]
+                [..],
+            "vllm",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_mocker"))
+            .args(["serve", "--port", "0"])
+            .args(args)
+            .stdout(Stdio::null())
+            .output()
+            .expect("mocker runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(named), "{args:?}: {stderr}");
+    }
+}
+
+fn lines_of_stderr(stderr: std::process::ChildStderr) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    rx
+}
+
 /// TTFT through an idle P/D pair, from the core: the prefill's pass, the transfer at
 /// 131072 bytes per token over 0.05 GB/s, and the decode side's first pass after activation.
 fn modelled_pd_ttft_ms(prompt_len: usize, max_tokens: usize) -> f64 {

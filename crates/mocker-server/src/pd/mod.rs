@@ -44,6 +44,10 @@ use crate::app::AppState;
 use crate::error::ApiError;
 pub use params::{KvRole, KvTransfer, KvTransferConfig, RemotePrefill};
 
+/// Response header of a decode request whose KV was read from a prefill server: the
+/// modelled transfer time in ms (what a P/D front observes per handoff).
+pub const TRANSFER_MS_HEADER: &str = "x-mocker-kv-transfer-ms";
+
 /// vLLM's default abort timeout for held prefill KV (`VLLM_NIXL_ABORT_REQUEST_TIMEOUT`).
 pub const DEFAULT_ABORT_TIMEOUT: Duration = Duration::from_secs(480);
 
@@ -293,15 +297,52 @@ pub async fn read_handler(
     Ok(axum::Json(json!({ "transfer_ms": delay_ms })).into_response())
 }
 
+/// The side channel's abort request.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AbortBody {
+    /// The prefill server's engine id.
+    pub remote_engine_id: String,
+    /// The prefill's request id (its answer's `remote_request_id`).
+    pub remote_request_id: String,
+}
+
+/// `POST /mocker/kv_transfer/abort`: frees a held prefill's KV at once (a P/D front whose
+/// decode step failed). 404 when nothing is held under that id.
+pub async fn abort_handler(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let not_found = |m: String| ApiError { status: StatusCode::NOT_FOUND, message: m, param: None };
+    let Some(pd) = state.pd.clone() else {
+        return Err(not_found("no KV connector here (start the server with --kv-transfer-config)".into()));
+    };
+    let bytes = crate::app::body(&state, request).await?;
+    let b: AbortBody =
+        serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("abort: {e}")))?;
+    if b.remote_engine_id != pd.engine_id {
+        return Err(not_found(format!("abort: engine {} is not this server's", b.remote_engine_id)));
+    }
+    let held = pd.held.lock().expect("held").remove(&b.remote_request_id);
+    match held {
+        Some(h) => {
+            let _ = h.control.release_source().await;
+            Ok(StatusCode::OK.into_response())
+        }
+        None => Err(not_found(format!("abort: nothing held under {}", b.remote_request_id))),
+    }
+}
+
 /// Submits `request` on `engine` as a decode request whose prompt KV `remote` holds: the
 /// stream yields tokens once the read is over. Falls back to computing the prompt here
-/// when the read fails. Returns the stream and whether the KV was transferred.
+/// when the read fails. Returns the stream and, when the KV was transferred, the modelled
+/// transfer time in ms (answered in [`TRANSFER_MS_HEADER`]).
 pub async fn start_decode(
     pd: &PdState,
     engine: &LiveEngine,
     request: CoreRequest,
     remote: &RemotePrefill,
-) -> Result<(LiveRequest, bool), ApiError> {
+) -> Result<(LiveRequest, Option<f64>), ApiError> {
     let (control, mut events) = engine.register_handoff(HandoffId(uuid::Uuid::new_v4()))?;
     let (registration, live) = engine.prepare_request(request.clone())?;
     control.reserve_destination(registration).await?;
@@ -322,8 +363,11 @@ pub async fn start_decode(
     if let Some(key) = &pd.api_key {
         call = call.bearer_auth(key);
     }
-    let failure = match call.send().await {
-        Ok(r) if r.status().is_success() => None,
+    let read: Result<f64, String> = match call.send().await {
+        Ok(r) if r.status().is_success() => {
+            let answer: Value = r.json().await.unwrap_or(Value::Null);
+            Ok(answer["transfer_ms"].as_f64().unwrap_or(0.0))
+        }
         Ok(r) if r.status() == StatusCode::MISDIRECTED_REQUEST => {
             let _ = control.cancel_destination().await;
             return Err(ApiError::invalid_field(
@@ -336,22 +380,22 @@ pub async fn start_decode(
         }
         Ok(r) => {
             let status = r.status();
-            Some(format!("{url} answered {status}: {}", r.text().await.unwrap_or_default()))
+            Err(format!("{url} answered {status}: {}", r.text().await.unwrap_or_default()))
         }
-        Err(e) => Some(format!("{url}: {e}")),
+        Err(e) => Err(format!("{url}: {e}")),
     };
-    match failure {
-        None => {
+    match read {
+        Ok(transfer_ms) => {
             control.activate_destination().await?;
-            Ok((live, true))
+            Ok((live, Some(transfer_ms)))
         }
-        Some(why) => {
+        Err(why) => {
             eprintln!("kv transfer: cannot read the prompt's KV ({why}); computing the prompt here instead");
             pd.recomputes.inc();
             let _ = control.cancel_destination().await;
             drop(live);
             let live = engine.submit(CoreRequest { uuid: 0, ..request }).await?;
-            Ok((live, false))
+            Ok((live, None))
         }
     }
 }

@@ -1,0 +1,317 @@
+//! A disaggregated deployment's OpenAI front (`mocker serve --prefill-workers P
+//! --decode-workers D`): it runs the two steps of vLLM's P/D proxies itself, so a plain
+//! client talks to prefill and decode workers as to one server.
+//!
+//! For `/v1/completions` and `/v1/chat/completions`: the request goes to a prefill worker
+//! (round-robin) with `kv_transfer_params: {do_remote_decode: true}`, `stream: false` and
+//! one output token; its answer's `kv_transfer_params` go, with the client's request, to a
+//! decode worker (round-robin), whose answer (streamed or not) is passed back as it comes.
+//! A worker's error answer is the client's answer; when the decode step fails, the front
+//! frees the prefill's held KV at once (`/mocker/kv_transfer/abort`). Both steps carry the client's
+//! `Authorization` and one `X-Request-Id`. `/v1/models` and `/health` ask the workers;
+//! `/metrics` is the front's own: `mocker:pd_handoffs_total` and the modelled KV transfer
+//! time of each handoff, `mocker:pd_kv_transfer_seconds`.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use futures_util::TryStreamExt;
+use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, Opts, Registry, TextEncoder};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+
+use crate::error::ApiError;
+use crate::pd::TRANSFER_MS_HEADER;
+use crate::server::ServerError;
+
+/// Where the front listens and which workers it drives.
+#[derive(Debug, Clone)]
+pub struct FrontOptions {
+    /// Address to bind.
+    pub addr: SocketAddr,
+    /// Base URLs (`http://host:port`) of the prefill workers.
+    pub prefill: Vec<String>,
+    /// Base URLs of the decode workers.
+    pub decode: Vec<String>,
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
+    /// `model_name` label of the front's metrics.
+    pub model_name: String,
+}
+
+struct FrontState {
+    prefill: Vec<String>,
+    decode: Vec<String>,
+    next_prefill: AtomicUsize,
+    next_decode: AtomicUsize,
+    max_body_bytes: usize,
+    client: reqwest::Client,
+    registry: Registry,
+    handoffs: IntCounter,
+    transfer: Histogram,
+}
+
+/// Buckets of the transfer-time histogram, in seconds (vLLM's latency buckets' low end).
+const TRANSFER_BUCKETS: [f64; 14] =
+    [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0];
+
+/// A bound front, ready to serve.
+pub struct BoundFront {
+    listener: TcpListener,
+    state: Arc<FrontState>,
+}
+
+impl BoundFront {
+    /// Binds the front's listener.
+    pub async fn bind(options: FrontOptions) -> Result<Self, ServerError> {
+        if options.prefill.is_empty() || options.decode.is_empty() {
+            return Err(ServerError::Options(
+                "a P/D front needs at least one prefill and one decode worker".into(),
+            ));
+        }
+        let listener = TcpListener::bind(options.addr)
+            .await
+            .map_err(|source| ServerError::Bind { addr: options.addr, source })?;
+        let registry = Registry::new();
+        let label = |o: Opts| o.const_label("model_name", options.model_name.clone());
+        let handoffs = IntCounter::with_opts(label(Opts::new(
+            "mocker:pd_handoffs_total",
+            "Requests the front ran as a prefill then a decode whose KV was transferred.",
+        )))
+        .expect("valid counter");
+        let transfer = Histogram::with_opts(
+            HistogramOpts::new("mocker:pd_kv_transfer_seconds", "Modelled KV transfer time of each handoff.")
+                .const_label("model_name", options.model_name.clone())
+                .buckets(TRANSFER_BUCKETS.to_vec()),
+        )
+        .expect("valid histogram");
+        registry.register(Box::new(handoffs.clone())).expect("unique");
+        registry.register(Box::new(transfer.clone())).expect("unique");
+        let state = FrontState {
+            prefill: options.prefill,
+            decode: options.decode,
+            next_prefill: AtomicUsize::new(0),
+            next_decode: AtomicUsize::new(0),
+            max_body_bytes: options.max_body_bytes,
+            client: reqwest::Client::builder().build().expect("an HTTP client without TLS builds"),
+            registry,
+            handoffs,
+            transfer,
+        };
+        Ok(Self { listener, state: Arc::new(state) })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().expect("a bound listener has an address")
+    }
+
+    /// Serves until `shutdown` resolves (open streams then end with their workers).
+    pub async fn serve(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServerError> {
+        let app = Router::new()
+            .route("/v1/completions", post(forward))
+            .route("/v1/chat/completions", post(forward))
+            .route("/v1/models", get(models))
+            .route("/health", get(health))
+            .route("/metrics", get(metrics))
+            .fallback(|request: Request| async move {
+                ApiError {
+                    status: StatusCode::NOT_FOUND,
+                    message: format!(
+                        "no route {} {} on the P/D front",
+                        request.method(),
+                        request.uri().path()
+                    ),
+                    param: None,
+                }
+            })
+            .with_state(self.state);
+        axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await?;
+        Ok(())
+    }
+}
+
+fn pick(urls: &[String], next: &AtomicUsize) -> String {
+    urls[next.fetch_add(1, Ordering::Relaxed) % urls.len()].clone()
+}
+
+/// The client's headers that both steps carry.
+fn carried(headers: &HeaderMap, request_id: &str) -> reqwest::header::HeaderMap {
+    let mut out = reqwest::header::HeaderMap::new();
+    if let Some(auth) = headers.get(header::AUTHORIZATION) {
+        out.insert(reqwest::header::AUTHORIZATION, auth.clone());
+    }
+    if let Ok(id) = HeaderValue::from_str(request_id) {
+        out.insert("x-request-id", id);
+    }
+    out
+}
+
+fn unavailable(worker: &str, e: impl std::fmt::Display) -> ApiError {
+    ApiError::unavailable(format!("the P/D front could not reach worker {worker}: {e}"))
+}
+
+/// A worker's answer passed back as it comes (status, content type, body stream).
+fn passthrough(r: reqwest::Response) -> Response {
+    let status = StatusCode::from_u16(r.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let content_type = r.headers().get(reqwest::header::CONTENT_TYPE).cloned();
+    let body = Body::from_stream(r.bytes_stream().map_err(std::io::Error::other));
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    if let Some(ct) = content_type {
+        response.headers_mut().insert(header::CONTENT_TYPE, ct);
+    }
+    response
+}
+
+async fn forward(State(state): State<Arc<FrontState>>, request: Request) -> Result<Response, ApiError> {
+    let path = request.uri().path().to_string();
+    let headers = request.headers().clone();
+    let request_id = headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_string);
+    let bytes: Bytes = axum::body::to_bytes(request.into_body(), state.max_body_bytes)
+        .await
+        .map_err(|_| ApiError::payload_too_large(state.max_body_bytes))?;
+    let body: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
+    let Value::Object(original) = body else {
+        return Err(ApiError::bad_request("request body: expected a JSON object"));
+    };
+    if original.contains_key("kv_transfer_params") {
+        return Err(ApiError::invalid_field(
+            "kv_transfer_params",
+            "kv_transfer_params: the P/D front sets these itself; send the request without them",
+        ));
+    }
+    let headers = carried(&headers, &request_id);
+
+    // Step 1: the prefill, one token, not streamed.
+    let mut prefill = original.clone();
+    prefill
+        .insert("kv_transfer_params".into(), json!({"do_remote_decode": true, "do_remote_prefill": false}));
+    prefill.insert("stream".into(), Value::Bool(false));
+    prefill.remove("stream_options");
+    prefill.insert("max_tokens".into(), json!(1));
+    if prefill.contains_key("max_completion_tokens") {
+        prefill.insert("max_completion_tokens".into(), json!(1));
+    }
+    prefill.remove("min_tokens");
+    let worker = pick(&state.prefill, &state.next_prefill);
+    let answer = state
+        .client
+        .post(format!("{worker}{path}"))
+        .headers(headers.clone())
+        .json(&prefill)
+        .send()
+        .await
+        .map_err(|e| unavailable(&worker, e))?;
+    if !answer.status().is_success() {
+        return Ok(passthrough(answer));
+    }
+    let answer: Value = answer.json().await.map_err(|e| unavailable(&worker, e))?;
+    let params = answer.get("kv_transfer_params").cloned().filter(|p| p.is_object()).ok_or_else(|| {
+        ApiError::internal(format!("prefill worker {worker} answered without kv_transfer_params"))
+    })?;
+
+    // Step 2: the client's request, decoded where the KV goes.
+    let mut decode = original;
+    decode.insert("kv_transfer_params".into(), params.clone());
+    let worker = pick(&state.decode, &state.next_decode);
+    let response = state
+        .client
+        .post(format!("{worker}{path}"))
+        .headers(headers.clone())
+        .json(&decode)
+        .send()
+        .await
+        .map_err(|e| unavailable(&worker, e));
+    let response = match response {
+        Ok(r) if r.status().is_success() => r,
+        failed => {
+            // The decode side refused or is gone: free the prefill's KV now, not at its timeout.
+            abort_prefill(&state, &params, &headers).await;
+            match failed {
+                Ok(r) => return Ok(passthrough(r)),
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    if let Some(ms) = response
+        .headers()
+        .get(TRANSFER_MS_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<f64>().ok())
+    {
+        state.handoffs.inc();
+        state.transfer.observe(ms / 1000.0);
+    }
+    let mut out = passthrough(response);
+    if let Ok(id) = HeaderValue::from_str(&request_id) {
+        out.headers_mut().insert("x-request-id", id);
+    }
+    Ok(out)
+}
+
+async fn abort_prefill(state: &FrontState, params: &Value, headers: &reqwest::header::HeaderMap) {
+    let (Some(host), Some(port)) = (params["remote_host"].as_str(), params["remote_port"].as_u64()) else {
+        return;
+    };
+    let body = json!({
+        "remote_engine_id": params["remote_engine_id"],
+        "remote_request_id": params["remote_request_id"],
+    });
+    let _ = state
+        .client
+        .post(format!("http://{host}:{port}/mocker/kv_transfer/abort"))
+        .headers(headers.clone())
+        .json(&body)
+        .send()
+        .await;
+}
+
+async fn models(State(state): State<Arc<FrontState>>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let worker = &state.decode[0];
+    let r = state
+        .client
+        .get(format!("{worker}/v1/models"))
+        .headers(carried(&headers, &uuid::Uuid::new_v4().to_string()))
+        .send()
+        .await
+        .map_err(|e| unavailable(worker, e))?;
+    Ok(passthrough(r))
+}
+
+async fn health(State(state): State<Arc<FrontState>>) -> Response {
+    for worker in state.prefill.iter().chain(&state.decode) {
+        let ok = state
+            .client
+            .get(format!("{worker}/health"))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success());
+        if !ok {
+            return ApiError::unavailable(format!("worker {worker} is not healthy")).into_response();
+        }
+    }
+    StatusCode::OK.into_response()
+}
+
+async fn metrics(State(state): State<Arc<FrontState>>) -> Response {
+    let mut out = Vec::new();
+    TextEncoder::new().encode(&state.registry.gather(), &mut out).expect("text encoding cannot fail");
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], out).into_response()
+}
