@@ -52,15 +52,17 @@ pub async fn generate(
     let Prepared { endpoint, mut generation, prompt, request_id, replay_key } = prepared;
     let lora = state.resolve_model(generation.model.as_deref())?;
     let transfer = std::mem::take(&mut generation.kv_transfer);
+    if let Some(pd) = &state.pd {
+        pd.check_role(&transfer)?;
+    }
     if transfer != KvTransfer::None {
-        let Some(pd) = &state.pd else {
+        if state.pd.is_none() {
             return Err(ApiError::invalid_field(
                 "kv_transfer_params",
                 "kv_transfer_params: this server has no KV connector; start it with --kv-transfer-config \
                  '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}'",
             ));
-        };
-        pd.check_role(&transfer)?;
+        }
         if generation.n > 1 {
             return Err(ApiError::invalid_field(
                 "n",

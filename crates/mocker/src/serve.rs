@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use mocker_core::config::{Backend, LaunchConfig};
+use mocker_core::config::{Backend, LaunchConfig, WorkerType};
 use mocker_server::faults::{FailureInjectionOptions, FailureType};
 use mocker_server::front::{BoundFront, FrontOptions};
 use mocker_server::lora::{LoraModule, LoraOptions, LoraRegistry};
@@ -239,13 +239,6 @@ impl ServeArgs {
             launch.dp_size = v;
         }
         launch.validate().map_err(|e| UsageError(e.to_string()))?;
-        let wt = launch.engine.worker_type;
-        if wt != mocker_core::config::WorkerType::Aggregated {
-            return Err(UsageError(format!(
-                "engine.worker_type: {wt} is not served: mocker serve runs aggregated workers only \
-                 (disaggregated prefill/decode runs in mocker replay --prefill-engine-args/--decode-engine-args)"
-            )));
-        }
         if self.kv_transfer_config.is_none() {
             crate::replay::warn_transfer_keys(
                 "--engine-args",
@@ -338,24 +331,55 @@ impl ServeArgs {
 
     /// `--kv-transfer-config` and its timeout.
     fn pd_options(&self, launch: &LaunchConfig) -> Result<Option<PdOptions>, UsageError> {
-        let Some(json) = &self.kv_transfer_config else {
-            if self.kv_abort_timeout_seconds.is_some() && self.prefill_workers.is_none() {
-                return Err(UsageError("--kv-abort-timeout-seconds: needs --kv-transfer-config".into()));
+        // Engine-args worker_type (is_prefill / is_decode) makes a prefill-only or decode-only
+        // server, as the reference's disaggregation modes: every request must then carry
+        // the matching kv_transfer_params.
+        let wt = launch.engine.worker_type;
+        let implied = match wt {
+            WorkerType::Aggregated => None,
+            WorkerType::Prefill => Some(KvRole::Producer),
+            WorkerType::Decode => Some(KvRole::Consumer),
+        };
+        if implied.is_some() && self.prefill_workers.is_some() {
+            return Err(UsageError(format!(
+                "engine.worker_type: {wt} cannot be combined with --prefill-workers/--decode-workers (the front \
+                 sets its workers' roles)"
+            )));
+        }
+        let config = match (&self.kv_transfer_config, implied) {
+            (None, None) => {
+                if self.kv_abort_timeout_seconds.is_some() && self.prefill_workers.is_none() {
+                    return Err(UsageError("--kv-abort-timeout-seconds: needs --kv-transfer-config".into()));
+                }
+                return Ok(None);
             }
-            return Ok(None);
+            (None, Some(role)) => KvTransferConfig { role },
+            (Some(json), implied) => {
+                let config = KvTransferConfig::parse(json).map_err(UsageError)?;
+                match implied {
+                    Some(role) if config.role != KvRole::Both && config.role != role => {
+                        return Err(UsageError(format!(
+                            "engine.worker_type: {wt} conflicts with --kv-transfer-config's kv_role {:?}",
+                            config.role
+                        )))
+                    }
+                    Some(role) => KvTransferConfig { role },
+                    None => config,
+                }
+            }
         };
         if launch.engine.backend != Backend::Vllm {
+            let what = if implied.is_some() { "engine.worker_type" } else { "--kv-transfer-config" };
             return Err(UsageError(format!(
-                "--kv-transfer-config: vLLM's KV-transfer contract is simulated on the vllm backend only, not {}",
+                "{what}: vLLM's KV-transfer contract is simulated on the vllm backend only, not {}",
                 launch.engine.backend
             )));
         }
-        let config = KvTransferConfig::parse(json).map_err(UsageError)?;
         let abort_timeout = match self.kv_abort_timeout_seconds {
             None => DEFAULT_ABORT_TIMEOUT,
             Some(s) => seconds("--kv-abort-timeout-seconds", s, true)?,
         };
-        Ok(Some(PdOptions { config, abort_timeout }))
+        Ok(Some(PdOptions { config, abort_timeout, transfers_only: implied.is_some() }))
     }
 
     /// The LoRA flags, checked as vLLM checks them, plus what mocker cannot simulate.
@@ -470,7 +494,7 @@ impl ServeArgs {
             None => pd.clone(),
             Some(d) => {
                 let role = if i < d.prefill { KvRole::Producer } else { KvRole::Consumer };
-                Some(PdOptions { config: KvTransferConfig { role }, abort_timeout })
+                Some(PdOptions { config: KvTransferConfig { role }, abort_timeout, transfers_only: false })
             }
         };
         let kv_endpoint = self

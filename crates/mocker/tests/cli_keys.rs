@@ -55,6 +55,9 @@ struct Row {
     serve: O,
 }
 
+/// Serve makes prefill-only / decode-only servers of worker_type (tests/serve_e2e.rs).
+const PD_ROLES: O = Serve("worker_type_makes_prefill_only_and_decode_only_servers");
+
 const SMALL: &[&str] =
     &["--input-tokens", "256", "--output-tokens", "16", "--request-count", "16", "--concurrency", "8"];
 const PREFIX: &[&str] = &[
@@ -147,9 +150,9 @@ fn rows() -> Vec<Row> {
         r("ais_nextn_accept_rates", r#"{"ais_nextn": 2}"#, r#"{"ais_nextn_accept_rates": "1,1"}"#, SMALL, [Affects, Affects, Affects, CORE]),
         r("aic_mtp_seed", r#"{"aic_nextn": 2}"#, r#"{"aic_mtp_seed": 7}"#, SMALL, [Affects, Affects, Affects, CORE]),
         r("ais_mtp_seed", r#"{"ais_nextn": 2}"#, r#"{"ais_mtp_seed": 7}"#, SMALL, [Affects, Affects, Affects, CORE]),
-        r("worker_type", "{}", r#"{"worker_type": "prefill"}"#, SMALL, [Refused, Na, Refused, Refused]),
-        named("worker_type", r("is_prefill", "{}", r#"{"is_prefill": true}"#, SMALL, [Refused, Na, Refused, Refused])),
-        named("worker_type", r("is_decode", "{}", r#"{"is_decode": true}"#, SMALL, [Refused, Na, Refused, Refused])),
+        r("worker_type", "{}", r#"{"worker_type": "prefill"}"#, SMALL, [Refused, Na, Refused, PD_ROLES]),
+        named("worker_type", r("is_prefill", "{}", r#"{"is_prefill": true}"#, SMALL, [Refused, Na, Refused, PD_ROLES])),
+        named("worker_type", r("is_decode", "{}", r#"{"is_decode": true}"#, SMALL, [Refused, Na, Refused, PD_ROLES])),
         r("preemption_mode", r#"{"num_gpu_blocks": 20, "block_size": 16}"#, r#"{"preemption_mode": "fifo"}"#, LONG_OUT, [Affects, Affects, Affects, CORE]),
         r("preemption_mode", r#"{"backend": "sglang"}"#, r#"{"preemption_mode": "fifo"}"#, SMALL, [Refused, Refused, Refused, Refused]),
         r("eviction_policy", r#"{"num_gpu_blocks": 24, "block_size": 16}"#, r#"{"eviction_policy": "lineage"}"#, PREFIX,

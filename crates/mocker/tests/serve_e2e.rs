@@ -310,6 +310,63 @@ fn a_prefill_decode_deployment_serves_plain_clients_through_its_front() {
     }
 }
 
+/// Engine-args `worker_type` (or `is_prefill` / `is_decode`) makes a prefill-only or
+/// decode-only server, as the reference's disaggregation modes: a request without the role's
+/// kv_transfer_params is a 400 naming them, and a prefill and a decode server so made hand
+/// a request over.
+#[test]
+fn worker_type_makes_prefill_only_and_decode_only_servers() {
+    let prefill = Server::start(&["--block-size", "16", "--engine-args", r#"{"worker_type": "prefill"}"#]);
+    let decode = Server::start(&["--block-size", "16", "--engine-args", r#"{"is_decode": true}"#]);
+    let plain = r#"{"prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], "max_tokens": 3}"#;
+    for (server, needed) in [(&prefill, "do_remote_decode"), (&decode, "do_remote_prefill")] {
+        let (status, body) = http(&server.base, "POST", "/v1/completions", &[], plain);
+        assert_eq!(status, 400, "{body}");
+        assert!(body.contains(needed) && body.contains("kv_transfer_params"), "{body}");
+    }
+    let first = plain.replace(
+        "\"max_tokens\": 3",
+        "\"max_tokens\": 1, \"kv_transfer_params\": {\"do_remote_decode\": true}",
+    );
+    let (status, body) = http(&prefill.base, "POST", "/v1/completions", &[], &first);
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let params = &answer["kv_transfer_params"];
+    assert_eq!(params["do_remote_prefill"], true, "{answer}");
+    let then =
+        plain.replace("\"max_tokens\": 3", &format!("\"max_tokens\": 3, \"kv_transfer_params\": {params}"));
+    let (status, body) = http(&decode.base, "POST", "/v1/completions", &[], &then);
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["usage"]["completion_tokens"], 3, "{answer}");
+    assert_eq!(answer["usage"]["prompt_tokens_details"]["cached_tokens"], 17, "{answer}");
+    let (status, body) = http(&decode.base, "POST", "/v1/completions", &[], &first);
+    assert_eq!(status, 400, "a decode worker takes no prefill: {body}");
+
+    for (args, named) in [
+        (
+            &[
+                "--engine-args",
+                r#"{"worker_type": "prefill"}"#,
+                "--kv-transfer-config",
+                r#"{"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}"#,
+            ][..],
+            "conflicts",
+        ),
+        (&["--engine-args", r#"{"worker_type": "decode", "backend": "sglang"}"#][..], "engine.worker_type"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_mocker"))
+            .args(["serve", "--port", "0"])
+            .args(args)
+            .stdout(Stdio::null())
+            .output()
+            .expect("mocker runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(named), "{args:?}: {stderr}");
+    }
+}
+
 fn lines_of_stderr(stderr: std::process::ChildStderr) -> std::sync::mpsc::Receiver<String> {
     use std::io::BufRead;
     let (tx, rx) = std::sync::mpsc::channel();

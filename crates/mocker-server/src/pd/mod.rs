@@ -58,6 +58,9 @@ pub struct PdOptions {
     pub config: KvTransferConfig,
     /// How long a finished prefill holds its KV for a decode side that never reads it.
     pub abort_timeout: Duration,
+    /// Refuse requests without the role's `kv_transfer_params` (a server made prefill-only or
+    /// decode-only by engine-args `worker_type`, as the reference's disaggregation modes).
+    pub transfers_only: bool,
 }
 
 /// A finished prefill holding its KV until a decode side reads it.
@@ -72,6 +75,7 @@ struct Held {
 /// The disaggregation state of one server.
 pub struct PdState {
     role: KvRole,
+    transfers_only: bool,
     abort_timeout: Duration,
     /// `remote_engine_id` of this server.
     engine_id: String,
@@ -119,6 +123,7 @@ impl PdState {
         registry.register_collector(Box::new(recomputes.clone()));
         Self {
             role: options.config.role,
+            transfers_only: options.transfers_only,
             abort_timeout: options.abort_timeout,
             engine_id: uuid::Uuid::new_v4().to_string(),
             host,
@@ -134,6 +139,12 @@ impl PdState {
     /// Refuses a transfer this server's role does not take.
     pub fn check_role(&self, transfer: &KvTransfer) -> Result<(), ApiError> {
         let refused = match (transfer, self.role) {
+            (KvTransfer::None, KvRole::Producer) if self.transfers_only => {
+                "do_remote_decode is required: this server is a prefill worker (engine-args worker_type prefill)"
+            }
+            (KvTransfer::None, KvRole::Consumer) if self.transfers_only => {
+                "do_remote_prefill is required: this server is a decode worker (engine-args worker_type decode)"
+            }
             (KvTransfer::Prefill, KvRole::Consumer) => {
                 "do_remote_decode: this server is a kv_consumer (decode only)"
             }
