@@ -12,7 +12,7 @@ pub mod options;
 pub mod pass_log;
 pub mod report;
 pub mod request_log;
-pub mod router;
+pub use mocker_router as router;
 pub mod trace;
 pub mod trace_agentic;
 mod trace_applied;

@@ -7,6 +7,7 @@ use mocker_core::config::{Backend, LaunchConfig, WorkerType};
 use mocker_core::EngineError;
 
 use crate::router::KvRouterConfig;
+pub use crate::router::RouterMode;
 use crate::trace::Trace;
 use crate::workload::{Load, SyntheticWorkload, WorkloadError};
 
@@ -85,16 +86,6 @@ impl Workload {
             }
         }
     }
-}
-
-/// How arrivals are placed on workers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum RouterMode {
-    /// Cycle through workers in arrival order.
-    #[default]
-    RoundRobin,
-    /// Cost-based placement from a simulated KV index (see [`crate::router`]).
-    Kv,
 }
 
 /// SLA thresholds for goodput, ms; a request is good when it meets every one set.

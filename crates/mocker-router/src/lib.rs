@@ -14,7 +14,15 @@ use mocker_core::events::{KvEvent, KvEventData};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::options::RouterMode;
+/// How arrivals are placed on workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RouterMode {
+    /// Cycle through workers in arrival order.
+    #[default]
+    RoundRobin,
+    /// Cost-based placement from a simulated KV index (see [`KvRouter`]).
+    Kv,
+}
 
 /// Router handle of a routed request, until it completes.
 pub type RouteId = u32;
