@@ -3,7 +3,7 @@
 //! client talks to prefill and decode workers as to one server.
 //!
 //! For `/v1/completions` and `/v1/chat/completions`: the request goes to a prefill worker
-//! (round-robin) with `kv_transfer_params: {do_remote_decode: true}`, `stream: false` and
+//! (round-robin, or the KV router's choice: [`PdRouting`]) with `kv_transfer_params: {do_remote_decode: true}`, `stream: false` and
 //! one output token; its answer's `kv_transfer_params` go, with the client's request, to a
 //! decode worker (round-robin), whose answer (streamed or not) is passed back as it comes.
 //! A worker's error answer is the client's answer; when the decode step fails, the front
@@ -14,7 +14,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -28,8 +28,11 @@ use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, Opts, Registry, 
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
+use mocker_router::{KvRouter, RouteId, RouteRequest};
+
 use crate::error::ApiError;
 use crate::pd::TRANSFER_MS_HEADER;
+use crate::prefix::{PromptBlocks, PromptHasher};
 use crate::server::ServerError;
 
 /// Where the front listens and which workers it drives.
@@ -45,10 +48,62 @@ pub struct FrontOptions {
     pub max_body_bytes: usize,
     /// `model_name` label of the front's metrics.
     pub model_name: String,
+    /// How a request's workers are chosen.
+    pub routing: PdRouting,
+}
+
+/// How the front picks a request's workers (`--pd-router`).
+#[derive(Debug, Clone, Default)]
+pub enum PdRouting {
+    /// Each worker of a pool in turn.
+    #[default]
+    RoundRobin,
+    /// The KV router's choices, as Dynamo's KV router makes them for a disaggregated
+    /// deployment: the prefill worker whose cached prefix and pending prefill make the
+    /// request cheapest, the decode worker holding the fewest blocks of live requests.
+    Kv {
+        /// The prefill pool's router; it must be fed the prefill workers' KV events
+        /// (worker `i` of `prefill` is its worker `i`).
+        prefill: Arc<Mutex<KvRouter>>,
+        /// The decode pool's router (load only: it needs no KV events).
+        decode: Arc<Mutex<KvRouter>>,
+        /// Prompt blocks of a request body, as the workers hash them.
+        hasher: PromptHasher,
+    },
+}
+
+/// A placement the KV router tracks until its step is over (or abandoned: a client that
+/// goes away drops it), so the request's load counts against its worker only meanwhile.
+struct Routed {
+    router: Arc<Mutex<KvRouter>>,
+    id: RouteId,
+}
+
+impl Routed {
+    /// Routes `prompt` with `router`: the worker and the tracking guard.
+    fn place(router: &Arc<Mutex<KvRouter>>, prompt: &PromptBlocks) -> (usize, Self) {
+        let placement = lock(router).route(RouteRequest::shared(prompt.isl, &prompt.hashes));
+        (placement.worker, Self { router: router.clone(), id: placement.id })
+    }
+}
+
+impl Drop for Routed {
+    fn drop(&mut self) {
+        let mut router = lock(&self.router);
+        router.prefill_done(self.id);
+        router.free(self.id);
+    }
+}
+
+/// The router, even after a panic elsewhere poisoned its lock (its state stays consistent:
+/// every update is a plain call that cannot half-apply).
+fn lock(router: &Mutex<KvRouter>) -> std::sync::MutexGuard<'_, KvRouter> {
+    router.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 struct FrontState {
     prefill: Vec<String>,
+    routing: PdRouting,
     decode: Vec<String>,
     next_prefill: AtomicUsize,
     next_decode: AtomicUsize,
@@ -97,6 +152,7 @@ impl BoundFront {
         registry.register(Box::new(transfer.clone())).expect("unique");
         let state = FrontState {
             prefill: options.prefill,
+            routing: options.routing,
             decode: options.decode,
             next_prefill: AtomicUsize::new(0),
             next_decode: AtomicUsize::new(0),
@@ -164,9 +220,17 @@ fn unavailable(worker: &str, e: impl std::fmt::Display) -> ApiError {
 
 /// A worker's answer passed back as it comes (status, content type, body stream).
 fn passthrough(r: reqwest::Response) -> Response {
+    passthrough_holding(r, None)
+}
+
+/// [`passthrough`], keeping `routed` until the body has been passed on or dropped.
+fn passthrough_holding(r: reqwest::Response, routed: Option<Routed>) -> Response {
     let status = StatusCode::from_u16(r.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let content_type = r.headers().get(reqwest::header::CONTENT_TYPE).cloned();
-    let body = Body::from_stream(r.bytes_stream().map_err(std::io::Error::other));
+    let body = Body::from_stream(r.bytes_stream().map_err(move |e| {
+        let _held = &routed;
+        std::io::Error::other(e)
+    }));
     let mut response = Response::new(body);
     *response.status_mut() = status;
     if let Some(ct) = content_type {
@@ -209,7 +273,17 @@ async fn forward(State(state): State<Arc<FrontState>>, request: Request) -> Resu
         prefill.insert("max_completion_tokens".into(), json!(1));
     }
     prefill.remove("min_tokens");
-    let worker = pick(&state.prefill, &state.next_prefill);
+    let prompt = match &state.routing {
+        PdRouting::RoundRobin => None,
+        PdRouting::Kv { hasher, .. } => Some(hasher.blocks(&path, &bytes)?),
+    };
+    let (worker, routed) = match (&state.routing, &prompt) {
+        (PdRouting::Kv { prefill, .. }, Some(prompt)) => {
+            let (w, routed) = Routed::place(prefill, prompt);
+            (state.prefill[w].clone(), Some(routed))
+        }
+        _ => (pick(&state.prefill, &state.next_prefill), None),
+    };
     let answer = state
         .client
         .post(format!("{worker}{path}"))
@@ -222,6 +296,7 @@ async fn forward(State(state): State<Arc<FrontState>>, request: Request) -> Resu
         return Ok(passthrough(answer));
     }
     let answer: Value = answer.json().await.map_err(|e| unavailable(&worker, e))?;
+    drop(routed);
     let params = answer.get("kv_transfer_params").cloned().filter(|p| p.is_object()).ok_or_else(|| {
         ApiError::internal(format!("prefill worker {worker} answered without kv_transfer_params"))
     })?;
@@ -229,7 +304,13 @@ async fn forward(State(state): State<Arc<FrontState>>, request: Request) -> Resu
     // Step 2: the client's request, decoded where the KV goes.
     let mut decode = original;
     decode.insert("kv_transfer_params".into(), params.clone());
-    let worker = pick(&state.decode, &state.next_decode);
+    let (worker, routed) = match (&state.routing, &prompt) {
+        (PdRouting::Kv { decode, .. }, Some(prompt)) => {
+            let (w, routed) = Routed::place(decode, prompt);
+            (state.decode[w].clone(), Some(routed))
+        }
+        _ => (pick(&state.decode, &state.next_decode), None),
+    };
     let response = state
         .client
         .post(format!("{worker}{path}"))
@@ -258,7 +339,8 @@ async fn forward(State(state): State<Arc<FrontState>>, request: Request) -> Resu
         state.handoffs.inc();
         state.transfer.observe(ms / 1000.0);
     }
-    let mut out = passthrough(response);
+    // The decode's load counts on its worker until its answer has been passed on.
+    let mut out = passthrough_holding(response, routed);
     if let Ok(id) = HeaderValue::from_str(&request_id) {
         out.headers_mut().insert("x-request-id", id);
     }

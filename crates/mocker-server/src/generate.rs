@@ -70,27 +70,7 @@ pub async fn generate(
             ));
         }
     }
-    let codec = |e: crate::tokenizer::TokenizerError| ApiError::internal(e.to_string());
-    let (tokens, echo) = match prompt {
-        PromptInput::Ids(ids) => {
-            let echo =
-                if generation.echo { Some(state.tokenizer.decode(&ids).map_err(codec)?) } else { None };
-            (ids, echo)
-        }
-        PromptInput::Text(text) => {
-            let tokens = state.tokenizer.encode(&text, generation.add_special_tokens).map_err(codec)?;
-            (tokens, generation.echo.then_some(text))
-        }
-        PromptInput::Multimodal { text, images } => {
-            (multimodal_tokens(&state, &text, &images, generation.add_special_tokens)?, None)
-        }
-    };
-    if tokens.is_empty() {
-        return Err(ApiError::invalid_field(
-            "prompt",
-            "prompt must not be empty (it tokenizes to no tokens)",
-        ));
-    }
+    let (tokens, echo) = prompt_tokens(&state, prompt, &generation)?;
     check_context(&state, &tokens, &mut generation)?;
     if replay_key.is_some() && (generation.structured.is_some() || generation.tools.is_some()) {
         return Err(ApiError::invalid_field(
@@ -245,6 +225,36 @@ pub async fn generate(
 /// own, each image as `--image-tokens` ids derived from a hash of its URL (or data URL),
 /// so the same image gives the same ids and shares prefix-cache blocks as vLLM's
 /// multimodal hashing makes it.
+/// The prompt's token ids, and the text `echo` gives back (when asked for and known).
+pub(crate) fn prompt_tokens(
+    state: &AppState,
+    prompt: PromptInput,
+    generation: &Generation,
+) -> Result<(Vec<u32>, Option<String>), ApiError> {
+    let codec = |e: crate::tokenizer::TokenizerError| ApiError::internal(e.to_string());
+    let (tokens, echo) = match prompt {
+        PromptInput::Ids(ids) => {
+            let echo =
+                if generation.echo { Some(state.tokenizer.decode(&ids).map_err(codec)?) } else { None };
+            (ids, echo)
+        }
+        PromptInput::Text(text) => {
+            let tokens = state.tokenizer.encode(&text, generation.add_special_tokens).map_err(codec)?;
+            (tokens, generation.echo.then_some(text))
+        }
+        PromptInput::Multimodal { text, images } => {
+            (multimodal_tokens(state, &text, &images, generation.add_special_tokens)?, None)
+        }
+    };
+    if tokens.is_empty() {
+        return Err(ApiError::invalid_field(
+            "prompt",
+            "prompt must not be empty (it tokenizes to no tokens)",
+        ));
+    }
+    Ok((tokens, echo))
+}
+
 pub(crate) fn multimodal_tokens(
     state: &AppState,
     text: &str,

@@ -21,6 +21,7 @@ pub mod openai;
 pub mod output;
 pub mod pd;
 pub mod plan;
+pub mod prefix;
 mod raw_errors;
 pub mod responses;
 pub mod server;

@@ -20,6 +20,7 @@ use crate::lora::{LoraOptions, LoraRegistry};
 use crate::metrics::{MetricFlavor, MetricsOptions, ServerMetrics};
 use crate::pd::{PdOptions, PdState};
 use crate::plan::{Reasoning, ReplayTable};
+use crate::prefix::PromptHasher;
 use crate::sleep::SleepMode;
 use crate::tokenizer::Tokenizer;
 
@@ -262,8 +263,15 @@ impl BoundServer {
                     replay_endpoint: publisher.replay_endpoint().map(str::to_string),
                 });
                 // The sink owns the publisher: it is dropped (flushed and joined) when the
-                // engine's actor is gone.
-                options.kv_events = Some(Box::new(move |events| publisher.publish(events)));
+                // engine's actor is gone. A sink the caller gave (an in-process router's
+                // index) still sees every event.
+                options.kv_events = Some(match options.kv_events.take() {
+                    None => Box::new(move |events| publisher.publish(events)),
+                    Some(mut also) => Box::new(move |events| {
+                        publisher.publish(events);
+                        also(events);
+                    }),
+                });
             }
         }
         let flavor =
@@ -333,6 +341,12 @@ impl BoundServer {
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().expect("a bound listener has an address")
+    }
+
+    /// Computes request bodies' prompt blocks as this server does: what a KV-aware router
+    /// in front of it (`mocker serve --pd-router kv`) scores workers with.
+    pub fn prompt_hasher(&self) -> PromptHasher {
+        PromptHasher::new(self.state.clone())
     }
 
     /// The KV-event endpoints each rank bound (empty when events are off).

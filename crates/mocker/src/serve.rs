@@ -5,12 +5,15 @@ use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use clap::Args;
 use mocker_core::config::{Backend, LaunchConfig, WorkerType};
+use mocker_live::{KvEventSink, LiveOptions};
+use mocker_replay::router::{KvRouter, KvRouterConfig};
 use mocker_server::faults::{FailureInjectionOptions, FailureType};
-use mocker_server::front::{BoundFront, FrontOptions};
+use mocker_server::front::{BoundFront, FrontOptions, PdRouting};
 use mocker_server::lora::{LoraModule, LoraOptions, LoraRegistry};
 use mocker_server::pd::{KvRole, KvTransferConfig, PdOptions, DEFAULT_ABORT_TIMEOUT};
 use mocker_server::{BoundServer, KvEventsOptions, ServerOptions, Tokenizer};
@@ -167,9 +170,10 @@ pub struct ServeArgs {
     /// Decode workers of the deployment (see --prefill-workers).
     #[arg(long, value_name = "D", requires = "prefill_workers")]
     pub decode_workers: Option<usize>,
-    /// How the front picks workers: round-robin over each pool (the only policy simulated
-    /// yet). Needs --prefill-workers.
-    #[arg(long, value_name = "POLICY", value_parser = ["round-robin"], requires = "prefill_workers")]
+    /// How the front picks workers: round-robin over each pool, or kv, Dynamo's KV router
+    /// (prefill worker by cached prefix and pending prefill, from the prefill workers' KV
+    /// events; decode worker by the blocks of its live requests). Needs --prefill-workers.
+    #[arg(long, value_name = "POLICY", value_parser = ["round-robin", "kv"], requires = "prefill_workers")]
     pub pd_router: Option<String>,
 }
 
@@ -180,6 +184,8 @@ pub struct Deployment {
     pub prefill: usize,
     /// Decode workers: the rest.
     pub decode: usize,
+    /// `--pd-router kv`: the front routes with the KV router.
+    pub kv_router: bool,
 }
 
 /// File descriptors kept free of connections by the default `--max-connections`.
@@ -451,7 +457,7 @@ impl ServeArgs {
                     .into(),
             ));
         }
-        Ok(Some(Deployment { prefill, decode }))
+        Ok(Some(Deployment { prefill, decode, kv_router: self.pd_router.as_deref() == Some("kv") }))
     }
 
     /// One server's options per worker; with a deployment, its prefill workers first.
@@ -480,6 +486,13 @@ impl ServeArgs {
         let launch = self.launch_config()?;
         let lora = self.lora_options(&launch)?;
         let pd = self.pd_options(&launch)?;
+        if deployment.is_some_and(|d| d.kv_router) && launch.dp_size > 1 {
+            // A worker's HTTP endpoint picks its own rank, so the router cannot place on one.
+            return Err(UsageError(format!(
+                "--pd-router kv: routes over workers of one DP rank each; got dp_size {}",
+                launch.dp_size
+            )));
+        }
         if deployment.is_some() && launch.engine.backend != Backend::Vllm {
             return Err(UsageError(format!(
                 "--prefill-workers: vLLM's KV-transfer contract is simulated on the vllm backend only, not {}",
@@ -570,6 +583,15 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
     let front_addr = SocketAddr::new(args.host, args.port);
     let (model_name, max_body_bytes) =
         options.first().map_or((String::new(), 0), |o| (o.model_name.clone(), o.max_body_bytes));
+    let routers = deployment.filter(|d| d.kv_router).zip(options.first()).map(|(d, o)| {
+        let engine = &o.launch.engine;
+        let config = KvRouterConfig::default();
+        let pool = |config: KvRouterConfig, n| {
+            Arc::new(Mutex::new(KvRouter::new(config, n, engine.block_size, engine.max_num_batched_tokens)))
+        };
+        // Each pool's router as the reference derives it for a disaggregated deployment.
+        (pool(config.for_prefill_pool(), d.prefill), pool(config.for_decode_pool(), d.decode))
+    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -581,8 +603,23 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut servers = Vec::new();
         let mut workers = Vec::new();
+        let mut hasher = None;
         for (i, o) in options.into_iter().enumerate() {
-            let server = BoundServer::bind(o, Vec::new()).await.map_err(|e| UsageError(e.to_string()))?;
+            // A KV-routing front indexes its prefill workers' cached blocks from their KV events.
+            let ranks = match (&routers, deployment) {
+                (Some((prefill, _)), Some(d)) if i < d.prefill => {
+                    let router = prefill.clone();
+                    let sink: KvEventSink = Box::new(move |events| {
+                        router.lock().unwrap_or_else(PoisonError::into_inner).apply_events(i, events)
+                    });
+                    vec![LiveOptions { kv_events: Some(sink), ..Default::default() }]
+                }
+                _ => Vec::new(),
+            };
+            let server = BoundServer::bind(o, ranks).await.map_err(|e| UsageError(e.to_string()))?;
+            if i == 0 {
+                hasher = Some(server.prompt_hasher());
+            }
             let url = format!("http://{}", server.local_addr());
             match deployment {
                 // Scripts and tests read the address from this line (port 0 picks a free one).
@@ -609,6 +646,10 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
                 decode,
                 max_body_bytes,
                 model_name,
+                routing: match (routers, hasher) {
+                    (Some((prefill, decode)), Some(hasher)) => PdRouting::Kv { prefill, decode, hasher },
+                    _ => PdRouting::RoundRobin,
+                },
             })
             .await
             .map_err(|e| UsageError(e.to_string()))?;

@@ -239,53 +239,28 @@ fn disaggregated_prefill_and_decode_servers_hand_off_kv_as_vllm_nixl_does() {
 #[test]
 fn a_prefill_decode_deployment_serves_plain_clients_through_its_front() {
     let tokenizer = repo_root().join("tests/fixtures/tokenizers/all-minilm-l6-v2");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mocker"))
-        .args([
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--model-name",
-            "mocker-test",
-            "--api-key",
-            KEY,
-        ])
-        .arg("--tokenizer")
-        .arg(&tokenizer)
-        .args([
-            "--prefill-workers",
-            "1",
-            "--decode-workers",
-            "2",
-            "--block-size",
-            "16",
-            "--speedup-ratio",
-            "5",
-        ])
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("mocker starts");
-    let lines = lines_of_stderr(child.stderr.take().unwrap());
-    let (mut prefill, mut decode) = (Vec::new(), Vec::new());
-    let front = loop {
-        let line = lines.recv_timeout(Duration::from_secs(30)).expect("start-up lines");
-        let url = || line.rsplit(' ').next().unwrap().to_string();
-        if line.starts_with("mocker: prefill worker") {
-            prefill.push(url());
-        } else if line.starts_with("mocker: decode worker") {
-            decode.push(url());
-        } else if line.contains("serving model on") {
-            break url();
-        }
-    };
+    let deployment = Deployment::start(&[
+        "--model-name",
+        "mocker-test",
+        "--api-key",
+        KEY,
+        "--tokenizer",
+        tokenizer.to_str().unwrap(),
+        "--prefill-workers",
+        "1",
+        "--decode-workers",
+        "2",
+        "--block-size",
+        "16",
+        "--speedup-ratio",
+        "5",
+    ]);
+    let (front, prefill, decode) = (&deployment.front, &deployment.prefill, &deployment.decode);
     assert_eq!((prefill.len(), decode.len()), (1, 2));
     let mut args = vec![front.as_str(), KEY, prefill[0].as_str()];
     args.extend(decode.iter().map(String::as_str));
     let result = run_script("serve_pd_front.py", &args);
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(deployment);
     assert_eq!(result["ok"], true, "{result}");
 
     for (args, named) in [
@@ -308,6 +283,112 @@ fn a_prefill_decode_deployment_serves_plain_clients_through_its_front() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(named), "{args:?}: {stderr}");
     }
+}
+
+/// A `mocker serve --prefill-workers P --decode-workers D` process and the URLs it lists.
+struct Deployment {
+    child: std::process::Child,
+    front: String,
+    prefill: Vec<String>,
+    decode: Vec<String>,
+}
+
+impl Deployment {
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mocker"))
+            .args(["serve", "--host", "127.0.0.1", "--port", "0"])
+            .args(args)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("mocker starts");
+        let lines = lines_of_stderr(child.stderr.take().unwrap());
+        let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+        let front = loop {
+            let line = lines.recv_timeout(Duration::from_secs(30)).expect("start-up lines");
+            let url = || line.rsplit(' ').next().unwrap().to_string();
+            if line.starts_with("mocker: prefill worker") {
+                prefill.push(url());
+            } else if line.starts_with("mocker: decode worker") {
+                decode.push(url());
+            } else if line.contains("serving model on") {
+                break url();
+            }
+        };
+        Self { child, front, prefill, decode }
+    }
+}
+
+impl Drop for Deployment {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A counter's value summed over its series in a Prometheus text exposition.
+fn counter(exposition: &str, name: &str) -> f64 {
+    exposition
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// `--pd-router kv`: the front sends a prompt to the prefill worker that has its prefix
+/// cached (learned from the workers' KV events), so each of two prompts, sent four times
+/// in turn, is computed once and then found whole in one worker's cache; round-robin
+/// would have split each prompt's requests over both workers and computed it twice.
+#[test]
+fn the_kv_pd_router_sends_a_prompt_where_its_prefix_is_cached() {
+    let deployment = Deployment::start(&[
+        "--prefill-workers",
+        "2",
+        "--decode-workers",
+        "2",
+        "--pd-router",
+        "kv",
+        "--block-size",
+        "16",
+        "--speedup-ratio",
+        "10",
+    ]);
+    // 65 tokens: four full blocks the cache can give back whole.
+    let prompt = |base: u32| (base..base + 65).map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
+    for base in [1000, 2000] {
+        for _ in 0..4 {
+            let body = format!(r#"{{"prompt": [{}], "max_tokens": 2}}"#, prompt(base));
+            let (status, answer) = http(&deployment.front, "POST", "/v1/completions", &[], &body);
+            assert_eq!(status, 200, "{answer}");
+        }
+    }
+    let metrics: Vec<String> =
+        deployment.prefill.iter().map(|w| http(w, "GET", "/metrics", &[], "").1).collect();
+    let hits: f64 = metrics.iter().map(|m| counter(m, "vllm:prefix_cache_hits_total")).sum();
+    let requests: Vec<f64> = metrics.iter().map(|m| counter(m, "vllm:request_success_total")).collect();
+    assert_eq!(hits, 6.0 * 64.0, "three of each prompt's four prefills find its 64 tokens cached");
+    assert_eq!(requests.iter().sum::<f64>(), 8.0, "{requests:?}");
+    assert!(requests.iter().all(|&n| n == 0.0 || n == 4.0 || n == 8.0), "each prompt stays on one worker");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_mocker"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--prefill-workers",
+            "1",
+            "--decode-workers",
+            "1",
+            "--pd-router",
+            "kv",
+        ])
+        .args(["--engine-args", r#"{"dp_size": 2}"#])
+        .stdout(Stdio::null())
+        .output()
+        .expect("mocker runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--pd-router kv") && stderr.contains("dp_size"), "{stderr}");
 }
 
 /// Engine-args `worker_type` (or `is_prefill` / `is_decode`) makes a prefill-only or
