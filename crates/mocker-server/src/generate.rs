@@ -26,7 +26,7 @@ use crate::output::logprobs::LogprobsAcc;
 use crate::output::plan::{plan_choice, ChoicePlan, Planned};
 use crate::output::sampler::Sampler;
 use crate::output::stop::{StopRules, StopScan};
-use crate::pd::{KvTransfer, PrefillHandoff};
+use crate::pd::{KvRole, KvTransfer, PrefillHandoff, ReadFrom};
 use crate::plan::{reasoning_frame, with_reasoning, Phase, Replayed, RequestPlan};
 
 /// A validated, tokenized request ready for the engine.
@@ -55,6 +55,13 @@ pub async fn generate(
     if let Some(pd) = &state.pd {
         pd.check_role(&transfer)?;
     }
+    if let (KvTransfer::Bootstrap(_), None) = (&transfer, &state.pd) {
+        return Err(ApiError::invalid_field(
+            "bootstrap_room",
+            "bootstrap_room: SGLang's PD fields need an SGLang-backend server started as a prefill or decode \
+             worker (engine-args worker_type prefill or decode)",
+        ));
+    }
     if transfer != KvTransfer::None {
         if state.pd.is_none() {
             return Err(ApiError::invalid_field(
@@ -72,6 +79,14 @@ pub async fn generate(
     }
     let (tokens, echo) = prompt_tokens(&state, prompt, &generation)?;
     check_context(&state, &tokens, &mut generation)?;
+    if matches!(transfer, KvTransfer::Bootstrap(_))
+        && state.pd.as_ref().is_some_and(|pd| pd.role() == KvRole::Producer)
+    {
+        // SGLang's prefill server computes the first token only; its decode peer, sent the
+        // same request, generates the rest.
+        generation.max_tokens = 1;
+        generation.stop.min_tokens = generation.stop.min_tokens.min(1);
+    }
     if replay_key.is_some() && (generation.structured.is_some() || generation.tools.is_some()) {
         return Err(ApiError::invalid_field(
             "nvext.annotations",
@@ -124,13 +139,28 @@ pub async fn generate(
         let (live, rank) = match (&transfer, &state.pd) {
             (KvTransfer::Prefill, Some(_)) => {
                 let (rank, engine) = state.ranks.pick()?;
-                let (live, handoff) = crate::pd::start_prefill(engine, request, state.block_size).await?;
+                let (live, handoff) =
+                    crate::pd::start_prefill(engine, request, state.block_size, None).await?;
+                prefill = Some(handoff);
+                (live, rank)
+            }
+            (KvTransfer::Bootstrap(b), Some(pd)) if pd.role() == KvRole::Producer => {
+                let (rank, engine) = state.ranks.pick()?;
+                let (live, handoff) =
+                    crate::pd::start_prefill(engine, request, state.block_size, Some(b.room)).await?;
                 prefill = Some(handoff);
                 (live, rank)
             }
             (KvTransfer::Decode(remote), Some(pd)) => {
                 let (rank, engine) = state.ranks.pick()?;
-                let (live, read) = crate::pd::start_decode(pd, engine, request, remote).await?;
+                let (live, read) =
+                    crate::pd::start_decode(pd, engine, request, ReadFrom::Nixl(remote)).await?;
+                transfer_ms = read;
+                (live, rank)
+            }
+            (KvTransfer::Bootstrap(b), Some(pd)) => {
+                let (rank, engine) = state.ranks.pick()?;
+                let (live, read) = crate::pd::start_decode(pd, engine, request, ReadFrom::Room(b)).await?;
                 transfer_ms = read;
                 (live, rank)
             }
@@ -644,10 +674,11 @@ async fn full_response(
         body = with_reasoning(body, &reasoning);
     }
     if let Some((handoff, pd, prompt_tokens)) = prefill {
-        let params = handoff.finish(&pd, &header.id, prompt_tokens).await?;
-        let mut value: serde_json::Value = serde_json::from_str(&body).expect("our own JSON");
-        value["kv_transfer_params"] = params;
-        body = value.to_string();
+        if let Some(params) = handoff.finish(&pd, &header.id, prompt_tokens).await? {
+            let mut value: serde_json::Value = serde_json::from_str(&body).expect("our own JSON");
+            value["kv_transfer_params"] = params;
+            body = value.to_string();
+        }
     }
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
@@ -817,7 +848,8 @@ fn sse_response(
         if st.closing && !st.finished {
             let (handoff, pd, prompt_tokens) = st.prefill.take().expect("closing a prefill");
             match handoff.finish(&pd, &st.header.id, prompt_tokens).await {
-                Ok(params) => st.header.kv_transfer_frame(&mut out, &params),
+                Ok(Some(params)) => st.header.kv_transfer_frame(&mut out, &params),
+                Ok(None) => {}
                 Err(e) => out.extend_from_slice(&frame(&e.body())),
             }
             st.close(&mut out);

@@ -18,7 +18,7 @@ use crate::faults::{FailureInjectionOptions, FailureInjector};
 use crate::gate::Readiness;
 use crate::lora::{LoraOptions, LoraRegistry};
 use crate::metrics::{MetricFlavor, MetricsOptions, ServerMetrics};
-use crate::pd::{PdOptions, PdState};
+use crate::pd::{KvRole, PdOptions, PdState};
 use crate::plan::{Reasoning, ReplayTable};
 use crate::prefix::PromptHasher;
 use crate::sleep::SleepMode;
@@ -162,6 +162,8 @@ pub struct BoundServer {
     grace: Duration,
     limits: ConnLimits,
     kv_events: Vec<BoundKvEvents>,
+    /// An SGLang prefill server's bootstrap port (its rooms' read endpoint).
+    bootstrap: Option<TcpListener>,
 }
 
 /// After the grace period: how long the engine may take to stop, and how long connections
@@ -192,11 +194,23 @@ impl BoundServer {
             lora,
             pd,
         } = options;
-        if pd.is_some() && launch.engine.backend != Backend::Vllm {
-            return Err(ServerError::Options(
-                "--kv-transfer-config: vLLM's KV-transfer contract is simulated on the vllm backend only"
+        match (&pd, launch.engine.backend) {
+            (Some(o), Backend::Sglang) if o.bootstrap.is_none() => return Err(ServerError::Options(
+                "--kv-transfer-config: vLLM's KV-transfer contract is simulated on the vllm backend; the \
+                     sglang backend speaks SGLang's bootstrap protocol (engine-args worker_type)"
                     .into(),
-            ));
+            )),
+            (Some(o), Backend::Vllm) if o.bootstrap.is_some() => {
+                return Err(ServerError::Options(
+                    "SGLang's bootstrap protocol is simulated on the sglang backend only".into(),
+                ))
+            }
+            (Some(_), Backend::Trtllm) => {
+                return Err(ServerError::Options(
+                    "disaggregated serving is simulated on the vllm and sglang backends, not trtllm".into(),
+                ))
+            }
+            _ => {}
         }
         if embedding_dim == 0 {
             return Err(ServerError::Options("--embedding-dim: must be at least 1, got 0".into()));
@@ -305,12 +319,31 @@ impl BoundServer {
             LiveEngine::start_group(engine.clone(), ranks_options)?
         };
         metrics.attach_engines(engines.iter().map(|e| e.metrics()).collect(), engines.clone());
+        let bootstrap = match pd
+            .as_ref()
+            .and_then(|o| o.bootstrap.filter(|_| o.config.role == KvRole::Producer))
+        {
+            Some(b) => {
+                let at = SocketAddr::new(addr.ip(), b.port);
+                Some(TcpListener::bind(at).await.map_err(|source| ServerError::Bind { addr: at, source })?)
+            }
+            None => None,
+        };
+        let bootstrap_port = bootstrap.as_ref().and_then(|l| l.local_addr().ok()).map_or(0, |a| a.port());
         let pd = pd.map(|o| {
             let bound = listener.local_addr().unwrap_or(addr);
             // Decode servers dial this address; an unspecified bind is reachable on loopback.
             let host =
                 if bound.ip().is_unspecified() { "127.0.0.1".to_string() } else { bound.ip().to_string() };
-            Arc::new(PdState::new(&o, host, bound.port(), api_key_plain.clone(), &model_name, &metrics))
+            Arc::new(PdState::new(
+                &o,
+                host,
+                bound.port(),
+                bootstrap_port,
+                api_key_plain.clone(),
+                &model_name,
+                &metrics,
+            ))
         });
         let state = Arc::new(AppState {
             model_name,
@@ -335,7 +368,7 @@ impl BoundServer {
             pd,
         });
         let limits = ConnLimits { max_connections, header_timeout };
-        Ok(Self { listener, state, grace: shutdown_grace, limits, kv_events: bound_events })
+        Ok(Self { listener, state, grace: shutdown_grace, limits, kv_events: bound_events, bootstrap })
     }
 
     /// The bound address.
@@ -349,6 +382,11 @@ impl BoundServer {
         PromptHasher::new(self.state.clone())
     }
 
+    /// An SGLang prefill server's bootstrap address (where decode servers read its rooms).
+    pub fn bootstrap_addr(&self) -> Option<SocketAddr> {
+        self.bootstrap.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
     /// The KV-event endpoints each rank bound (empty when events are off).
     pub fn kv_events(&self) -> &[BoundKvEvents] {
         &self.kv_events
@@ -359,7 +397,15 @@ impl BoundServer {
     /// open with an error event), gives connections a moment to write that, closes every
     /// connection still open, and returns.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
-        let Self { listener, state, grace, limits, .. } = self;
+        let Self { listener, state, grace, limits, bootstrap, .. } = self;
+        // The bootstrap port serves room reads only; it stops with the server.
+        let bootstrap = bootstrap.map(|l| {
+            let rooms = axum::Router::new()
+                .route("/mocker/bootstrap/read", axum::routing::post(crate::pd::bootstrap_read_handler))
+                .with_state(state.clone());
+            tokio::spawn(async move { axum::serve(l, rooms).await })
+        });
+        let _stop_bootstrap = bootstrap.map(|task| AbortOnDrop(task.abort_handle()));
         let connections = Connections::new(limits.max_connections);
         let acceptor =
             tokio::spawn(accept_loop(listener, router(state.clone()), limits, connections.clone()));
@@ -382,6 +428,15 @@ impl BoundServer {
             }
         }
         result.and(stop_engine(&state).await)
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -392,8 +392,8 @@ impl ReplayArgs {
             let keys = serve_only_keys(&pool.launch);
             if !keys.is_empty() {
                 eprintln!(
-                    "warning: {flag}: {} not used by replay (no KV events are published and no text is \
-                     generated); they apply to mocker serve",
+                    "warning: {flag}: {} not used by replay (no KV events are published, no text is \
+                     generated and KV is handed over without a bootstrap rendezvous); they apply to mocker serve",
                     keys.join(", ")
                 );
             }
@@ -408,7 +408,8 @@ impl ReplayArgs {
     }
 }
 
-/// The keys of `launch` that only a server acts on (KV-event publishing, output content).
+/// The keys of `launch` that only a server acts on (KV-event publishing, output content,
+/// SGLang's bootstrap rendezvous).
 fn serve_only_keys(launch: &mocker_core::config::LaunchConfig) -> Vec<&'static str> {
     let (e, rt) = (&launch.engine, &launch.dynamo);
     [
@@ -418,6 +419,12 @@ fn serve_only_keys(launch: &mocker_core::config::LaunchConfig) -> Vec<&'static s
         ("dynamo.zmq_replay_port", rt.zmq_replay_port.is_some()),
         ("dynamo.reasoning", rt.reasoning.is_some()),
         ("dynamo.response_replay_trace_path", rt.response_replay_trace_path.is_some()),
+        ("dynamo.bootstrap_port", rt.bootstrap_port.is_some()),
+        (
+            "dynamo.handoff_session_timeout_ms",
+            rt.handoff_session_timeout_ms
+                != mocker_core::config::RuntimeConfig::default().handoff_session_timeout_ms,
+        ),
     ]
     .into_iter()
     .filter(|(_, set)| *set)

@@ -9,13 +9,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use clap::Args;
-use mocker_core::config::{Backend, LaunchConfig, WorkerType};
+use mocker_core::config::{Backend, LaunchConfig, RuntimeConfig, WorkerType};
 use mocker_live::{KvEventSink, LiveOptions};
 use mocker_replay::router::{KvRouter, KvRouterConfig};
 use mocker_server::faults::{FailureInjectionOptions, FailureType};
 use mocker_server::front::{BoundFront, FrontOptions, PdRouting};
 use mocker_server::lora::{LoraModule, LoraOptions, LoraRegistry};
-use mocker_server::pd::{KvRole, KvTransferConfig, PdOptions, DEFAULT_ABORT_TIMEOUT};
+use mocker_server::pd::{BootstrapOptions, KvRole, KvTransferConfig, PdOptions, DEFAULT_ABORT_TIMEOUT};
 use mocker_server::{BoundServer, KvEventsOptions, ServerOptions, Tokenizer};
 
 use crate::UsageError;
@@ -176,6 +176,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "POLICY", value_parser = ["round-robin", "kv"], requires = "prefill_workers")]
     pub pd_router: Option<String>,
 }
+
+/// SGLang's default `--disaggregation-bootstrap-port`.
+const SGLANG_BOOTSTRAP_PORT: u16 = 8998;
 
 /// The prefill and decode pools of a `--prefill-workers` deployment.
 #[derive(Debug, Clone, Copy)]
@@ -352,6 +355,48 @@ impl ServeArgs {
                  sets its workers' roles)"
             )));
         }
+        let sglang = launch.engine.backend == Backend::Sglang;
+        let rt = &launch.dynamo;
+        let session_set =
+            rt.handoff_session_timeout_ms != RuntimeConfig::default().handoff_session_timeout_ms;
+        if rt.bootstrap_port.is_some() && !(sglang && wt == WorkerType::Prefill) {
+            return Err(UsageError(
+                "engine-args dynamo.bootstrap_port: SGLang's bootstrap port of a prefill worker; it needs \
+                 backend sglang and worker_type prefill"
+                    .into(),
+            ));
+        }
+        if session_set && !(sglang && implied.is_some()) {
+            return Err(UsageError(
+                "engine-args dynamo.handoff_session_timeout_ms: the rendezvous timeout of SGLang prefill/decode \
+                 workers (backend sglang, worker_type prefill or decode); vLLM's is --kv-abort-timeout-seconds"
+                    .into(),
+            ));
+        }
+        if let (true, Some(role)) = (sglang, implied) {
+            // SGLang's PD protocol: bootstrap rooms, not vLLM's connector.
+            if self.kv_transfer_config.is_some() || self.kv_abort_timeout_seconds.is_some() {
+                let flag = if self.kv_transfer_config.is_some() {
+                    "--kv-transfer-config"
+                } else {
+                    "--kv-abort-timeout-seconds"
+                };
+                return Err(UsageError(format!(
+                    "{flag}: vLLM's; an SGLang {wt} worker speaks SGLang's bootstrap protocol (engine-args \
+                     bootstrap_port, handoff_session_timeout_ms)"
+                )));
+            }
+            let bootstrap = BootstrapOptions {
+                port: rt.bootstrap_port.unwrap_or(SGLANG_BOOTSTRAP_PORT),
+                session_timeout: Duration::from_millis(rt.handoff_session_timeout_ms),
+            };
+            return Ok(Some(PdOptions {
+                config: KvTransferConfig { role },
+                abort_timeout: DEFAULT_ABORT_TIMEOUT,
+                transfers_only: true,
+                bootstrap: Some(bootstrap),
+            }));
+        }
         let config = match (&self.kv_transfer_config, implied) {
             (None, None) => {
                 if self.kv_abort_timeout_seconds.is_some() && self.prefill_workers.is_none() {
@@ -385,7 +430,7 @@ impl ServeArgs {
             None => DEFAULT_ABORT_TIMEOUT,
             Some(s) => seconds("--kv-abort-timeout-seconds", s, true)?,
         };
-        Ok(Some(PdOptions { config, abort_timeout, transfers_only: implied.is_some() }))
+        Ok(Some(PdOptions { config, abort_timeout, transfers_only: implied.is_some(), bootstrap: None }))
     }
 
     /// The LoRA flags, checked as vLLM checks them, plus what mocker cannot simulate.
@@ -507,7 +552,12 @@ impl ServeArgs {
             None => pd.clone(),
             Some(d) => {
                 let role = if i < d.prefill { KvRole::Producer } else { KvRole::Consumer };
-                Some(PdOptions { config: KvTransferConfig { role }, abort_timeout, transfers_only: false })
+                Some(PdOptions {
+                    config: KvTransferConfig { role },
+                    abort_timeout,
+                    transfers_only: false,
+                    bootstrap: None,
+                })
             }
         };
         let kv_endpoint = self
@@ -628,6 +678,9 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
                 Some(d) => eprintln!("mocker: decode worker {} on {url}", i - d.prefill),
             }
             workers.push(url);
+            if let Some(at) = server.bootstrap_addr() {
+                eprintln!("mocker: SGLang bootstrap server on {at}");
+            }
             for kv in server.kv_events() {
                 let replay =
                     kv.replay_endpoint.as_deref().map(|r| format!(" (replay {r})")).unwrap_or_default();

@@ -55,6 +55,9 @@ struct Row {
     serve: O,
 }
 
+/// SGLang prefill/decode servers' rendezvous keys (tests/serve_e2e.rs).
+const SGLANG_PD: O = Serve("sglang_prefill_and_decode_servers_meet_in_bootstrap_rooms");
+
 /// Serve makes prefill-only / decode-only servers of worker_type (tests/serve_e2e.rs).
 const PD_ROLES: O = Serve("worker_type_makes_prefill_only_and_decode_only_servers");
 
@@ -216,8 +219,8 @@ fn rows() -> Vec<Row> {
         r("free_gpu_memory_fraction", "{}", r#"{"free_gpu_memory_fraction": 0.5}"#, SMALL, [Refused, Refused, Refused, Refused]),
         r("cuda_graph_reserved_bytes", "{}", r#"{"cuda_graph_reserved_bytes": 1000}"#, SMALL, [Refused, Refused, Refused, Refused]),
         r("enable_local_indexer", "{}", r#"{"enable_local_indexer": true}"#, SMALL, [Refused, Refused, Refused, Refused]),
-        r("bootstrap_port", "{}", r#"{"bootstrap_port": 7000}"#, SMALL, [Refused, Refused, Refused, Refused]),
-        r("handoff_session_timeout_ms", "{}", r#"{"handoff_session_timeout_ms": 5000}"#, SMALL, [Refused, Refused, Refused, Refused]),
+        r("bootstrap_port", "{}", r#"{"bootstrap_port": 7000}"#, SMALL, [Warned, Warned, Warned, SGLANG_PD]),
+        r("handoff_session_timeout_ms", "{}", r#"{"handoff_session_timeout_ms": 5000}"#, SMALL, [Warned, Warned, Warned, SGLANG_PD]),
         r("reasoning", "{}", REASONING, SMALL,
           [Warned, Warned, Warned, Serve("serve_plan::reasoning_spans_are_raw_in_completions_and_split_in_chat")]),
         named("reasoning", r("reasoning.start_thinking_token_id", REASONING, r#"{"reasoning": {"start_thinking_token_id": 5}}"#,

@@ -391,6 +391,163 @@ fn the_kv_pd_router_sends_a_prompt_where_its_prefix_is_cached() {
     assert!(stderr.contains("--pd-router kv") && stderr.contains("dp_size"), "{stderr}");
 }
 
+/// The address a server printed as its SGLang bootstrap server.
+fn bootstrap_port_of(server: &Server) -> u16 {
+    loop {
+        let line = server.stderr.recv_timeout(Duration::from_secs(30)).expect("a bootstrap line");
+        if let Some(at) = line.strip_prefix("mocker: SGLang bootstrap server on ") {
+            return at.rsplit(':').next().unwrap().trim().parse().unwrap();
+        }
+    }
+}
+
+/// SGLang's PD protocol: the router sends one request, with the prefill server's
+/// bootstrap address and a room, to a prefill and a decode server at once. The decode
+/// side may come first and waits in the room; the prefill computes one token, its KV is
+/// read for the modelled transfer time, and the decode generates the rest with the prompt
+/// counted as cached. Either side that waits in vain past the session timeout gives up:
+/// the prefill frees its KV (504), the decode computes the prompt itself.
+#[test]
+fn sglang_prefill_and_decode_servers_meet_in_bootstrap_rooms() {
+    // 65 tokens × 131072 B at 0.05 GB/s: 170.4 ms of transfer.
+    let prefill = Server::start(&[
+        "--block-size",
+        "16",
+        "--engine-args",
+        r#"{"backend": "sglang", "worker_type": "prefill", "bootstrap_port": 0, "handoff_session_timeout_ms": 1500,
+            "kv_transfer_bytes_per_token": 131072, "kv_transfer_bandwidth": 0.05}"#,
+    ]);
+    let port = bootstrap_port_of(&prefill);
+    let decode = Server::start(&[
+        "--block-size",
+        "16",
+        "--engine-args",
+        r#"{"backend": "sglang", "worker_type": "decode", "handoff_session_timeout_ms": 1500}"#,
+    ]);
+    let prompt = (100..165).map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
+    let body = |room: u64, port: u16| {
+        format!(
+            r#"{{"prompt": [{prompt}], "max_tokens": 5, "bootstrap_host": "127.0.0.1", "bootstrap_port": {port},
+                "bootstrap_room": {room}}}"#
+        )
+    };
+    let usage = |text: &str| -> serde_json::Value {
+        let v: serde_json::Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        v["usage"].clone()
+    };
+
+    // Destination first: the decode request waits in room 7 until the prefill arrives.
+    let started = Instant::now();
+    let decode_base = decode.base.clone();
+    let decode_body = body(7, port);
+    let decoding = std::thread::spawn(move || {
+        let answer = http(&decode_base, "POST", "/v1/completions", &[], &decode_body);
+        (answer, started.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, text) = http(&prefill.base, "POST", "/v1/completions", &[], &body(7, port));
+    let prefill_done = started.elapsed();
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(usage(&text)["completion_tokens"], 1, "the prefill server computes the first token only");
+    let ((status, text), decode_done) = decoding.join().unwrap();
+    assert_eq!(status, 200, "{text}");
+    let u = usage(&text);
+    assert_eq!(
+        (u["completion_tokens"].as_u64(), u["prompt_tokens_details"]["cached_tokens"].as_u64()),
+        (Some(5), Some(65)),
+        "{u}"
+    );
+    // The prefill answers once its KV has been read: after the modelled transfer.
+    assert!(prefill_done >= Duration::from_millis(300 + 170), "{prefill_done:?}");
+    assert!(decode_done >= prefill_done, "{decode_done:?} {prefill_done:?}");
+
+    // Source first, streamed: the prefill waits in room 11 until the decode reads it.
+    let prefill_base = prefill.base.clone();
+    let first = body(11, port).replace("[100,", "[98,");
+    let then = first.replace(
+        "\"max_tokens\": 5",
+        "\"max_tokens\": 5, \"stream\": true, \"stream_options\": {\"include_usage\": true}",
+    );
+    let prefilling = std::thread::spawn(move || http(&prefill_base, "POST", "/v1/completions", &[], &first));
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, stream) = http(&decode.base, "POST", "/v1/completions", &[], &then);
+    assert_eq!(status, 200, "{stream}");
+    assert!(stream.contains("\"completion_tokens\":5") && stream.contains("data: [DONE]"), "{stream}");
+    assert!(stream.contains("\"cached_tokens\":65"), "{stream}");
+    let (status, text) = prefilling.join().unwrap();
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(usage(&text)["completion_tokens"], 1);
+
+    // A prefill nobody reads frees its KV at the session timeout.
+    let (status, text) = http(&prefill.base, "POST", "/v1/completions", &[], &body(8, port));
+    assert_eq!(status, 504, "{text}");
+    assert!(text.contains("bootstrap room 8"), "{text}");
+    // A decode whose prefill never comes computes the prompt itself, and says so.
+    // (A prompt the decode server has not cached yet.)
+    let fresh = body(9, port).replace("[100,", "[99,");
+    let (status, text) = http(&decode.base, "POST", "/v1/completions", &[], &fresh);
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(usage(&text)["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0), 0, "{text}");
+    let metrics = http(&decode.base, "GET", "/metrics", &[], "").1;
+    assert_eq!(counter(&metrics, "mocker:kv_transfer_recomputes_total"), 1.0);
+
+    // What either server refuses, naming the field.
+    let plain = format!(r#"{{"prompt": [{prompt}], "max_tokens": 5}}"#);
+    for (base, text, field) in [
+        (&prefill.base, plain.clone(), "bootstrap_room"),
+        (&decode.base, plain.clone(), "bootstrap_room"),
+        (&prefill.base, body(10, port.wrapping_add(1).max(1)), "bootstrap_port"),
+        (
+            &prefill.base,
+            plain.replace(
+                "\"max_tokens\": 5",
+                "\"max_tokens\": 5, \"kv_transfer_params\": {\"do_remote_decode\": true}",
+            ),
+            "kv_transfer_params",
+        ),
+    ] {
+        let (status, answer) = http(base, "POST", "/v1/completions", &[], &text);
+        assert_eq!(status, 400, "{answer}");
+        let v: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(v["error"]["param"], field, "{answer}");
+    }
+    let aggregated = Server::start(&[]);
+    let (status, answer) = http(&aggregated.base, "POST", "/v1/completions", &[], &body(1, port));
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("bootstrap_room"), "{answer}");
+
+    for (args, named) in [
+        (r#"{"bootstrap_port": 7000}"#, "dynamo.bootstrap_port"),
+        (
+            r#"{"backend": "sglang", "worker_type": "decode", "bootstrap_port": 7000}"#,
+            "dynamo.bootstrap_port",
+        ),
+        (r#"{"handoff_session_timeout_ms": 5000}"#, "dynamo.handoff_session_timeout_ms"),
+        (
+            r#"{"worker_type": "prefill", "handoff_session_timeout_ms": 5000}"#,
+            "dynamo.handoff_session_timeout_ms",
+        ),
+        (r#"{"backend": "trtllm", "worker_type": "prefill"}"#, "trtllm"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_mocker"))
+            .args(["serve", "--port", "0", "--engine-args", args])
+            .stdout(Stdio::null())
+            .output()
+            .expect("mocker runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args}: {stderr}");
+        assert!(stderr.contains(named), "{args}: {stderr}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_mocker"))
+        .args(["serve", "--port", "0", "--engine-args", r#"{"backend": "sglang", "worker_type": "prefill"}"#])
+        .args(["--kv-transfer-config", r#"{"kv_connector": "NixlConnector", "kv_role": "kv_producer"}"#])
+        .stdout(Stdio::null())
+        .output()
+        .expect("mocker runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--kv-transfer-config"));
+}
+
 /// Engine-args `worker_type` (or `is_prefill` / `is_decode`) makes a prefill-only or
 /// decode-only server, as the reference's disaggregation modes: a request without the role's
 /// kv_transfer_params is a 400 naming them, and a prefill and a decode server so made hand

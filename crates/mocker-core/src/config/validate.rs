@@ -4,7 +4,7 @@
 use super::parse::{join, to_string, Obj};
 use super::{
     invalid_choice, type_err, Backend, ConfigError, EngineConfig, EvictionPolicy, LaunchConfig,
-    PreemptionMode, Result, RuntimeConfig, SglangConfig, TimingModelConfig, DEFAULT_ACCEPT_RATES,
+    PreemptionMode, Result, SglangConfig, TimingModelConfig, DEFAULT_ACCEPT_RATES,
 };
 
 /// External timing providers the config layer accepts (the engine decides what it can run).
@@ -80,12 +80,6 @@ impl LaunchConfig {
         let msg = "true is not simulated: mocker has no worker-local KV indexer (serve publishes KV events \
                    over ZMQ, with gap recovery on zmq_replay_port); remove it";
         ensure(!rt.enable_local_indexer, "dynamo.enable_local_indexer", msg)?;
-        let no_rendezvous =
-            "is not simulated: mocker serve runs aggregated workers only, and a disaggregated \
-                             replay hands KV over without a bootstrap rendezvous; remove it";
-        ensure(rt.bootstrap_port.is_none(), "dynamo.bootstrap_port", no_rendezvous)?;
-        let ok = rt.handoff_session_timeout_ms == RuntimeConfig::default().handoff_session_timeout_ms;
-        ensure(ok, "dynamo.handoff_session_timeout_ms", no_rendezvous)?;
         let psi = self.engine.prefill_schedule_interval;
         let msg =
             format!("acts only with dp_size > 1 (got {psi} with dp_size 1); remove it or raise dp_size");

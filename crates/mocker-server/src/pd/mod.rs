@@ -17,12 +17,24 @@
 //! * A held source no decode side reads is freed after `--kv-abort-timeout-seconds`
 //!   (vLLM's `VLLM_NIXL_ABORT_REQUEST_TIMEOUT`, 480 s).
 //!
+//! With the SGLang backend the same hold / reserve / read / free lifecycle runs under
+//! SGLang's PD protocol instead ([`BootstrapOptions`]): its router sends one request, with
+//! `bootstrap_host`, `bootstrap_port` and `bootstrap_room`, to a prefill and a decode server
+//! at once. The prefill server computes one token, puts its held KV in the room and answers
+//! once the KV has been read; the decode server reserves the prompt's blocks and reads them
+//! from the prefill server's bootstrap port (`POST /mocker/bootstrap/read`, JSON
+//! `{bootstrap_room, missing_tokens}`), which answers when the prefill is in the room and
+//! the modelled transfer is over. Of SGLang's bootstrap server this models the rendezvous
+//! by room on a separate port, either side first, and the timeouts; not its rank/route
+//! registry or the transfer engines' own sockets.
+//!
 //! The side channel is mocker's own: `POST /mocker/kv_transfer/read` on the prefill
 //! server's serve port (`remote_port`), JSON `{remote_engine_id, remote_request_id,
 //! remote_block_ids, missing_tokens}`. Block ids are this server's handles for the held
 //! blocks (one per prompt block, unique per server), not the core's pool indices.
 
 pub mod params;
+mod rooms;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -42,7 +54,8 @@ use serde_json::{json, Value};
 
 use crate::app::AppState;
 use crate::error::ApiError;
-pub use params::{KvRole, KvTransfer, KvTransferConfig, RemotePrefill};
+pub use params::{BootstrapRoom, KvRole, KvTransfer, KvTransferConfig, RemotePrefill};
+use rooms::{Rooms, Taken, Withdraw};
 
 /// Response header of a decode request whose KV was read from a prefill server: the
 /// modelled transfer time in ms (what a P/D front observes per handoff).
@@ -61,10 +74,23 @@ pub struct PdOptions {
     /// Refuse requests without the role's `kv_transfer_params` (a server made prefill-only or
     /// decode-only by engine-args `worker_type`, as the reference's disaggregation modes).
     pub transfers_only: bool,
+    /// SGLang's bootstrap protocol instead of vLLM's `kv_transfer_params`.
+    pub bootstrap: Option<BootstrapOptions>,
+}
+
+/// SGLang's PD protocol on a server of the SGLang backend (`worker_type` prefill or decode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BootstrapOptions {
+    /// A prefill server's bootstrap port (SGLang's `--disaggregation-bootstrap-port`,
+    /// engine-args `bootstrap_port`; 0 picks a free one); requests must name it.
+    pub port: u16,
+    /// How long a held prefill and its reader wait for each other (engine-args
+    /// `handoff_session_timeout_ms`).
+    pub session_timeout: Duration,
 }
 
 /// A finished prefill holding its KV until a decode side reads it.
-struct Held {
+pub(crate) struct Held {
     control: LiveHandoffControl,
     /// Keeps the handoff route registered while the KV is held.
     _events: LiveHandoffEvents,
@@ -88,6 +114,12 @@ pub struct PdState {
     next_block_id: AtomicU64,
     recomputes: prometheus::IntCounter,
     client: reqwest::Client,
+    /// SGLang's protocol: the bootstrap rooms (a prefill server's) and the port requests
+    /// must name; `None` under vLLM's.
+    rooms: Option<Rooms>,
+    bootstrap: bool,
+    bootstrap_port: u16,
+    session_timeout: Duration,
 }
 
 impl std::fmt::Debug for PdState {
@@ -103,11 +135,13 @@ impl std::fmt::Debug for PdState {
 }
 
 impl PdState {
-    /// State for a server reachable at `host:port`; registers its counter in `registry`.
+    /// State for a server reachable at `host:port` (bootstrap port `bootstrap_port` under
+    /// SGLang's protocol); registers its counter in `registry`.
     pub fn new(
         options: &PdOptions,
         host: String,
         port: u16,
+        bootstrap_port: u16,
         api_key: Option<String>,
         model_name: &str,
         registry: &crate::metrics::ServerMetrics,
@@ -133,12 +167,29 @@ impl PdState {
             next_block_id: AtomicU64::new(1),
             recomputes,
             client: reqwest::Client::builder().build().expect("an HTTP client without TLS builds"),
+            rooms: options
+                .bootstrap
+                .filter(|_| options.config.role == KvRole::Producer)
+                .map(|b| Rooms::new(b.session_timeout)),
+            bootstrap: options.bootstrap.is_some(),
+            bootstrap_port,
+            session_timeout: options.bootstrap.map_or(options.abort_timeout, |b| b.session_timeout),
         }
     }
 
-    /// Refuses a transfer this server's role does not take.
+    /// Refuses a transfer this server's role or protocol does not take.
     pub fn check_role(&self, transfer: &KvTransfer) -> Result<(), ApiError> {
+        if self.bootstrap {
+            return self.check_bootstrap(transfer);
+        }
         let refused = match (transfer, self.role) {
+            (KvTransfer::Bootstrap(_), _) => {
+                return Err(ApiError::invalid_field(
+                    "bootstrap_room",
+                    "bootstrap_room: SGLang's PD fields need an SGLang-backend server with engine-args \
+                     worker_type prefill or decode; this server speaks vLLM's kv_transfer_params",
+                ))
+            }
             (KvTransfer::None, KvRole::Producer) if self.transfers_only => {
                 "do_remote_decode is required: this server is a prefill worker (engine-args worker_type prefill)"
             }
@@ -156,6 +207,42 @@ impl PdState {
         Err(ApiError::invalid_field("kv_transfer_params", format!("kv_transfer_params.{refused}")))
     }
 
+    /// SGLang's rules: every request carries the PD fields; a prefill server's requests
+    /// name its own bootstrap port and a room no other prefill holds.
+    fn check_bootstrap(&self, transfer: &KvTransfer) -> Result<(), ApiError> {
+        let side = if self.role == KvRole::Producer { "prefill" } else { "decode" };
+        match transfer {
+            KvTransfer::Bootstrap(b) => match &self.rooms {
+                Some(_) if b.port != self.bootstrap_port => Err(ApiError::invalid_field(
+                    "bootstrap_port",
+                    format!("bootstrap_port: {} is not this prefill server's bootstrap port {}", b.port, self.bootstrap_port),
+                )),
+                Some(rooms) if rooms.is_held(b.room) => Err(ApiError::invalid_field(
+                    "bootstrap_room",
+                    format!("bootstrap_room: room {} already holds a prefill", b.room),
+                )),
+                _ => Ok(()),
+            },
+            KvTransfer::None => Err(ApiError::invalid_field(
+                "bootstrap_room",
+                format!(
+                    "bootstrap_room: this server is an SGLang {side} worker (engine-args worker_type {side}); \
+                     requests carry bootstrap_host, bootstrap_port and bootstrap_room"
+                ),
+            )),
+            _ => Err(ApiError::invalid_field(
+                "kv_transfer_params",
+                "kv_transfer_params: this server speaks SGLang's PD protocol (bootstrap_host, bootstrap_port, \
+                 bootstrap_room), not vLLM's",
+            )),
+        }
+    }
+
+    /// This server's role.
+    pub fn role(&self) -> KvRole {
+        self.role
+    }
+
     /// Held prefills (for tests and logs).
     pub fn num_held(&self) -> usize {
         self.held.lock().expect("held").len()
@@ -167,6 +254,8 @@ impl PdState {
 pub struct PrefillHandoff {
     route: Option<(LiveHandoffControl, LiveHandoffEvents)>,
     block_size: usize,
+    /// SGLang's protocol: the bootstrap room its KV goes to.
+    room: Option<u64>,
 }
 
 impl Drop for PrefillHandoff {
@@ -182,32 +271,39 @@ impl Drop for PrefillHandoff {
 }
 
 /// Submits `request` on `engine` as a handoff source; its stream runs like any request's.
+/// Under SGLang's protocol its KV goes to bootstrap `room`.
 pub async fn start_prefill(
     engine: &LiveEngine,
     request: CoreRequest,
     block_size: usize,
+    room: Option<u64>,
 ) -> Result<(LiveRequest, PrefillHandoff), ApiError> {
     let (control, events) = engine.register_handoff(HandoffId(uuid::Uuid::new_v4()))?;
     let (registration, live) = engine.prepare_request(request)?;
     control.submit_prefill(registration).await?;
-    Ok((live, PrefillHandoff { route: Some((control, events)), block_size }))
+    Ok((live, PrefillHandoff { route: Some((control, events)), block_size, room }))
 }
 
 impl PrefillHandoff {
     /// Once the request has finished: registers its held KV under `request_id` and returns
-    /// the `kv_transfer_params` of the answer.
+    /// the `kv_transfer_params` of the answer; under SGLang's protocol, puts it in its room
+    /// and returns once a decode server has read it (no params).
     pub async fn finish(
         mut self,
         pd: &Arc<PdState>,
         request_id: &str,
         prompt_tokens: usize,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Option<Value>, ApiError> {
         let events = &mut self.route.as_mut().expect("finished once").1;
         let timing = match tokio::time::timeout(Duration::from_secs(5), events.recv()).await {
             Ok(Some(HandoffEvent::SourceHeld { transfer_timing })) => transfer_timing,
             _ => return Err(ApiError::internal("the prefill finished without holding its KV")),
         };
         let (control, events) = self.route.take().expect("finished once");
+        if let Some(room) = self.room {
+            let held = Held { control, _events: events, block_ids: Vec::new(), timing };
+            return finish_in_room(pd, room, held).await.map(|()| None);
+        }
         let blocks = prompt_tokens.div_ceil(self.block_size.max(1)) as u64;
         let first = pd.next_block_id.fetch_add(blocks, Ordering::Relaxed);
         let block_ids: Vec<u64> = (first..first + blocks).collect();
@@ -238,7 +334,36 @@ impl PrefillHandoff {
                 let _ = h.control.release_source().await;
             }
         });
-        Ok(params)
+        Ok(Some(params))
+    }
+}
+
+/// Puts a finished SGLang prefill's held KV in its room and waits until a decode server has
+/// read it; frees it when none does within the session timeout (or the client leaves).
+async fn finish_in_room(pd: &Arc<PdState>, room: u64, held: Held) -> Result<(), ApiError> {
+    let rooms = pd.rooms.as_ref().expect("an SGLang prefill server has rooms");
+    let (finished, serial) = match rooms.deliver(room, held) {
+        Ok(delivered) => delivered,
+        Err(held) => {
+            let _ = held.control.release_source().await;
+            return Err(ApiError::invalid_field(
+                "bootstrap_room",
+                format!("bootstrap_room: room {room} already holds a prefill"),
+            ));
+        }
+    };
+    let _withdraw = Withdraw { pd: pd.clone(), room, serial };
+    match tokio::time::timeout(rooms.timeout, finished).await {
+        Ok(Ok(_)) => Ok(()),
+        _ => Err(ApiError {
+            status: StatusCode::GATEWAY_TIMEOUT,
+            message: format!(
+                "no decode server read bootstrap room {room} within {:?} (handoff_session_timeout_ms); \
+                 the prefill's KV is freed",
+                rooms.timeout
+            ),
+            param: None,
+        }),
     }
 }
 
@@ -308,6 +433,61 @@ pub async fn read_handler(
     Ok(axum::Json(json!({ "transfer_ms": delay_ms })).into_response())
 }
 
+/// A decode server's read of a bootstrap room.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RoomRead {
+    bootstrap_room: u64,
+    /// Prompt tokens the decode side lacks (`destination_missing` charges these).
+    missing_tokens: usize,
+}
+
+/// `POST /mocker/bootstrap/read` on a prefill server's bootstrap port: waits (at most the
+/// session timeout) for the room's prefill, then answers once the modelled transfer is
+/// over and the prefill's blocks are freed.
+pub async fn bootstrap_read_handler(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let not_found = |m: String| ApiError { status: StatusCode::NOT_FOUND, message: m, param: None };
+    let Some(pd) = state.pd.clone() else {
+        return Err(not_found("no bootstrap rooms here".into()));
+    };
+    let Some(rooms) = pd.rooms.as_ref() else {
+        return Err(not_found("no bootstrap rooms here".into()));
+    };
+    let bytes = crate::app::body(&state, request).await?;
+    let b: RoomRead =
+        serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("read: {e}")))?;
+    let taken = rooms.take(b.bootstrap_room).map_err(|m| ApiError {
+        status: StatusCode::CONFLICT,
+        message: format!("read: {m}"),
+        param: None,
+    })?;
+    let (held, done) = match taken {
+        Taken::Ready(handover) => handover,
+        Taken::Wait(arrival) => match tokio::time::timeout(rooms.timeout, arrival).await {
+            Ok(Ok(handover)) => handover,
+            _ => {
+                rooms.forget_reader(b.bootstrap_room);
+                return Err(not_found(format!(
+                    "read: no prefill came to bootstrap room {} within {:?}",
+                    b.bootstrap_room, rooms.timeout
+                )));
+            }
+        },
+    };
+    let delay_ms = held.timing.delay_ms(Some(b.missing_tokens)).unwrap_or(0.0);
+    // Spawned: the transfer ends and the blocks are freed even if the reader goes away.
+    let transfer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs_f64(delay_ms / 1000.0)).await;
+        let _ = held.control.release_source().await;
+        let _ = done.send(delay_ms);
+    });
+    let _ = transfer.await;
+    Ok(axum::Json(json!({ "transfer_ms": delay_ms })).into_response())
+}
+
 /// The side channel's abort request.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -344,7 +524,16 @@ pub async fn abort_handler(
     }
 }
 
-/// Submits `request` on `engine` as a decode request whose prompt KV `remote` holds: the
+/// Where a decode request reads its prompt's KV.
+#[derive(Debug, Clone, Copy)]
+pub enum ReadFrom<'a> {
+    /// vLLM's NIXL contract: the prefill answer's `kv_transfer_params`.
+    Nixl(&'a RemotePrefill),
+    /// SGLang's: the request's bootstrap room on the prefill server's bootstrap port.
+    Room(&'a BootstrapRoom),
+}
+
+/// Submits `request` on `engine` as a decode request whose prompt KV `from` holds: the
 /// stream yields tokens once the read is over. Falls back to computing the prompt here
 /// when the read fails. Returns the stream and, when the KV was transferred, the modelled
 /// transfer time in ms (answered in [`TRANSFER_MS_HEADER`]).
@@ -352,7 +541,7 @@ pub async fn start_decode(
     pd: &PdState,
     engine: &LiveEngine,
     request: CoreRequest,
-    remote: &RemotePrefill,
+    from: ReadFrom<'_>,
 ) -> Result<(LiveRequest, Option<f64>), ApiError> {
     let (control, mut events) = engine.register_handoff(HandoffId(uuid::Uuid::new_v4()))?;
     let (registration, live) = engine.prepare_request(request.clone())?;
@@ -363,14 +552,25 @@ pub async fn start_decode(
         }
         _ => return Err(ApiError::unavailable("the decode engine could not reserve the prompt's blocks")),
     };
-    let url = format!("http://{}:{}/mocker/kv_transfer/read", remote.host, remote.port);
-    let body = ReadBody {
-        remote_engine_id: remote.engine_id.clone(),
-        remote_request_id: remote.request_id.clone(),
-        remote_block_ids: remote.block_ids.clone(),
-        missing_tokens: missing,
+    let (url, body, timeout) = match from {
+        ReadFrom::Nixl(remote) => {
+            let body = ReadBody {
+                remote_engine_id: remote.engine_id.clone(),
+                remote_request_id: remote.request_id.clone(),
+                remote_block_ids: remote.block_ids.clone(),
+                missing_tokens: missing,
+            };
+            let url = format!("http://{}:{}/mocker/kv_transfer/read", remote.host, remote.port);
+            (url, serde_json::to_value(body).expect("plain JSON"), pd.abort_timeout)
+        }
+        ReadFrom::Room(b) => {
+            let body = RoomRead { bootstrap_room: b.room, missing_tokens: missing };
+            let url = format!("http://{}:{}/mocker/bootstrap/read", b.host, b.port);
+            // The prefill side waits up to the session timeout for the prefill, then transfers.
+            (url, serde_json::to_value(body).expect("plain JSON"), pd.session_timeout * 2)
+        }
     };
-    let mut call = pd.client.post(&url).json(&body).timeout(pd.abort_timeout);
+    let mut call = pd.client.post(&url).json(&body).timeout(timeout);
     if let Some(key) = &pd.api_key {
         call = call.bearer_auth(key);
     }
@@ -381,6 +581,9 @@ pub async fn start_decode(
         }
         Ok(r) if r.status() == StatusCode::MISDIRECTED_REQUEST => {
             let _ = control.cancel_destination().await;
+            let ReadFrom::Nixl(remote) = from else {
+                return Err(ApiError::internal(format!("{url} answered 421")));
+            };
             return Err(ApiError::invalid_field(
                 "kv_transfer_params",
                 format!(

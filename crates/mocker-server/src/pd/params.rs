@@ -1,5 +1,6 @@
 //! vLLM's `--kv-transfer-config` and a request's `kv_transfer_params`, as the NIXL
-//! connector reads them.
+//! connector reads them; SGLang's PD fields (`bootstrap_host`, `bootstrap_port`,
+//! `bootstrap_room`).
 
 use serde_json::Value;
 
@@ -88,6 +89,62 @@ pub enum KvTransfer {
     Prefill,
     /// Decode here from KV a remote prefill holds (`do_remote_prefill`).
     Decode(RemotePrefill),
+    /// SGLang's PD fields: the prefill and the decode server both get the request with
+    /// the prefill server's bootstrap address and a room number that pairs them.
+    Bootstrap(BootstrapRoom),
+}
+
+/// SGLang's PD fields of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootstrapRoom {
+    /// The prefill server's bootstrap host.
+    pub host: String,
+    /// Its bootstrap port.
+    pub port: u16,
+    /// The room pairing the two requests.
+    pub room: u64,
+}
+
+const BOOTSTRAP_FIELDS: [&str; 3] = ["bootstrap_host", "bootstrap_port", "bootstrap_room"];
+
+impl BootstrapRoom {
+    /// Reads SGLang's PD fields (`None` when all are absent or null; all three or none).
+    fn from_request(body: &Value) -> Result<Option<Self>, ApiError> {
+        let given: Vec<&str> =
+            BOOTSTRAP_FIELDS.into_iter().filter(|k| body.get(*k).is_some_and(|v| !v.is_null())).collect();
+        if given.is_empty() {
+            return Ok(None);
+        }
+        if let Some(missing) = BOOTSTRAP_FIELDS.into_iter().find(|k| !given.contains(k)) {
+            return Err(ApiError::invalid_field(
+                missing,
+                format!("{missing}: SGLang's PD requests carry bootstrap_host, bootstrap_port and bootstrap_room together"),
+            ));
+        }
+        let host = match &body["bootstrap_host"] {
+            Value::String(h) if !h.is_empty() => h.clone(),
+            other => {
+                return Err(ApiError::invalid_field(
+                    "bootstrap_host",
+                    format!("bootstrap_host: expected a non-empty string, got {other}"),
+                ))
+            }
+        };
+        let port = body["bootstrap_port"].as_u64().and_then(|n| u16::try_from(n).ok()).filter(|&n| n > 0);
+        let port = port.ok_or_else(|| {
+            ApiError::invalid_field(
+                "bootstrap_port",
+                format!("bootstrap_port: expected a port number 1-65535, got {}", body["bootstrap_port"]),
+            )
+        })?;
+        let room = body["bootstrap_room"].as_u64().ok_or_else(|| {
+            ApiError::invalid_field(
+                "bootstrap_room",
+                format!("bootstrap_room: expected a non-negative integer, got {}", body["bootstrap_room"]),
+            )
+        })?;
+        Ok(Some(Self { host, port, room }))
+    }
 }
 
 const FIELD: &str = "kv_transfer_params";
@@ -99,9 +156,13 @@ fn bad(message: impl std::fmt::Display) -> ApiError {
 impl KvTransfer {
     /// Reads `kv_transfer_params` from a request body (`None` when absent or null).
     pub fn from_request(body: &Value) -> Result<Self, ApiError> {
+        let room = BootstrapRoom::from_request(body)?;
         let Some(params) = body.get(FIELD).filter(|v| !v.is_null()) else {
-            return Ok(Self::None);
+            return Ok(room.map_or(Self::None, Self::Bootstrap));
         };
+        if room.is_some() {
+            return Err(bad("cannot be combined with SGLang's bootstrap_room (one PD protocol per request)"));
+        }
         let Value::Object(p) = params else {
             return Err(bad("expected a JSON object"));
         };
@@ -220,6 +281,31 @@ mod tests {
             assert_eq!(e.status, 400);
         }
         assert!(parse(json!([1])).is_err());
+    }
+
+    #[test]
+    fn sglang_pd_fields_parse_all_together() {
+        let r = KvTransfer::from_request(
+            &json!({"bootstrap_host": "127.0.0.1", "bootstrap_port": 8998, "bootstrap_room": 7}),
+        )
+        .unwrap();
+        assert_eq!(r, KvTransfer::Bootstrap(BootstrapRoom { host: "127.0.0.1".into(), port: 8998, room: 7 }));
+        for (body, field) in [
+            (json!({"bootstrap_host": "h", "bootstrap_port": 1}), "bootstrap_room"),
+            (json!({"bootstrap_host": "", "bootstrap_port": 1, "bootstrap_room": 0}), "bootstrap_host"),
+            (json!({"bootstrap_host": "h", "bootstrap_port": 0, "bootstrap_room": 0}), "bootstrap_port"),
+            (json!({"bootstrap_host": "h", "bootstrap_port": 1, "bootstrap_room": -1}), "bootstrap_room"),
+            (json!({"bootstrap_host": "h", "bootstrap_port": 1, "bootstrap_room": "1"}), "bootstrap_room"),
+            (
+                json!({"bootstrap_host": "h", "bootstrap_port": 1, "bootstrap_room": 1,
+                       "kv_transfer_params": {"do_remote_decode": true}}),
+                FIELD,
+            ),
+        ] {
+            let e = KvTransfer::from_request(&body).unwrap_err();
+            assert_eq!(e.status, 400, "{body}");
+            assert_eq!(e.param.as_deref(), Some(field), "{body}");
+        }
     }
 
     #[test]
