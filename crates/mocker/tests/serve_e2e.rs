@@ -591,7 +591,7 @@ fn worker_type_makes_prefill_only_and_decode_only_servers() {
             ][..],
             "conflicts",
         ),
-        (&["--engine-args", r#"{"worker_type": "decode", "backend": "sglang"}"#][..], "engine.worker_type"),
+        (&["--engine-args", r#"{"worker_type": "decode", "backend": "trtllm"}"#][..], "engine.worker_type"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_mocker"))
             .args(["serve", "--port", "0"])
