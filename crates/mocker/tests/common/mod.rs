@@ -38,20 +38,28 @@ pub struct Server {
 impl Server {
     pub fn start(extra: &[&str]) -> Self {
         let tokenizer = repo_root().join("tests/fixtures/tokenizers/all-minilm-l6-v2");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mocker"))
-            .args([
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--model-name",
-                "mocker-test",
-                "--api-key",
-                KEY,
-            ])
-            .arg("--tokenizer")
-            .arg(&tokenizer)
+        Self::start_with_tokenizer(Some(&tokenizer), extra)
+    }
+
+    /// As [`Server::start`], with `tokenizer` (a folder or `tokenizer.json`) instead of the
+    /// small WordPiece fixture, or with none: mocker's built-in word tokenizer.
+    pub fn start_with_tokenizer(tokenizer: Option<&std::path::Path>, extra: &[&str]) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_mocker"));
+        command.args([
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--model-name",
+            "mocker-test",
+            "--api-key",
+            KEY,
+        ]);
+        if let Some(tokenizer) = tokenizer {
+            command.arg("--tokenizer").arg(tokenizer);
+        }
+        let mut child = command
             .args(extra)
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
