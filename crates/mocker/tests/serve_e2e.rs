@@ -152,15 +152,7 @@ fn lora_adapters_are_loaded_picked_batched_and_published_as_in_vllm() {
         (&["--enable-lora", "--lora-modules", "a=/x", "a=/y"][..], "already been loaded"),
         (&["--enable-lora", "--engine-args", r#"{"backend": "sglang"}"#][..], "not sglang"),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_mocker"))
-            .args(["serve", "--port", "0"])
-            .args(args)
-            .stdout(Stdio::null())
-            .output()
-            .expect("mocker runs");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(stderr.contains(named), "{args:?}: {stderr}");
+        assert_serve_refuses(args, named);
     }
 }
 
@@ -219,15 +211,7 @@ fn disaggregated_prefill_and_decode_servers_hand_off_kv_as_vllm_nixl_does() {
         (&["--kv-transfer-config", r#"{"kv_connector": "NixlConnector", "kv_role": "x"}"#][..], "kv_role"),
         (&["--kv-abort-timeout-seconds", "5"][..], "needs --kv-transfer-config"),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_mocker"))
-            .args(["serve", "--port", "0"])
-            .args(args)
-            .stdout(Stdio::null())
-            .output()
-            .expect("mocker runs");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(stderr.contains(named), "{args:?}: {stderr}");
+        assert_serve_refuses(args, named);
     }
 }
 
@@ -273,15 +257,7 @@ fn a_prefill_decode_deployment_serves_plain_clients_through_its_front() {
             "vllm",
         ),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_mocker"))
-            .args(["serve", "--port", "0"])
-            .args(args)
-            .stdout(Stdio::null())
-            .output()
-            .expect("mocker runs");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(stderr.contains(named), "{args:?}: {stderr}");
+        assert_serve_refuses(args, named);
     }
 }
 
@@ -529,23 +505,44 @@ fn sglang_prefill_and_decode_servers_meet_in_bootstrap_rooms() {
         ),
         (r#"{"backend": "trtllm", "worker_type": "prefill"}"#, "trtllm"),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_mocker"))
-            .args(["serve", "--port", "0", "--engine-args", args])
-            .stdout(Stdio::null())
-            .output()
-            .expect("mocker runs");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args}: {stderr}");
-        assert!(stderr.contains(named), "{args}: {stderr}");
+        assert_serve_refuses(&["--engine-args", args], named);
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_mocker"))
-        .args(["serve", "--port", "0", "--engine-args", r#"{"backend": "sglang", "worker_type": "prefill"}"#])
-        .args(["--kv-transfer-config", r#"{"kv_connector": "NixlConnector", "kv_role": "kv_producer"}"#])
+    assert_serve_refuses(
+        &[
+            "--engine-args",
+            r#"{"backend": "sglang", "worker_type": "prefill"}"#,
+            "--kv-transfer-config",
+            r#"{"kv_connector": "NixlConnector", "kv_role": "kv_producer"}"#,
+        ],
+        "--kv-transfer-config",
+    );
+}
+
+/// `mocker serve --port 0 args` exits 2 naming `named` on stderr (within 30 s: a server
+/// that starts instead is killed and the test fails, rather than hanging).
+fn assert_serve_refuses(args: &[&str], named: &str) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mocker"))
+        .args(["serve", "--port", "0"])
+        .args(args)
         .stdout(Stdio::null())
-        .output()
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("mocker runs");
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--kv-transfer-config"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waits") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{args:?}: mocker serve started instead of refusing");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(stderr.contains(named), "{args:?}: {stderr}");
 }
 
 /// Engine-args `worker_type` (or `is_prefill` / `is_decode`) makes a prefill-only or
@@ -593,15 +590,7 @@ fn worker_type_makes_prefill_only_and_decode_only_servers() {
         ),
         (&["--engine-args", r#"{"worker_type": "decode", "backend": "trtllm"}"#][..], "engine.worker_type"),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_mocker"))
-            .args(["serve", "--port", "0"])
-            .args(args)
-            .stdout(Stdio::null())
-            .output()
-            .expect("mocker runs");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(stderr.contains(named), "{args:?}: {stderr}");
+        assert_serve_refuses(args, named);
     }
 }
 
@@ -715,13 +704,6 @@ fn bad_flags_exit_2_naming_the_field() {
         (&["--num-workers", "0"][..], "--num-workers"),
         (&["--image-tokens", "0"][..], "--image-tokens"),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_mocker"))
-            .args(["serve", "--port", "0"])
-            .args(args)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert_serve_refuses(args, needle);
     }
 }
