@@ -41,8 +41,14 @@ fn workdir(name: &str) -> PathBuf {
 }
 
 fn aiperf_on(server_tokenizer: Option<&Path>, name: &str) {
+    aiperf_on_server(server_tokenizer, &[], name);
+}
+
+fn aiperf_on_server(server_tokenizer: Option<&Path>, extra: &[&str], name: &str) {
     let Some(aiperf) = client("MOCKER_AIPERF", name) else { return };
-    let server = Server::start_with_tokenizer(server_tokenizer, &["--speedup-ratio", "10"]);
+    let mut args = vec!["--speedup-ratio", "10"];
+    args.extend_from_slice(extra);
+    let server = Server::start_with_tokenizer(server_tokenizer, &args);
     let dir = workdir(name);
     let same = if server_tokenizer.is_some() { "yes" } else { "no" };
     for endpoint in ["chat", "completions"] {
@@ -71,6 +77,14 @@ fn aiperf_on(server_tokenizer: Option<&Path>, name: &str) {
 #[test]
 fn aiperf_measures_the_requested_osl_with_the_servers_qwen3_tokenizer() {
     aiperf_on(Some(&qwen3()), "aiperf_qwen3");
+}
+
+/// The same through a disaggregated deployment's front (`--prefill-workers 1
+/// --decode-workers 1`): every request is a prefill and a decode with a KV handoff, and
+/// aiperf sees a plain server with 0 errors and the requested OSL on both endpoints.
+#[test]
+fn aiperf_measures_the_requested_osl_through_a_prefill_decode_front() {
+    aiperf_on_server(Some(&qwen3()), &["--prefill-workers", "1", "--decode-workers", "1"], "aiperf_pd_front");
 }
 
 /// mocker's built-in word tokenizer, aiperf counting with Qwen3's: the output words are
