@@ -47,8 +47,8 @@ impl Rooms {
         self.table.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Whether a prefill already holds or awaits a reader in `room` (a second prefill for
-    /// the same room is refused before it runs).
+    /// Whether a prefill already holds its KV in `room` (a second prefill for the same room
+    /// is refused before it runs; [`Self::deliver`] refuses one that raced past this).
     pub(super) fn is_held(&self, room: u64) -> bool {
         matches!(self.table().get(&room), Some(Room::Held { .. }))
     }
