@@ -2,80 +2,19 @@
 //! passes behind one barrier, sleeps each modelled duration on tokio's clock and dispatches
 //! the outputs to the request streams at the pass end, before the next pass can start.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use mocker_core::metrics::ForwardPassMetrics;
 use mocker_core::wave::Waves;
 use mocker_core::SeqKey;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::command::{CancelMsg, Command};
 use crate::error::LiveError;
-use crate::handoff::HandoffRoute;
 use crate::rank::RankState;
-use crate::request::{ObservedAdmission, Registered};
-
-/// Commands applied at pass boundaries (or at once when idle).
-#[derive(Debug)]
-pub(crate) enum Command {
-    Submit {
-        rank: u32,
-        reg: Registered,
-        reply: oneshot::Sender<Result<(), LiveError>>,
-    },
-    ResetPrefixCache {
-        rank: u32,
-        reply: oneshot::Sender<Result<(), LiveError>>,
-    },
-    /// Abort every request of the rank, then drop its prefix cache (vLLM's sleep); the
-    /// reply is how many requests were aborted.
-    AbortAllAndReset {
-        rank: u32,
-        reply: oneshot::Sender<Result<usize, LiveError>>,
-    },
-    /// Submit one side of a handoff: the source (held after finishing) or the destination
-    /// (reserved until activated).
-    SubmitHandoff {
-        rank: u32,
-        reg: Registered,
-        route: Arc<HandoffRoute>,
-        source: bool,
-        reply: oneshot::Sender<Result<(), LiveError>>,
-    },
-    /// A handoff lifecycle command; the reply says whether it was applied.
-    Handoff {
-        rank: u32,
-        route: Arc<HandoffRoute>,
-        op: HandoffOp,
-        reply: oneshot::Sender<bool>,
-    },
-}
-
-/// Handoff lifecycle commands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum HandoffOp {
-    ReleaseSource,
-    CancelSource,
-    CancelDestination,
-    ActivateDestination,
-}
-
-/// Messages of the cancellation lane, served even in the middle of a pass.
-#[derive(Debug)]
-pub(crate) enum CancelMsg {
-    /// Cancel one submission; the reply says whether anything was cancelled.
-    Cancel { rank: u32, sched_id: u128, reply: Option<oneshot::Sender<bool>> },
-    /// The rank's last handle is gone: retire its requests only.
-    Retire { rank: u32 },
-}
-
-/// Weak ends of both lanes: request streams never keep the actor alive.
-#[derive(Debug, Clone)]
-pub(crate) struct Lanes {
-    pub cancel: mpsc::WeakSender<CancelMsg>,
-}
+use crate::signal::ObservedAdmission;
 
 /// The actor of one group.
 pub(crate) struct Actor {

@@ -1,18 +1,15 @@
-//! Disaggregated handoff at the engine level (live.md §7): lifecycle routes keyed by
-//! handoff id, with generations so that a stale control never touches a newer
-//! registration, and the KV transfer delay formula.
+//! Disaggregated handoff records (live.md §7): ids, lifecycle events, the KV transfer
+//! delay formula, and each rank's table of lifecycle routes keyed by handoff id, with
+//! generations so that a stale control never touches a newer registration.
 
 use std::sync::{Arc, Mutex, Weak};
 
 use mocker_core::config::{Backend, EngineConfig, KvTransferTimingMode};
 use rustc_hash::FxHashMap;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use crate::actor::{Command, HandoffOp};
-use crate::engine::{LiveEngine, Rank};
 use crate::error::LiveError;
-use crate::request::LiveRequestRegistration;
 
 /// Identity of one disaggregated handoff (shared by its source and destination).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -125,72 +122,21 @@ pub(crate) struct HandoffTable {
 }
 
 impl HandoffTable {
-    pub fn close_all(&mut self) {
-        for (_, r) in self.registered.drain() {
-            r.close();
-        }
-        self.latest.retain(|_, w| w.strong_count() > 0);
-    }
-
-    pub fn len(&self) -> usize {
-        self.registered.len()
-    }
-}
-
-/// Receives a handoff's lifecycle events; dropping it unregisters the route (the control
-/// keeps working on the latest generation).
-#[derive(Debug)]
-pub struct LiveHandoffEvents {
-    rx: mpsc::Receiver<HandoffEvent>,
-    route: Arc<HandoffRoute>,
-    rank: Weak<Rank>,
-}
-
-impl LiveHandoffEvents {
-    /// The next event, or `None` once the route or the engine is gone.
-    pub async fn recv(&mut self) -> Option<HandoffEvent> {
-        self.rx.recv().await
-    }
-}
-
-impl Drop for LiveHandoffEvents {
-    fn drop(&mut self) {
-        if let Some(rank) = self.rank.upgrade() {
-            let mut t = rank.shared.handoffs.lock().expect("handoffs");
-            if t.registered.get(&self.route.id).is_some_and(|r| Arc::ptr_eq(r, &self.route)) {
-                t.registered.remove(&self.route.id);
-            }
-        }
-        self.route.close();
-    }
-}
-
-/// Drives one handoff registration. Cheap to clone; never keeps the engine alive.
-#[derive(Debug, Clone)]
-pub struct LiveHandoffControl {
-    route: Arc<HandoffRoute>,
-    rank: Weak<Rank>,
-}
-
-impl LiveEngine {
-    /// Registers a lifecycle route for handoff `id`.
-    pub fn register_handoff(
-        &self,
+    /// Registers a new generation of `id`: refused while one is registered, or while an
+    /// older generation's command is still in flight.
+    pub fn register(
+        &mut self,
         id: HandoffId,
-    ) -> Result<(LiveHandoffControl, LiveHandoffEvents), LiveError> {
-        if !self.is_running() {
-            return Err(LiveError::NotRunning);
-        }
-        let rank = self.rank();
-        let mut t = rank.shared.handoffs.lock().expect("handoffs");
-        if t.registered.contains_key(&id) {
+    ) -> Result<(Arc<HandoffRoute>, mpsc::Receiver<HandoffEvent>), LiveError> {
+        if self.registered.contains_key(&id) {
             return Err(LiveError::HandoffRouteExists(id.0));
         }
-        if let Some(prev) = t.latest.get(&id).and_then(Weak::upgrade) {
+        if let Some(prev) = self.latest.get(&id).and_then(Weak::upgrade) {
             if prev.command_lock.try_lock().is_err() {
                 return Err(LiveError::HandoffCommandInProgress(id.0));
             }
         }
+        // A route gets at most two events; 8 leaves room without ever blocking the actor.
         let (tx, rx) = mpsc::channel(8);
         let route = Arc::new(HandoffRoute {
             id,
@@ -199,104 +145,52 @@ impl LiveEngine {
             destination: Mutex::new(None),
             command_lock: tokio::sync::Mutex::new(()),
         });
-        t.registered.insert(id, route.clone());
-        t.latest.insert(id, Arc::downgrade(&route));
-        drop(t);
-        let weak = Arc::downgrade(rank);
-        Ok((
-            LiveHandoffControl { route: route.clone(), rank: weak.clone() },
-            LiveHandoffEvents { rx, route, rank: weak },
-        ))
-    }
-}
-
-impl LiveHandoffControl {
-    /// The handoff id.
-    pub fn id(&self) -> HandoffId {
-        self.route.id
+        self.registered.insert(id, route.clone());
+        self.latest.insert(id, Arc::downgrade(&route));
+        Ok((route, rx))
     }
 
-    fn engine(&self) -> Result<LiveEngine, LiveError> {
-        self.rank.upgrade().map(LiveEngine::from_rank).ok_or(LiveError::EngineGone)
-    }
-
-    /// Strict generation check: this route must be the registered one.
-    fn check_registered(&self, e: &LiveEngine) -> Result<(), LiveError> {
-        let t = e.rank().shared.handoffs.lock().expect("handoffs");
-        match t.registered.get(&self.route.id) {
-            Some(r) if Arc::ptr_eq(r, &self.route) => Ok(()),
-            Some(_) => Err(LiveError::StaleHandoffControl(self.route.id.0)),
-            None if self.is_latest(&t) => Err(LiveError::HandoffRouteGone(self.route.id.0)),
-            None => Err(LiveError::StaleHandoffControl(self.route.id.0)),
+    /// Unregisters `route` if it is still the registered generation of its id.
+    pub fn unregister(&mut self, route: &Arc<HandoffRoute>) {
+        if self.registered.get(&route.id).is_some_and(|r| Arc::ptr_eq(r, route)) {
+            self.registered.remove(&route.id);
         }
     }
 
-    fn is_latest(&self, t: &HandoffTable) -> bool {
-        t.latest.get(&self.route.id).is_some_and(|w| w.as_ptr() == Arc::as_ptr(&self.route))
+    fn is_latest(&self, route: &Arc<HandoffRoute>) -> bool {
+        self.latest.get(&route.id).is_some_and(|w| w.as_ptr() == Arc::as_ptr(route))
     }
 
-    /// Lenient generation check: this route must be the latest registration.
-    fn check_latest(&self, e: &LiveEngine) -> Result<(), LiveError> {
-        let t = e.rank().shared.handoffs.lock().expect("handoffs");
-        if self.is_latest(&t) {
+    /// Strict generation check: `route` must be the registered one.
+    pub fn check_registered(&self, route: &Arc<HandoffRoute>) -> Result<(), LiveError> {
+        match self.registered.get(&route.id) {
+            Some(r) if Arc::ptr_eq(r, route) => Ok(()),
+            Some(_) => Err(LiveError::StaleHandoffControl(route.id.0)),
+            None if self.is_latest(route) => Err(LiveError::HandoffRouteGone(route.id.0)),
+            None => Err(LiveError::StaleHandoffControl(route.id.0)),
+        }
+    }
+
+    /// Lenient generation check: `route` must be the latest registration (its events may
+    /// already be gone).
+    pub fn check_latest(&self, route: &Arc<HandoffRoute>) -> Result<(), LiveError> {
+        if self.is_latest(route) {
             Ok(())
         } else {
-            Err(LiveError::StaleHandoffControl(self.route.id.0))
+            Err(LiveError::StaleHandoffControl(route.id.0))
         }
     }
 
-    async fn submit(&self, registration: LiveRequestRegistration, source: bool) -> Result<(), LiveError> {
-        let _lock = self.route.command_lock.lock().await;
-        let e = self.engine()?;
-        self.check_registered(&e)?;
-        e.submit_handoff(registration, self.route.clone(), source).await
-    }
-
-    /// Submits the prefill (source) side: it streams like any request and, once finished,
-    /// holds its KV and reports `SourceHeld` until released or cancelled.
-    pub async fn submit_prefill(&self, registration: LiveRequestRegistration) -> Result<(), LiveError> {
-        self.submit(registration, true).await
-    }
-
-    /// Reserves the decode (destination) side's prompt blocks; reports
-    /// `DestinationReserved`. Its stream yields tokens after `activate_destination`.
-    pub async fn reserve_destination(&self, registration: LiveRequestRegistration) -> Result<(), LiveError> {
-        self.submit(registration, false).await
-    }
-
-    async fn op(&self, op: HandoffOp) -> Result<bool, LiveError> {
-        let _lock = self.route.command_lock.lock().await;
-        let e = self.engine()?;
-        self.check_latest(&e)?;
-        if !e.is_running() {
-            return Err(LiveError::NotRunning);
+    /// Closes every route's event stream (the rank stopped).
+    pub fn close_all(&mut self) {
+        for (_, r) in self.registered.drain() {
+            r.close();
         }
-        let (tx, rx) = oneshot::channel();
-        e.command(Command::Handoff { rank: e.dp_rank(), route: self.route.clone(), op, reply: tx }).await?;
-        rx.await.map_err(|_| LiveError::CommandAckDropped)
+        self.latest.retain(|_, w| w.strong_count() > 0);
     }
 
-    /// Frees the held source KV (after the transfer). `Ok(false)`: nothing was held.
-    pub async fn release_source(&self) -> Result<bool, LiveError> {
-        self.op(HandoffOp::ReleaseSource).await
-    }
-
-    /// Cancels the source, held or still running. `Ok(false)`: nothing to cancel.
-    pub async fn cancel_source(&self) -> Result<bool, LiveError> {
-        self.op(HandoffOp::CancelSource).await
-    }
-
-    /// Cancels the destination and frees its reservation. `Ok(false)`: nothing to cancel.
-    pub async fn cancel_destination(&self) -> Result<bool, LiveError> {
-        self.op(HandoffOp::CancelDestination).await
-    }
-
-    /// Activates the reserved destination (its KV has arrived): it starts decoding.
-    pub async fn activate_destination(&self) -> Result<(), LiveError> {
-        if self.op(HandoffOp::ActivateDestination).await? {
-            Ok(())
-        } else {
-            Err(LiveError::UnexpectedHandoffResult(self.route.id.0, "Noop".into()))
-        }
+    /// Registered routes.
+    pub fn len(&self) -> usize {
+        self.registered.len()
     }
 }

@@ -12,12 +12,12 @@ use rustc_hash::FxHashMap;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::actor::HandoffOp;
-use crate::engine::{FpmSink, KvEventSink};
+use crate::command::{HandoffOp, Registered};
 use crate::error::LiveError;
 use crate::handoff::{HandoffEvent, HandoffRoute, HandoffTransferTiming};
-use crate::request::{ObservedAdmission, OutputSignal, Registered};
+use crate::options::{FpmSink, KvEventSink};
 use crate::route::{RankShared, Route, RouteState};
+use crate::signal::{ObservedAdmission, OutputSignal};
 
 pub(crate) struct Slot {
     pub(crate) route: Arc<Route>,
