@@ -2,11 +2,16 @@
 subscriber of vLLM-format ZMQ KV events). Not part of CI: it needs the reference wheel.
 
     cargo build --release -p mocker
-    /work/refvenv/bin/python tests/python/indexer_check_serve.py target/release/mocker
+    /work/refvenv/bin/python tests/python/indexer_check_serve.py target/release/mocker [--pd]
 
 Sends completions (token-id prompts) to the server, then asks the indexer for each prompt's
 overlap: it must equal the cached full blocks the server reported on a repeat of the prompt
 (usage.prompt_tokens_details.cached_tokens), in tokens.
+
+With `--pd` it runs the same check on both sides of a disaggregated pair: a prefill and a
+decode server (`--kv-transfer-config` kv_both, each with its own indexer), each prompt sent
+as vLLM's P/D proxy does (prefill with `do_remote_decode`, then decode with the returned
+`kv_transfer_params`). Each side's indexer must match what that side reports cached.
 """
 
 import json
@@ -29,8 +34,65 @@ def complete(port, prompt, max_tokens):
         return json.loads(r.read())["usage"]
 
 
+def post(port, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def start_server(mocker, http_port, pub_port, extra=()):
+    return subprocess.Popen([mocker, "serve", "--port", str(http_port), "--block-size", str(BLOCK),
+                             "--num-gpu-blocks", "40", "--speedup-ratio", "100",
+                             "--kv-events-endpoint", f"tcp://127.0.0.1:{pub_port}", *extra],
+                            stderr=subprocess.DEVNULL)
+
+
+def main_pd(mocker):
+    both = ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})]
+    sides = {name: (free_port(), free_port()) for name in ("prefill", "decode")}
+    procs = [start_server(mocker, h, z, both) for h, z in sides.values()]
+    try:
+        time.sleep(1.0)
+        indexers = {}
+        for name, (_, pub_port) in sides.items():
+            idx, idx_port = start_indexer(BLOCK, pub_port)
+            procs.append(idx)
+            indexers[name] = idx_port
+        time.sleep(1.5)
+        shared = list(range(500, 564))
+        prompts = [shared + list(range(1, 37)), shared + list(range(40, 90)), list(range(2000, 2300))]
+        (p_http, _), (d_http, _) = sides["prefill"], sides["decode"]
+        checks = []
+        for p in prompts:
+            first = post(p_http, {"prompt": p, "max_tokens": 1, "kv_transfer_params": {
+                "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                "remote_block_ids": None, "remote_host": None, "remote_port": None}})
+            params = first["kv_transfer_params"]
+            decoded = post(d_http, {"prompt": p, "max_tokens": 8, "kv_transfer_params": params})
+            assert decoded["usage"]["completion_tokens"] == 8, decoded["usage"]
+            time.sleep(0.5)
+            for name, (port, _) in sides.items():
+                indexed = longest(score(indexers[name], p))
+                cached = complete(port, p, 1)["prompt_tokens_details"]["cached_tokens"]
+                checks.append({"side": name, "prompt_len": len(p), "server_cached_tokens_on_repeat": cached,
+                               "indexer_matched_tokens": indexed})
+        ok = all(c["server_cached_tokens_on_repeat"] == c["indexer_matched_tokens"] for c in checks)
+        # The check means something only if each side cached something.
+        ok &= all(any(c["side"] == n and c["indexer_matched_tokens"] > 0 for c in checks) for n in sides)
+        print(json.dumps({"checks": checks, "ok": ok}, indent=1))
+        return 0 if ok else 1
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=10)
+
+
 def main():
     mocker = sys.argv[1]
+    if "--pd" in sys.argv[2:]:
+        return main_pd(mocker)
     http_port, pub_port = free_port(), free_port()
     server = subprocess.Popen([mocker, "serve", "--port", str(http_port), "--block-size", str(BLOCK),
                                "--num-gpu-blocks", "40", "--speedup-ratio", "100",
