@@ -7,7 +7,10 @@
 //!   compared, in the same run, with a bare axum SSE server streaming the same number of
 //!   frames of the same size (the machine's physical limit). Goal: ≥ 70% of it, no errors.
 //!
-//! Options (env): MOCKER_BENCH_STREAMS (default 2000), MOCKER_BENCH_TOKENS (default 100).
+//! Options (env): MOCKER_BENCH_STREAMS (default 2000), MOCKER_BENCH_TOKENS (default 100),
+//! MOCKER_BENCH_TOKENIZER (absolute path of a tokenizer.json or its directory, e.g.
+//! $PWD/tests/fixtures/tokenizers/qwen3, for the load part; default the built-in one), so a
+//! profile of the load part shows what a real tokenizer costs per streamed token.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -19,17 +22,20 @@ use axum::Router;
 use futures_util::StreamExt;
 use mocker_core::config::LaunchConfig;
 use mocker_core::{Engine, EngineOptions, Request};
-use mocker_server::{BoundServer, ServerOptions};
+use mocker_server::{BoundServer, ServerOptions, Tokenizer};
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-async fn start_mocker(config: &str) -> SocketAddr {
+async fn start_mocker(config: &str, tokenizer: Option<&str>) -> SocketAddr {
     let launch = LaunchConfig::from_json_str(config).expect("bench config");
-    let server = BoundServer::bind(ServerOptions::new("127.0.0.1:0".parse().unwrap(), launch), Vec::new())
-        .await
-        .expect("server binds");
+    let mut options = ServerOptions::new("127.0.0.1:0".parse().unwrap(), launch);
+    if let Some(path) = tokenizer {
+        options.tokenizer =
+            Tokenizer::from_path(std::path::Path::new(path)).expect("MOCKER_BENCH_TOKENIZER loads");
+    }
+    let server = BoundServer::bind(options, Vec::new()).await.expect("server binds");
     let addr = server.local_addr();
     tokio::spawn(server.serve(std::future::pending()));
     addr
@@ -122,7 +128,7 @@ fn modelled_ms(prompt: usize, tokens: usize) -> Vec<f64> {
 
 async fn timing() {
     let (prompt, tokens) = (2048, 64);
-    let addr = start_mocker("").await;
+    let addr = start_mocker("", None).await;
     let client = reqwest::Client::new();
     let url = format!("http://{addr}/v1/completions");
     // Warm the connection with a prompt that shares no block with the measured one.
@@ -164,12 +170,14 @@ async fn load_vs_bare() {
         streams * 4 + 64
     );
     let bare = start_bare(tokens).await;
-    let mocker = start_mocker(&config).await;
+    let tokenizer = std::env::var("MOCKER_BENCH_TOKENIZER").ok();
+    let mocker = start_mocker(&config, tokenizer.as_deref()).await;
     let (bf, be, bt) = load(bare, streams, tokens).await;
     let (mf, me, mt) = load(mocker, streams, tokens).await;
     let b_rate = bf as f64 / bt.as_secs_f64();
     let m_rate = mf as f64 / mt.as_secs_f64();
-    println!("load: {streams} concurrent streams x {tokens} tokens");
+    let with = tokenizer.as_deref().unwrap_or("the built-in tokenizer");
+    println!("load: {streams} concurrent streams x {tokens} tokens, {with}");
     println!("  bare axum SSE: {bf} frames in {:.2} s = {b_rate:.0} tokens/s, {be} errors", bt.as_secs_f64());
     println!("  mocker serve:  {mf} frames in {:.2} s = {m_rate:.0} tokens/s, {me} errors", mt.as_secs_f64());
     println!("  ratio mocker/bare: {:.2} (goal >= 0.70)", m_rate / b_rate);
