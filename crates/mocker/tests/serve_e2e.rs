@@ -398,7 +398,7 @@ fn sglang_prefill_and_decode_servers_meet_in_bootstrap_rooms() {
         "--block-size",
         "16",
         "--engine-args",
-        r#"{"backend": "sglang", "worker_type": "decode", "handoff_session_timeout_ms": 1500}"#,
+        r#"{"backend": "sglang", "worker_type": "decode", "handoff_session_timeout_ms": 700}"#,
     ]);
     let prompt = (100..165).map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
     let body = |room: u64, port: u16| {
@@ -458,11 +458,15 @@ fn sglang_prefill_and_decode_servers_meet_in_bootstrap_rooms() {
     let (status, text) = http(&prefill.base, "POST", "/v1/completions", &[], &body(8, port));
     assert_eq!(status, 504, "{text}");
     assert!(text.contains("bootstrap room 8"), "{text}");
-    // A decode whose prefill never comes computes the prompt itself, and says so.
+    // A decode whose prefill never comes computes the prompt itself, and says so, after its
+    // own session timeout (700 ms), not the prefill server's (1500 ms).
     // (A prompt the decode server has not cached yet.)
     let fresh = body(9, port).replace("[100,", "[99,");
+    let asked = Instant::now();
     let (status, text) = http(&decode.base, "POST", "/v1/completions", &[], &fresh);
+    let waited = asked.elapsed();
     assert_eq!(status, 200, "{text}");
+    assert!(waited >= Duration::from_millis(700) && waited < Duration::from_millis(1400), "{waited:?}");
     assert_eq!(usage(&text)["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0), 0, "{text}");
     let metrics = http(&decode.base, "GET", "/metrics", &[], "").1;
     assert_eq!(counter(&metrics, "mocker:kv_transfer_recomputes_total"), 1.0);

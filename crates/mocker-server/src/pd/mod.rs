@@ -440,11 +440,14 @@ struct RoomRead {
     bootstrap_room: u64,
     /// Prompt tokens the decode side lacks (`destination_missing` charges these).
     missing_tokens: usize,
+    /// How long the reader waits for the room's prefill: its own session timeout, so each
+    /// side waits at most its own `handoff_session_timeout_ms`.
+    wait_ms: u64,
 }
 
 /// `POST /mocker/bootstrap/read` on a prefill server's bootstrap port: waits (at most the
-/// session timeout) for the room's prefill, then answers once the modelled transfer is
-/// over and the prefill's blocks are freed.
+/// shorter of the two sides' session timeouts) for the room's prefill, then answers once
+/// the modelled transfer is over and the prefill's blocks are freed.
 pub async fn bootstrap_read_handler(
     State(state): State<Arc<AppState>>,
     request: Request,
@@ -466,16 +469,19 @@ pub async fn bootstrap_read_handler(
     })?;
     let (held, done) = match taken {
         Taken::Ready(handover) => handover,
-        Taken::Wait(arrival) => match tokio::time::timeout(rooms.timeout, arrival).await {
-            Ok(Ok(handover)) => handover,
-            _ => {
-                rooms.forget_reader(b.bootstrap_room);
-                return Err(not_found(format!(
-                    "read: no prefill came to bootstrap room {} within {:?}",
-                    b.bootstrap_room, rooms.timeout
-                )));
+        Taken::Wait(arrival) => {
+            let wait = rooms.timeout.min(Duration::from_millis(b.wait_ms));
+            match tokio::time::timeout(wait, arrival).await {
+                Ok(Ok(handover)) => handover,
+                _ => {
+                    rooms.forget_reader(b.bootstrap_room);
+                    return Err(not_found(format!(
+                        "read: no prefill came to bootstrap room {} within {wait:?}",
+                        b.bootstrap_room
+                    )));
+                }
             }
-        },
+        }
     };
     let delay_ms = held.timing.delay_ms(Some(b.missing_tokens)).unwrap_or(0.0);
     // Spawned: the transfer ends and the blocks are freed even if the reader goes away.
@@ -564,10 +570,13 @@ pub async fn start_decode(
             (url, serde_json::to_value(body).expect("plain JSON"), pd.abort_timeout)
         }
         ReadFrom::Room(b) => {
-            let body = RoomRead { bootstrap_room: b.room, missing_tokens: missing };
+            let wait_ms = pd.session_timeout.as_millis().min(u64::MAX as u128) as u64;
+            let body = RoomRead { bootstrap_room: b.room, missing_tokens: missing, wait_ms };
             let url = format!("http://{}:{}/mocker/bootstrap/read", b.host, b.port);
-            // The prefill side waits up to the session timeout for the prefill, then transfers.
-            (url, serde_json::to_value(body).expect("plain JSON"), pd.session_timeout * 2)
+            // The prefill server bounds the wait for its prefill by `wait_ms`; the modelled
+            // transfer follows. The client timeout only guards against a stuck peer, with
+            // vLLM's abort timeout as the bound on any transfer.
+            (url, serde_json::to_value(body).expect("plain JSON"), pd.session_timeout + pd.abort_timeout)
         }
     };
     let mut call = pd.client.post(&url).json(&body).timeout(timeout);
