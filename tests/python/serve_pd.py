@@ -32,17 +32,18 @@ MODEL = "mocker-test"
 BYTES_PER_TOKEN, BANDWIDTH_GB_S = 131072, 0.05
 
 
-def metric(base, name):
+def metric(base, name, **labels):
     total = 0.0
     for family in text_string_to_metric_families(httpx.get(f"{base}/metrics").text):
         for s in family.samples:
-            if s.name == name:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
                 total += s.value
     return total
 
 
-def subscribe(endpoint, stored, stop):
-    """Collects the block hashes of every BlockStored event published on `endpoint`."""
+def subscribe(endpoint, stored, stop, removed=None):
+    """Collects the block hashes of every BlockStored (and BlockRemoved) event published on
+    `endpoint`."""
     sock = zmq.Context.instance().socket(zmq.SUB)
     sock.setsockopt(zmq.SUBSCRIBE, b"")
     sock.setsockopt(zmq.RCVTIMEO, 100)
@@ -55,6 +56,8 @@ def subscribe(endpoint, stored, stop):
         for event in msgspec.msgpack.decode(frames[-1])[1]:
             if event[0] == "BlockStored":
                 stored.extend(event[1])
+            elif event[0] == "BlockRemoved" and removed is not None:
+                removed.extend(event[1])
     sock.close()
 
 
@@ -104,7 +107,8 @@ def main():
     http = httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=60)
     stop = threading.Event()
     stored = {"prefill": [], "decode": []}
-    subs = [threading.Thread(target=subscribe, args=(e, stored[side], stop))
+    removed = []
+    subs = [threading.Thread(target=subscribe, args=(e, stored[side], stop, removed if side == "prefill" else None), daemon=True)
             for side, e in (("prefill", sys.argv[5]), ("decode", sys.argv[6]))]
     for t in subs:
         t.start()
@@ -141,6 +145,9 @@ def main():
     prompt_blocks = prompt_tokens // 16
     assert len(stored["prefill"]) >= prompt_blocks, stored
     assert stored["prefill"][:prompt_blocks] == stored["decode"][:prompt_blocks], stored
+    # Read and released, the prefill's blocks stay cached, as in vLLM: no BlockRemoved yet.
+    first_prompt = stored["prefill"][:prompt_blocks]
+    assert not set(first_prompt) & set(removed), "freed blocks stay cached until evicted"
 
     # Streamed chat and non-streamed completions through the same flow.
     chat = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_completion_tokens": 12,
@@ -200,8 +207,45 @@ def main():
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
     assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == r.json()["usage"]["prompt_tokens"], r.text
 
+    # A client that leaves during the transfer cancels the decode: its reserved blocks are
+    # freed, and the prefill side frees its held blocks once the transfer it started ends.
+    leaving = {"model": MODEL, "prompt": list(range(3000, 3160)), "max_tokens": 8}
+    p = dict(leaving, max_tokens=1, kv_transfer_params={"do_remote_decode": True})
+    r = http.post(f"{prefill}/v1/completions", json=p)
+    assert r.status_code == 200, r.text
+    d = dict(leaving, stream=True, kv_transfer_params=r.json()["kv_transfer_params"])
+    finished_before = metric(decode, "vllm:request_success_total", finished_reason="length")
+    try:
+        # The transfer takes 419 ms: this client gives up long before its first token.
+        with httpx.stream("POST", f"{decode}/v1/completions", json=d, timeout=0.15,
+                          headers={"Authorization": f"Bearer {key}"}) as r:
+            for _ in r.iter_lines():
+                raise AssertionError("no token can come before the transfer ends")
+    except httpx.TimeoutException:
+        pass
+    assert metric(prefill, "vllm:kv_cache_usage_perc") > 0, "the transfer is still under way"
+    deadline = time.time() + 5
+    while time.time() < deadline and (metric(decode, "vllm:kv_cache_usage_perc") > 0
+                                      or metric(prefill, "vllm:kv_cache_usage_perc") > 0):
+        time.sleep(0.05)
+    assert metric(decode, "vllm:kv_cache_usage_perc") == 0.0, "the disconnect freed the decode's reservation"
+    assert metric(prefill, "vllm:kv_cache_usage_perc") == 0.0, "the prefill's blocks were freed"
+    time.sleep(0.3)
+    assert metric(decode, "vllm:request_success_total", finished_reason="length") == finished_before, \
+        "the decode was cancelled, not run"
+
     for base in (prefill, decode):
         assert metric(base, "vllm:num_requests_running") == 0 and metric(base, "vllm:num_requests_waiting") == 0
+
+    # New prompts evict the first prompt's cached blocks: the prefill side publishes
+    # BlockRemoved for them (its pool is 40 blocks).
+    for i in range(4):
+        filler = {"model": MODEL, "prompt": list(range(10000 + 200 * i, 10000 + 200 * i + 192)), "max_tokens": 1}
+        assert http.post(f"{prefill}/v1/completions", json=filler).status_code == 200
+    deadline = time.time() + 5
+    while time.time() < deadline and not set(first_prompt) <= set(removed):
+        time.sleep(0.05)
+    assert set(first_prompt) <= set(removed), "evicting the first prompt's blocks published BlockRemoved"
     stop.set()
     for t in subs:
         t.join()

@@ -161,7 +161,9 @@ fn lora_adapters_are_loaded_picked_batched_and_published_as_in_vllm() {
 /// prefill answer's kv_transfer_params, the prefill server holding the prompt's blocks until
 /// the decode server reads them (its KV usage back to 0 after), the decode TTFT including
 /// the prefill side's modelled transfer, the whole prompt counted as cached, the recompute
-/// fallback when the KV cannot be read, the abort timeout, and 400s for malformed params.
+/// fallback when the KV cannot be read, the abort timeout, a client leaving mid-transfer
+/// (both sides' blocks freed), BlockRemoved once the freed prefill blocks are evicted, and
+/// 400s for malformed params.
 /// Without --kv-transfer-config kv_transfer_params are refused by name.
 #[test]
 fn disaggregated_prefill_and_decode_servers_hand_off_kv_as_vllm_nixl_does() {
@@ -173,6 +175,8 @@ fn disaggregated_prefill_and_decode_servers_hand_off_kv_as_vllm_nixl_does() {
         config,
         "--kv-abort-timeout-seconds",
         "2",
+        "--num-gpu-blocks",
+        "40",
         "--engine-args",
         r#"{"kv_transfer_bytes_per_token": 131072, "kv_transfer_bandwidth": 0.05}"#,
         "--kv-events-endpoint",
