@@ -462,6 +462,40 @@ fn sglang_prefill_and_decode_servers_meet_in_bootstrap_rooms() {
     let (status, text) = http(&prefill.base, "POST", "/v1/completions", &[], &body(8, port));
     assert_eq!(status, 504, "{text}");
     assert!(text.contains("bootstrap room 8"), "{text}");
+    // A prefill whose client leaves while it waits in its room frees its KV at once.
+    // (SGLang's usage counts the radix tree's cached pages too: the full pages stay cached,
+    // the partial one goes, so usage drops below what the held request had.)
+    let usage_of = |s: &Server| counter(&http(&s.base, "GET", "/metrics", &[], "").1, "sglang:token_usage");
+    let before = usage_of(&prefill);
+    let held = {
+        use std::io::Write;
+        let mut client = std::net::TcpStream::connect(prefill.base.trim_start_matches("http://")).unwrap();
+        let b = body(12, port).replace("[100,", "[97,");
+        write!(
+            client,
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+            b.len()
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(1);
+        loop {
+            let held = usage_of(&prefill);
+            if held > before {
+                break held;
+            }
+            assert!(Instant::now() < deadline, "the prefill holds its KV in room 12");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let left = Instant::now();
+    while usage_of(&prefill) >= held {
+        assert!(
+            left.elapsed() < Duration::from_millis(1000),
+            "freed when the client left, not at the timeout"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // A decode whose prefill never comes computes the prompt itself, and says so, after its
     // own session timeout (700 ms), not the prefill server's (1500 ms).
     // (A prompt the decode server has not cached yet.)
