@@ -48,6 +48,18 @@ def start_server(mocker, http_port, pub_port, extra=()):
                             stderr=subprocess.DEVNULL)
 
 
+# Two prompts sharing a 64-token prefix, then one long enough to evict from a 40-block pool.
+SHARED = list(range(500, 564))
+PROMPTS = [SHARED + list(range(1, 37)), SHARED + list(range(40, 90)), list(range(2000, 2300))]
+
+
+def stop(procs):
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(timeout=10)
+
+
 def main_pd(mocker):
     both = ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})]
     sides = {name: (free_port(), free_port()) for name in ("prefill", "decode")}
@@ -60,11 +72,9 @@ def main_pd(mocker):
             procs.append(idx)
             indexers[name] = idx_port
         time.sleep(1.5)
-        shared = list(range(500, 564))
-        prompts = [shared + list(range(1, 37)), shared + list(range(40, 90)), list(range(2000, 2300))]
         (p_http, _), (d_http, _) = sides["prefill"], sides["decode"]
         checks = []
-        for p in prompts:
+        for p in PROMPTS:
             first = post(p_http, {"prompt": p, "max_tokens": 1, "kv_transfer_params": {
                 "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                 "remote_block_ids": None, "remote_host": None, "remote_port": None}})
@@ -83,10 +93,7 @@ def main_pd(mocker):
         print(json.dumps({"checks": checks, "ok": ok}, indent=1))
         return 0 if ok else 1
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=10)
+        stop(procs)
 
 
 def main():
@@ -94,20 +101,14 @@ def main():
     if "--pd" in sys.argv[2:]:
         return main_pd(mocker)
     http_port, pub_port = free_port(), free_port()
-    server = subprocess.Popen([mocker, "serve", "--port", str(http_port), "--block-size", str(BLOCK),
-                               "--num-gpu-blocks", "40", "--speedup-ratio", "100",
-                               "--kv-events-endpoint", f"tcp://127.0.0.1:{pub_port}"],
-                              stderr=subprocess.DEVNULL)
-    procs = [server]
+    procs = [start_server(mocker, http_port, pub_port)]
     try:
         time.sleep(1.0)
         idx, idx_port = start_indexer(BLOCK, pub_port)
         procs.append(idx)
         time.sleep(1.5)
-        shared = list(range(500, 564))
-        prompts = [shared + list(range(1, 37)), shared + list(range(40, 90)), list(range(2000, 2300))]
         checks = []
-        for p in prompts:
+        for p in PROMPTS:
             complete(http_port, p, 8)
             time.sleep(0.5)
             indexed = longest(score(idx_port, p))
@@ -117,15 +118,12 @@ def main():
         # The 300-token prompt evicted blocks of the first ones (40-block pool): the indexer
         # must have applied the removals too.
         time.sleep(0.5)
-        after = [{"prompt_len": len(p), "indexer_matched_tokens": longest(score(idx_port, p))} for p in prompts[:2]]
+        after = [{"prompt_len": len(p), "indexer_matched_tokens": longest(score(idx_port, p))} for p in PROMPTS[:2]]
         ok = all(c["server_cached_tokens_on_repeat"] == c["indexer_matched_tokens"] for c in checks)
         print(json.dumps({"checks": checks, "after_eviction": after, "ok": ok}, indent=1))
         return 0 if ok else 1
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=10)
+        stop(procs)
 
 
 if __name__ == "__main__":
