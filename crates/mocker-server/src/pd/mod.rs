@@ -384,13 +384,10 @@ pub async fn read_handler(
     State(state): State<Arc<AppState>>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let not_found = |m: String| ApiError { status: StatusCode::NOT_FOUND, message: m, param: None };
     let Some(pd) = state.pd.clone() else {
         return Err(not_found("no KV connector here (start the server with --kv-transfer-config)".into()));
     };
-    let bytes = crate::app::body(&state, request).await?;
-    let b: ReadBody =
-        serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("read: {e}")))?;
+    let b: ReadBody = read_body(&state, request).await?;
     if b.remote_engine_id != pd.engine_id {
         // 421 Misdirected Request: the decode side reports a bad remote_engine_id as a 400.
         return Err(ApiError {
@@ -424,13 +421,36 @@ pub async fn read_handler(
             }
         }
     };
-    let delay_ms = held.timing.delay_ms(Some(b.missing_tokens)).unwrap_or(0.0);
+    Ok(transfer(held, b.missing_tokens, |_| {}).await)
+}
+
+/// A 404 for a read that finds nothing to read.
+fn not_found(message: String) -> ApiError {
+    ApiError { status: StatusCode::NOT_FOUND, message, param: None }
+}
+
+/// The JSON body of a side-channel read.
+async fn read_body<T: serde::de::DeserializeOwned>(
+    state: &AppState,
+    request: Request,
+) -> Result<T, ApiError> {
+    let bytes = crate::app::body(state, request).await?;
+    serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("read: {e}")))
+}
+
+/// Models the transfer of `held`'s KV to a reader that lacks `missing_tokens`: waits the
+/// modelled delay, frees the blocks, then calls `done` with the delay in ms. Spawned, so
+/// the transfer ends and the blocks are freed even if the reader goes away. The answer
+/// tells the reader the delay.
+async fn transfer(held: Held, missing_tokens: usize, done: impl FnOnce(f64) + Send + 'static) -> Response {
+    let delay_ms = held.timing.delay_ms(Some(missing_tokens)).unwrap_or(0.0);
     let transfer = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_secs_f64(delay_ms / 1000.0)).await;
         let _ = held.control.release_source().await;
+        done(delay_ms);
     });
     let _ = transfer.await;
-    Ok(axum::Json(json!({ "transfer_ms": delay_ms })).into_response())
+    axum::Json(json!({ "transfer_ms": delay_ms })).into_response()
 }
 
 /// A decode server's read of a bootstrap room.
@@ -452,16 +472,10 @@ pub async fn bootstrap_read_handler(
     State(state): State<Arc<AppState>>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let not_found = |m: String| ApiError { status: StatusCode::NOT_FOUND, message: m, param: None };
-    let Some(pd) = state.pd.clone() else {
+    let Some(rooms) = state.pd.as_ref().and_then(|pd| pd.rooms.as_ref()) else {
         return Err(not_found("no bootstrap rooms here".into()));
     };
-    let Some(rooms) = pd.rooms.as_ref() else {
-        return Err(not_found("no bootstrap rooms here".into()));
-    };
-    let bytes = crate::app::body(&state, request).await?;
-    let b: RoomRead =
-        serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("read: {e}")))?;
+    let b: RoomRead = read_body(&state, request).await?;
     let taken = rooms.take(b.bootstrap_room).map_err(|m| ApiError {
         status: StatusCode::CONFLICT,
         message: format!("read: {m}"),
@@ -483,15 +497,10 @@ pub async fn bootstrap_read_handler(
             }
         }
     };
-    let delay_ms = held.timing.delay_ms(Some(b.missing_tokens)).unwrap_or(0.0);
-    // Spawned: the transfer ends and the blocks are freed even if the reader goes away.
-    let transfer = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_secs_f64(delay_ms / 1000.0)).await;
-        let _ = held.control.release_source().await;
+    Ok(transfer(held, b.missing_tokens, move |delay_ms| {
         let _ = done.send(delay_ms);
-    });
-    let _ = transfer.await;
-    Ok(axum::Json(json!({ "transfer_ms": delay_ms })).into_response())
+    })
+    .await)
 }
 
 /// The side channel's abort request.
@@ -510,7 +519,6 @@ pub async fn abort_handler(
     State(state): State<Arc<AppState>>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let not_found = |m: String| ApiError { status: StatusCode::NOT_FOUND, message: m, param: None };
     let Some(pd) = state.pd.clone() else {
         return Err(not_found("no KV connector here (start the server with --kv-transfer-config)".into()));
     };
