@@ -92,6 +92,23 @@ fn suite() -> Vec<Case> {
             json!({"timing_model": h200_table()}),
         ),
         c("H-poly-3k-300-c128", 3000, 300, 2000, Load::Concurrency(128), json!({})),
+        // SGLang's radix cache at its two common page sizes (issue 23's speed targets).
+        c(
+            "S-sglang-page64-1k-100-50k",
+            1000,
+            100,
+            50_000,
+            Load::Concurrency(64),
+            json!({"backend": "sglang", "block_size": 64}),
+        ),
+        c(
+            "S-sglang-page1-1k-100-10k",
+            1000,
+            100,
+            10_000,
+            Load::Concurrency(64),
+            json!({"backend": "sglang", "block_size": 1}),
+        ),
     ]
 }
 
