@@ -30,6 +30,9 @@ enum Op {
     Start { g: u64, b: u64, len: usize },
     /// Insert holder `h`'s pages into the tree.
     Commit(usize),
+    /// Holder `h` computes `k` more pages of its path (a decode completing pages), privately
+    /// until its next commit: commits then append to the holder's own leaf.
+    Grow(usize, usize),
     /// Free holder `h`'s private pages and unlock its path.
     Release(usize, bool),
     /// Evict up to `n` pages.
@@ -40,12 +43,16 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (0..3u64, 0..4u64, 1..12usize).prop_map(|(g, b, len)| Op::Start { g, b, len }),
         3 => (0..16usize).prop_map(Op::Commit),
+        2 => (0..16usize, 1..4usize).prop_map(|(h, k)| Op::Grow(h, k)),
         2 => (0..16usize, any::<bool>()).prop_map(|(h, t)| Op::Release(h, t)),
         1 => (0..20usize).prop_map(Op::Evict),
     ]
 }
 
 struct Holder {
+    /// Group and branch of the path, for its later pages.
+    g: u64,
+    b: u64,
     hashes: Vec<u64>,
     last: Option<u32>,
     /// The same path's handle in the per-page reference cache.
@@ -78,7 +85,7 @@ proptest! {
                     let ok = c.allocate(len - n, &mut evicted);
                     prop_assert_eq!(ok, r.allocate(len - n, &mut ref_evicted));
                     if ok {
-                        holders.push(Holder { hashes, last, ref_last, depth: n, private: len - n });
+                        holders.push(Holder { g, b, hashes, last, ref_last, depth: n, private: len - n });
                     } else {
                         prop_assert!(len - n > free + evictable, "allocation refused although it fits");
                         prop_assert_eq!((c.free_pages(), c.evictable_pages()), (free, evictable), "failed allocation changed the pool");
@@ -99,6 +106,16 @@ proptest! {
                     hd.depth = ins.depth;
                     hd.last = ins.last;
                     hd.ref_last = rins.last;
+                }
+                Op::Grow(h, k) if h < holders.len() => {
+                    let ok = c.allocate(k, &mut evicted);
+                    prop_assert_eq!(ok, r.allocate(k, &mut ref_evicted));
+                    if ok {
+                        let hd = &mut holders[h];
+                        let len = hd.hashes.len() as u64;
+                        hd.hashes.extend((len..len + k as u64).map(|i| page_hash(hd.g, hd.b, i, shared)));
+                        hd.private += k;
+                    }
                 }
                 Op::Release(h, touch) if h < holders.len() => {
                     let hd = holders.swap_remove(h);

@@ -7,9 +7,12 @@
 //! identifies the node's place in the tree (the parent is checked anyway).
 //!
 //! The cache behaves exactly like one node per page. Every page of a node shares its lock
-//! count and access stamp: locks, unlocks and touches cover whole root paths ending at a
-//! node's last page, so a node is split (head above, tail keeping its id) wherever such a
-//! path would end inside it. Interior pages of a node have exactly one child, the next page.
+//! count: locks, unlocks and touches cover whole root paths ending at a node's last page,
+//! so a node is split (head above, tail keeping its id) wherever such a path would end
+//! inside it. Interior pages of a node have exactly one child, the next page. A touch gives
+//! every page of a node one access stamp; a request that grows its own unshared leaf (a
+//! decoded token completing a page) appends to that leaf instead of adding a node, and the
+//! appended pages keep their own insert stamps until the node is next touched.
 //!
 //! Locks follow SGLang's `inc_lock_ref`: locking a node locks its whole path to the root, so
 //! a node's `lock_ref` counts the locks held at it or below it. Unlocked pages are
@@ -39,7 +42,11 @@ struct Node {
     parent: u32,
     children: u32,
     lock_ref: u32,
+    /// Access stamp of the node's last page (the one eviction looks at).
     stamp: u64,
+    /// Per-page access stamps, when the pages' stamps differ (pages appended by later
+    /// inserts); empty when every page has `stamp`. Non-decreasing, ending at `stamp`.
+    page_stamps: Vec<u64>,
     /// Bumped when the arena slot is reused, so stale eviction entries are recognised.
     gen: u32,
     live: bool,
@@ -185,6 +192,7 @@ impl RadixCache {
             node.lock_ref = node.lock_ref.saturating_sub(1);
             if touch {
                 node.stamp = now;
+                node.page_stamps.clear();
             }
             let (parent, unlocked_leaf) = (node.parent, node.lock_ref == 0 && node.children == 0);
             if node.lock_ref == 0 {
@@ -250,6 +258,11 @@ impl RadixCache {
             }
             let first = node.hashes[0];
             node.hashes.truncate(keep);
+            if keep > 0 && !node.page_stamps.is_empty() {
+                // The exposed page keeps its own (older) stamp: still the oldest leaf.
+                node.page_stamps.truncate(keep);
+                node.stamp = node.page_stamps[keep - 1];
+            }
             let parent = node.parent;
             self.tree_pages -= take;
             self.evictable_pages -= take;
@@ -261,6 +274,7 @@ impl RadixCache {
                 break;
             }
             self.nodes[id as usize].live = false;
+            self.nodes[id as usize].page_stamps.clear();
             self.by_first.remove(&first);
             self.free_nodes.push(id);
             if parent != ROOT {
@@ -298,6 +312,13 @@ impl RadixCache {
         let mut cur = last.unwrap_or(ROOT);
         let mut out = Inserted { last, depth, freed_duplicates: 0 };
         let mut i = depth;
+        if i < hashes.len() && self.extend_leaf(cur, &hashes[i..], now) {
+            if self.report {
+                created.extend(i as u32..hashes.len() as u32);
+            }
+            out.depth = hashes.len();
+            return out;
+        }
         while i < hashes.len() {
             // One probe per run: a vacant slot is filled with the id the new node will get.
             let resident = match self.by_first.entry(hashes[i]) {
@@ -332,6 +353,28 @@ impl RadixCache {
             out.depth = i;
         }
         out
+    }
+
+    /// Appends `run` to `id` when it is a leaf only the caller locks and `run` is not
+    /// resident: the same tree as a new child holding `run` (locked once, by the caller),
+    /// without a node per insert. Each appended page keeps the insert's stamp `now`.
+    fn extend_leaf(&mut self, id: u32, run: &[u64], now: u64) -> bool {
+        if id == ROOT {
+            return false;
+        }
+        let node = &self.nodes[id as usize];
+        if node.children != 0 || node.lock_ref != 1 || self.by_first.contains_key(&run[0]) {
+            return false;
+        }
+        let node = &mut self.nodes[id as usize];
+        if node.page_stamps.is_empty() {
+            node.page_stamps.resize(node.hashes.len(), node.stamp);
+        }
+        node.hashes.extend_from_slice(run);
+        node.page_stamps.resize(node.hashes.len(), now);
+        node.stamp = now;
+        self.tree_pages += run.len();
+        true
     }
 
     /// Drops every cached page when no request locks any; false (nothing changes) otherwise.
@@ -369,6 +412,13 @@ impl RadixCache {
             let Some(&first) = n.hashes.first() else {
                 return Err(format!("live node {i} holds no page"));
             };
+            if !n.page_stamps.is_empty()
+                && (n.page_stamps.len() != n.hashes.len()
+                    || n.page_stamps.last() != Some(&n.stamp)
+                    || n.page_stamps.windows(2).any(|w| w[0] > w[1]))
+            {
+                return Err(format!("node {i}: page stamps {:?} do not end at {}", n.page_stamps, n.stamp));
+            }
             if self.by_first.get(&first) != Some(&i) {
                 return Err(format!("node {i} not indexed by its first hash"));
             }
@@ -476,12 +526,31 @@ impl RadixCache {
             Some(&slot) => std::mem::take(&mut self.nodes[slot as usize].hashes),
             None => Vec::new(),
         };
+        let mut head_stamps = match self.free_nodes.last() {
+            Some(&slot) => std::mem::take(&mut self.nodes[slot as usize].page_stamps),
+            None => Vec::new(),
+        };
         let tail = &mut self.nodes[id as usize];
         head_hashes.clear();
         head_hashes.extend_from_slice(&tail.hashes[..k]);
         tail.hashes.drain(..k);
-        let (parent, lock_ref, stamp, tail_first) = (tail.parent, tail.lock_ref, tail.stamp, tail.hashes[0]);
-        let head = Node { hashes: head_hashes, parent, children: 1, lock_ref, stamp, gen: 0, live: true };
+        head_stamps.clear();
+        let mut stamp = tail.stamp;
+        if !tail.page_stamps.is_empty() {
+            head_stamps.extend(tail.page_stamps.drain(..k));
+            stamp = head_stamps[k - 1];
+        }
+        let (parent, lock_ref, tail_first) = (tail.parent, tail.lock_ref, tail.hashes[0]);
+        let head = Node {
+            hashes: head_hashes,
+            parent,
+            children: 1,
+            lock_ref,
+            stamp,
+            page_stamps: head_stamps,
+            gen: 0,
+            live: true,
+        };
         let head = self.place(head);
         self.nodes[id as usize].parent = head;
         let first = self.nodes[head as usize].hashes[0];
@@ -547,6 +616,7 @@ impl RadixCache {
         }
         node.lock_ref += 1;
         node.stamp = now;
+        node.page_stamps.clear();
     }
 
     /// A new locked leaf under `parent` holding the caller's private pages `run` (one node
@@ -559,8 +629,21 @@ impl RadixCache {
         };
         hashes.clear();
         hashes.extend_from_slice(run);
-        let id =
-            self.place(Node { hashes, parent, children: 0, lock_ref: 1, stamp: now, gen: 0, live: true });
+        let mut page_stamps = match self.free_nodes.last() {
+            Some(&slot) => std::mem::take(&mut self.nodes[slot as usize].page_stamps),
+            None => Vec::new(),
+        };
+        page_stamps.clear();
+        let id = self.place(Node {
+            hashes,
+            parent,
+            children: 0,
+            lock_ref: 1,
+            stamp: now,
+            page_stamps,
+            gen: 0,
+            live: true,
+        });
         if parent != ROOT {
             // The caller holds the parent's lock, so it is not an eviction candidate.
             self.nodes[parent as usize].children += 1;
@@ -689,6 +772,42 @@ mod tests {
         c.check_invariants(0).unwrap();
         c.evict(16, &mut ev);
         assert_eq!(ev, vec![7, 4, 3, 2, 1]);
+        c.check_invariants(0).unwrap();
+    }
+
+    #[test]
+    fn pages_appended_to_a_leaf_keep_their_insert_stamps() {
+        // A's [1, 2] at t1, D's [20] at t_d, A's decoded page 3 appended at t3 (t1 < t_d < t3).
+        let mut c = RadixCache::new(16, 1);
+        let (mut ev, mut created) = (Vec::new(), Vec::new());
+        assert!(c.allocate(4, &mut ev));
+        let a = c.insert(None, 0, &[1, 2], &mut created);
+        let d = c.insert(None, 0, &[20], &mut created);
+        let a = c.insert(a.last, 2, &[1, 2, 3], &mut created);
+        assert_eq!(c.node_count(), 2, "page 3 was appended to A's leaf, not given a node");
+        assert_eq!(created, vec![0, 1, 0, 2]);
+        // A retracted (no touch): its page 3 is the only unlocked leaf.
+        c.unlock(a.last, false);
+        c.evict(1, &mut ev);
+        assert_eq!(ev, vec![3]);
+        // D retracted too: A's exposed page 2 keeps its t1, older than D's t_d.
+        c.unlock(d.last, false);
+        c.check_invariants(0).unwrap();
+        ev.clear();
+        c.evict(1, &mut ev);
+        assert_eq!(ev, vec![2]);
+
+        // The same, D left after page 3 was appended: page 3 (t3) is newer than D (t_d).
+        let mut c = RadixCache::new(16, 1);
+        assert!(c.allocate(4, &mut ev));
+        let a = c.insert(None, 0, &[1, 2], &mut created);
+        let d = c.insert(None, 0, &[20], &mut created);
+        let a = c.insert(a.last, 2, &[1, 2, 3], &mut created);
+        c.unlock(a.last, false);
+        c.unlock(d.last, false);
+        ev.clear();
+        c.evict(2, &mut ev);
+        assert_eq!(ev, vec![20, 3]);
         c.check_invariants(0).unwrap();
     }
 }
