@@ -184,6 +184,20 @@ impl Engine {
         }
     }
 
+    /// Whether the last pass computed prompt tokens.
+    pub(crate) fn last_pass_prefilled(&self) -> bool {
+        self.last_pass().metrics.sum_prefill_tokens > 0
+    }
+
+    /// Ends a wave of this rank's data-parallel group for SGLang's `prefill_decode_interval`,
+    /// which counts the group's rounds: `stepped` whether this rank ran a pass in it,
+    /// `prefilled` whether any rank computed prefill.
+    pub(crate) fn end_group_round(&mut self, stepped: bool, prefilled: bool) {
+        if let Core::Sglang(s) = &mut self.core {
+            s.end_group_round(stepped, prefilled);
+        }
+    }
+
     /// Moves the last pass's end to its group's wave end `end_ns` (not before its own).
     pub(crate) fn stretch_last_pass(&mut self, end_ns: u64) {
         dispatch!(mut self, s => s.stretch_last_pass(end_ns))

@@ -22,6 +22,8 @@ impl Waves {
     /// to the latest end. Returns the wave's end (`now_ns` when no rank had work); the
     /// engines' last passes hold the outputs, all stamped at that end. The counter that
     /// drives `prefill_schedule_interval` starts again once the whole group is drained.
+    /// SGLang's `prefill_decode_interval` counts the group's rounds: after a wave in which
+    /// any rank computed prefill, every rank (idle ones too) skips prefill for that many.
     pub fn step<T>(
         &mut self,
         ranks: &mut [T],
@@ -39,12 +41,22 @@ impl Waves {
             }
         }
         let mut drained = true;
+        let mut prefilled = false;
         for (r, &stepped) in ranks.iter_mut().zip(self.stepped.iter()) {
             let (engine, _) = rank(r);
             if stepped {
                 engine.stretch_last_pass(end);
+                prefilled |= engine.last_pass_prefilled();
             }
             drained &= !engine.has_work();
+        }
+        if self.stepped.iter().any(|&s| s) {
+            for (r, &stepped) in ranks.iter_mut().zip(self.stepped.iter()) {
+                let (engine, eligible) = rank(r);
+                if eligible {
+                    engine.end_group_round(stepped, prefilled);
+                }
+            }
         }
         self.next_step = if drained { 0 } else { self.next_step + 1 };
         end
@@ -111,5 +123,33 @@ mod tests {
         ranks[0].submit(request(3, 100, 5)).expect("submit");
         waves.step(&mut ranks, 100, |e| (e, false));
         assert!(!waves.stepped(0), "an ineligible rank never steps");
+    }
+
+    /// SGLang's `prefill_decode_interval` counts the group's rounds: a prefill on one rank
+    /// holds back the other rank's prefill too, for that many waves.
+    #[test]
+    fn a_prefill_on_one_sglang_rank_defers_prefill_on_every_rank() {
+        let sglang = |r: u32| {
+            let config = crate::config::LaunchConfig::from_json_str(
+                r#"{"engine": {"backend": "sglang", "prefill_decode_interval": 2}}"#,
+            )
+            .expect("config")
+            .engine;
+            Engine::new(EngineOptions { config, dp_rank: r, dp_size: 2, ..Default::default() })
+                .expect("engine")
+        };
+        let mut ranks = vec![sglang(0), sglang(1)];
+        ranks[0].submit(request(1, 500, 10)).expect("submit");
+        let mut waves = Waves::new(2);
+        let mut now = waves.step(&mut ranks, 0, |e| (e, true));
+        assert!(ranks[0].last_pass_prefilled() && !waves.stepped(1));
+        // Rank 1 gets a prompt now: it waits two group rounds although it prefilled nothing.
+        ranks[1].submit(request(2, 500, 10)).expect("submit");
+        for _ in 0..2 {
+            now = waves.step(&mut ranks, now, |e| (e, true));
+            assert!(waves.stepped(1) && !ranks[1].last_pass_prefilled(), "deferred");
+        }
+        waves.step(&mut ranks, now, |e| (e, true));
+        assert!(ranks[1].last_pass_prefilled(), "admitted after the group's two rounds");
     }
 }

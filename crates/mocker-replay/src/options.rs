@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use mocker_core::config::{Backend, LaunchConfig, WorkerType};
+use mocker_core::config::{LaunchConfig, WorkerType};
 use mocker_core::EngineError;
 
 use crate::router::KvRouterConfig;
@@ -258,16 +258,6 @@ impl Cluster {
                 return Err(invalid(
                     "dp_size",
                     format!("{what} replay supports dp_size 1 only (got {dp}); dp_size > 1 runs in aggregated offline replays"),
-                ));
-            }
-            let engine = &p.launch.engine;
-            if dp != 1 && engine.backend == Backend::Sglang && engine.prefill_decode_interval != 0 {
-                return Err(invalid(
-                    "dp_size",
-                    format!(
-                        "SGLang ranks with prefill_decode_interval > 0 (got {}) are not simulated with dp_size > 1 (got {dp})",
-                        engine.prefill_decode_interval
-                    ),
                 ));
             }
         }

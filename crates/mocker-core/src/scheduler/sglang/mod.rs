@@ -339,6 +339,17 @@ impl SglangScheduler {
         &self.pass
     }
 
+    /// Makes the prefill-deferral count the group's: a round in which any rank prefilled
+    /// restarts it (this rank's own pass counted only its own prefill), and a round this
+    /// rank sat out still counts as one.
+    pub(crate) fn end_group_round(&mut self, stepped: bool, prefilled: bool) {
+        if prefilled {
+            self.prefill_rounds_remaining = self.prefill_decode_interval;
+        } else if !stepped {
+            self.prefill_rounds_remaining = self.prefill_rounds_remaining.saturating_sub(1);
+        }
+    }
+
     /// Moves the last pass's end to `end_ns` (its group's wave end, not before its own).
     pub(crate) fn stretch_last_pass(&mut self, end_ns: u64) {
         super::stretch_pass(&mut self.pass, end_ns, |key, t| {
