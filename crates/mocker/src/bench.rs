@@ -40,8 +40,9 @@ struct Case {
     pools: Option<(usize, usize)>,
 }
 
-/// The prefill side's transfer settings in disaggregated cases.
-const TRANSFER: (f64, f64) = (131072.0, 64.0);
+/// The prefill side's transfer settings in disaggregated cases (bytes per token is an
+/// integer, as the reference parses it).
+const TRANSFER: (u64, f64) = (131072, 64.0);
 
 fn suite() -> Vec<Case> {
     let c = |name, isl, osl, n, load, engine| Case {
