@@ -6,8 +6,9 @@
 //!
 //! Without a transfer delay the decode worker takes the request at once (it joins its
 //! next pass). With one, the handoff waits in the worker's inbox and the worker reserves
-//! one waiting handoff as each pass starts (all of them at once when it is idle); the
-//! transfer runs from that reservation, as in the reference.
+//! one waiting handoff as each pass starts, plus one for each transfer into it that ended
+//! since its last pass start (all of them at once when it is idle); the transfer runs from
+//! that reservation, as in the reference.
 //!
 //! SGLang hands off destination first, as the reference orders it: an arriving request is
 //! routed to a decode worker, which reserves its prompt pages (at once when it is idle,
@@ -77,6 +78,9 @@ pub(super) struct Disagg {
     landed: Vec<Vec<HandoffId>>,
     /// Decode workers whose pass ended with transfers landed during it, in order.
     pass_ended: Vec<usize>,
+    /// Source first, per decode worker: transfers into it that ended since its last pass
+    /// start; each lets that pass start reserve one more waiting handoff.
+    landed_since_pass: Vec<usize>,
     /// Scratch for `deliver`: handoffs whose prefill ended (`true`) or was rejected.
     pub(super) started: Vec<(HandoffId, bool)>,
 }
@@ -96,6 +100,7 @@ impl Disagg {
             inbox: vec![VecDeque::new(); workers],
             landed: vec![Vec::new(); workers],
             pass_ended: Vec::new(),
+            landed_since_pass: vec![0; workers],
             started: Vec::new(),
         }
     }
@@ -307,6 +312,9 @@ impl Sim {
         if self.disagg().destination_first {
             // The reference retries a waiting reservation as a transfer lands.
             self.reserve_front(w, t);
+        } else {
+            let d = self.disagg();
+            d.landed_since_pass[w - d.first_decode] += 1;
         }
     }
 
@@ -434,13 +442,15 @@ impl Sim {
     pub(super) fn reserve_pending(&mut self, w: usize, now: u64) -> bool {
         let i = w - self.disagg().first_decode;
         let mut any = false;
+        let mut allowance = 1 + std::mem::take(&mut self.disagg().landed_since_pass[i]);
         while let Some(&h) = self.disagg().inbox[i].front() {
             if !self.reserve(h, now) {
                 break;
             }
             self.disagg().inbox[i].pop_front();
             any = true;
-            if self.workers[w].engine.has_work() || self.workers[w].busy {
+            allowance = allowance.saturating_sub(1);
+            if allowance == 0 && (self.workers[w].engine.has_work() || self.workers[w].busy) {
                 break;
             }
         }
