@@ -1,8 +1,9 @@
 """Checks `mocker serve --kv-events-endpoint` against Dynamo's standalone KV indexer (a real
-subscriber of vLLM-format ZMQ KV events). Not part of CI: it needs the reference wheel.
+subscriber of vLLM-format ZMQ KV events). Run by crates/mocker/tests/serve_indexer.rs when
+MOCKER_DYNAMO_PYTHON names a Python with ai-dynamo-runtime==1.6.1 (.ci/run installs it); by hand:
 
     cargo build --release -p mocker
-    /work/refvenv/bin/python tests/python/indexer_check_serve.py target/release/mocker [--pd]
+    PYTHON_WITH_DYNAMO tests/python/indexer_check_serve.py target/release/mocker [--pd]
 
 Sends completions (token-id prompts) to the server, then asks the indexer for each prompt's
 overlap: it must equal the cached full blocks the server reported on a repeat of the prompt
