@@ -142,6 +142,17 @@ fn timed_transfers_match_the_reference() {
         let r = records.iter().find(|r| r.request_index == i).unwrap();
         close(&json!(r.handoff.destination_reserved_ms), 3568.236795, "two reservations in one pass");
     }
+    // The log's handoff times, as the reference logs them: request 4's transfer ends at
+    // 351.577917 mid-pass, so decode worker 0 takes it as its next pass starts; its prefill
+    // worker frees the held KV as its own pass ends. The last requests' prefill worker is
+    // idle: it frees the KV as the decode worker takes the request.
+    let request = |i: u64| &records.iter().find(|r| r.request_index == i).unwrap().handoff;
+    for (i, activated, released) in [(4, 355.692672, 507.278274), (196, 8275.926007, 8275.926007)] {
+        let h = request(i);
+        close(&json!(h.destination_activated_ms), activated, "destination_activated_ms");
+        close(&json!(h.decode_admit_ms), activated, "decode_admit_ms");
+        close(&json!(h.source_released_ms), released, "source_released_ms");
+    }
     for (key, want) in [
         ("duration_ms", 10046.096918),
         ("mean_ttft_ms", 871.1833527),

@@ -306,7 +306,17 @@ impl Sim {
         debug_assert!(activated.is_some(), "a reserved destination activates");
         let released = self.workers[handoff.prefill_worker].engine.release_held(handoff.source, uuid);
         debug_assert!(released, "the source held its KV until now");
-        self.collector.on_handoff_activated(handoff.record, handoff.cached, t);
+        // The reference logs both ends at pass boundaries (source first): the decode worker
+        // takes the request as its next pass starts, and the prefill worker frees the held
+        // KV then, or as its own pass in flight ends if that is later. Nothing can use those
+        // blocks before then, so freeing them now changes no figure, only the logged times.
+        let (mut taken, mut freed) = (t, t);
+        if !self.disagg().destination_first {
+            let boundary = |w: &super::Worker| if w.busy { w.engine.last_pass().end_ns.max(t) } else { t };
+            taken = boundary(&self.workers[w]);
+            freed = boundary(&self.workers[handoff.prefill_worker]).max(taken);
+        }
+        self.collector.on_handoff_activated(handoff.record, handoff.cached, taken, freed);
         self.mark_dirty(handoff.prefill_worker);
         self.mark_dirty(w);
         if self.disagg().destination_first {
