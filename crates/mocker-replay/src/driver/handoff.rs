@@ -322,6 +322,9 @@ impl Sim {
         if self.disagg().destination_first {
             // The reference retries a waiting reservation as a transfer lands.
             self.reserve_front(w, t);
+        } else {
+            let d = self.disagg();
+            d.landed_since_pass[w - d.first_decode] += 1;
         }
     }
 
@@ -392,11 +395,6 @@ impl Sim {
             // That pass's end is an event now: a steady run is cut back.
             self.interrupt_run(w, t);
         } else {
-            if !d.destination_first {
-                // A transfer that ended is an event on the decode worker: its next pass
-                // start takes up one more waiting handoff (untimed activations are not).
-                d.landed_since_pass[w - d.first_decode] += 1;
-            }
             self.activate(h, t);
         }
     }
