@@ -78,8 +78,9 @@ pub(super) struct Disagg {
     landed: Vec<Vec<HandoffId>>,
     /// Decode workers whose pass ended with transfers landed during it, in order.
     pass_ended: Vec<usize>,
-    /// Source first, per decode worker: transfers into it that ended since its last pass
-    /// start; each lets that pass start reserve one more waiting handoff.
+    /// Source first, per decode worker: activations into it since its last pass start
+    /// (timed transfers that ended and untimed ones alike, as the reference counts them);
+    /// each lets that pass start reserve one more waiting handoff.
     landed_since_pass: Vec<usize>,
     /// Scratch for `deliver`: handoffs whose prefill ended (`true`) or was rejected.
     pub(super) started: Vec<(HandoffId, bool)>,
@@ -323,6 +324,7 @@ impl Sim {
             // The reference retries a waiting reservation as a transfer lands.
             self.reserve_front(w, t);
         } else {
+            // Every activation, timed or not: the closer rule against 1.6.1 (see the field).
             let d = self.disagg();
             d.landed_since_pass[w - d.first_decode] += 1;
         }
