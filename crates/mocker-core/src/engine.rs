@@ -281,6 +281,25 @@ impl Engine {
         dispatch!(mut self, s => s.activate(key, uuid))
     }
 
+    /// vLLM/TRT-LLM: changes whenever the engine gives KV capacity or a batch slot back (a
+    /// request finishes, is preempted or let go); a destination that found no room is
+    /// retried only once it has changed, as in the reference. `None` for SGLang.
+    pub fn capacity_generation(&self) -> Option<u64> {
+        match &self.core {
+            Core::Vllm(s) => Some(s.capacity_generation()),
+            Core::Sglang(_) => None,
+        }
+    }
+
+    /// Whether the running batch is at `max_num_seqs` (vLLM/TRT-LLM; SGLang: never, its
+    /// destinations are not gated on it).
+    pub fn batch_full(&self) -> bool {
+        match &self.core {
+            Core::Vllm(s) => s.batch_full(),
+            Core::Sglang(_) => false,
+        }
+    }
+
     /// Held sources plus reserved destinations (outside the running and waiting queues).
     pub fn num_parked(&self) -> usize {
         dispatch!(self, s => s.num_parked())

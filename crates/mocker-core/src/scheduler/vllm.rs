@@ -27,6 +27,8 @@ enum Status {
     Preempted,
     /// A disaggregation destination whose prompt blocks are reserved, not yet activated.
     Reserved,
+    /// An activated destination (its prompt KV arrived) waiting to join the batch.
+    Landed,
     /// A finished disaggregation source that keeps its KV until released.
     Held,
 }
@@ -51,6 +53,9 @@ struct Seq {
     /// recorded (empty otherwise).
     local_hashes: Vec<u64>,
     first_cached: Option<u32>,
+    /// Submission order on this engine: activated destinations rejoin the waiting queue
+    /// in it (as the reference restores them).
+    order: u64,
     /// Blocks from this index on are private to the request (`Request::shareable_blocks`;
     /// `u32::MAX` when none are).
     private_from: u32,
@@ -162,6 +167,12 @@ pub struct VllmScheduler {
     /// The blocks the last `prefill_cost` found resident, for the allocation after it.
     matched: Vec<BlockId>,
     pass: Pass,
+    /// Counts the events that give KV capacity back (a request finishing, being
+    /// preempted or let go with blocks): a destination that found no room is tried again
+    /// only after it changes, as in the reference.
+    capacity_generation: u64,
+    /// The next submission's `Seq::order`.
+    next_order: u64,
 }
 
 /// Per-pass accumulators of the scheduling loop.
@@ -247,6 +258,8 @@ impl VllmScheduler {
             running: Vec::new(),
             pool: BlockPool::with_policy(config.num_gpu_blocks, config.eviction_policy),
             pass_id: 0,
+            capacity_generation: 0,
+            next_order: 0,
             last_end_ns: 0,
             next_event_id: 0,
             totals: EngineMetrics {
@@ -331,6 +344,7 @@ impl VllmScheduler {
                 (h, l)
             }
         };
+        self.next_order += 1;
         let seq = Seq {
             uuid: request.uuid,
             prompt: request.tokens,
@@ -341,6 +355,7 @@ impl VllmScheduler {
             num_computed: 0,
             generated: 0,
             status: Status::Fresh,
+            order: self.next_order - 1,
             blocks: Vec::with_capacity(final_blocks),
             hashes,
             local_hashes,
@@ -374,6 +389,12 @@ impl VllmScheduler {
     /// The next host-tier transfer completion, if any: an idle engine steps then.
     pub fn next_wake_ns(&self) -> Option<u64> {
         self.offload.as_ref().and_then(|o| o.next_deadline())
+    }
+
+    /// Changes whenever KV capacity or a batch slot is given back (see the field); a
+    /// shell retries a destination that found no room only once it has changed.
+    pub fn capacity_generation(&self) -> u64 {
+        self.capacity_generation
     }
 
     /// Requests held by the engine (running plus waiting).
@@ -704,12 +725,20 @@ impl VllmScheduler {
                 // Reserve every running request's footprint to completion: never evict.
                 let reserved: usize =
                     self.running.iter().map(|e| self.remaining_reservation(self.seq(e.key))).sum();
-                (self.to_completion_blocks(seq) - reused_blocks, free_capacity.saturating_sub(reserved))
+                let needed = self.to_completion_blocks(seq).saturating_sub(reused_blocks + seq.blocks.len());
+                (needed, free_capacity.saturating_sub(reserved))
             } else {
-                // The whole known sequence must fit, even when it will be chunked.
-                ((seq.len as usize).div_ceil(bs) - reused_blocks, free_capacity)
+                // The whole known sequence must fit, even when it will be chunked (an
+                // activated destination already holds its prompt's blocks).
+                (
+                    (seq.len as usize).div_ceil(bs).saturating_sub(reused_blocks + seq.blocks.len()),
+                    free_capacity,
+                )
             };
             if needed > available {
+                if self.running.is_empty() && self.unblock_landed() {
+                    continue;
+                }
                 break;
             }
             if b.defer_prefill && seq.len - cost.cached > 1 {
@@ -727,6 +756,23 @@ impl VllmScheduler {
             }
             if budget_before == b.tokens && b.tokens == 0 {
                 break;
+            }
+        }
+    }
+
+    /// With nothing running, a waiting head that does not fit can only be waiting for
+    /// blocks that activated destinations behind it hold: moves the first of those to the
+    /// head so it runs (and frees them as it ends). The reference stalls for good there
+    /// ("effect-free zero-duration pass"); whether one was moved.
+    fn unblock_landed(&mut self) -> bool {
+        let seqs = &self.seqs;
+        let landed = |k: &SeqKey| seqs[k.0 as usize].as_ref().is_some_and(|s| s.status == Status::Landed);
+        match self.waiting.iter().position(landed) {
+            Some(0) | None => false,
+            Some(i) => {
+                let key = self.waiting.remove(i).expect("in the queue");
+                self.waiting.push_front(key);
+                true
             }
         }
     }
@@ -897,6 +943,8 @@ impl VllmScheduler {
             }
             let seq = self.seq_mut(key);
             let readmission = seq.status == Status::Preempted;
+            // A destination's prompt was counted as it was reserved.
+            let landed = seq.status == Status::Landed;
             seq.status = Status::Running;
             if seq.first_cached.is_none() {
                 seq.first_cached = Some(cached);
@@ -904,8 +952,10 @@ impl VllmScheduler {
             let uuid = seq.uuid;
             let queried = seq.len;
             self.running.push(RunEntry::new(key));
-            self.totals.prefix_cache_queries_total += u64::from(queried);
-            self.totals.prefix_cache_hits_total += u64::from(cached);
+            if !landed {
+                self.totals.prefix_cache_queries_total += u64::from(queried);
+                self.totals.prefix_cache_hits_total += u64::from(cached);
+            }
             pass.admissions.push(Admission { key, uuid, reused_tokens: cached, readmission });
         }
         b.tokens -= want;
@@ -955,6 +1005,7 @@ impl VllmScheduler {
             seq.published = true;
         }
         self.pool.release(&mut seq.blocks);
+        self.capacity_generation += 1;
         seq.num_computed = 0;
         seq.status = Status::Preempted;
         self.waiting.push_front(key);
@@ -1184,6 +1235,11 @@ impl VllmScheduler {
     }
 
     fn retire(&mut self, key: SeqKey) {
+        let seq = self.seq(key);
+        // A finish frees a batch slot even when a source keeps its blocks.
+        if seq.done || !seq.blocks.is_empty() {
+            self.capacity_generation += 1;
+        }
         if let Some(seq) = self.seqs[key.0 as usize].as_mut().filter(|s| s.hold && s.done) {
             // A finished source: park it with its blocks until `release_held`.
             seq.status = Status::Held;

@@ -2,7 +2,7 @@
 //! its (prefill) output until released, and a destination whose prompt blocks are reserved
 //! before the transfer and which starts decoding when activated.
 
-use super::{RunEntry, Status, VllmScheduler};
+use super::{Status, VllmScheduler};
 use crate::events::KvEvent;
 use crate::request::{Request, SeqKey};
 use crate::scheduler::{Pass, SubmitError};
@@ -146,22 +146,36 @@ impl VllmScheduler {
     }
 
     /// Activates a reserved destination: its prompt KV is now present (transferred), so it
-    /// joins the running queue and samples its first token in the next pass. Returns the
-    /// Stored events of its newly visible prompt blocks, or `None` if `key` is not reserved.
+    /// rejoins the waiting queue in its submission order and, once admitted (batch room
+    /// permitting, `max_num_seqs`), samples its first token without computing its prompt.
+    /// Returns the Stored events of its newly visible prompt blocks, or `None` if `key` is
+    /// not reserved.
     pub fn activate(&mut self, key: SeqKey, uuid: u128) -> Option<Vec<KvEvent>> {
         if !self.is_reserved(key, uuid) {
             return None;
         }
         let seq = self.seq_mut(key);
-        seq.status = Status::Running;
+        seq.status = Status::Landed;
         seq.num_computed = seq.prompt_len;
-        let (cached, prompt) = (seq.first_cached.unwrap_or(0), seq.prompt_len);
+        let (cached, prompt, order) = (seq.first_cached.unwrap_or(0), seq.prompt_len, seq.order);
         let mut pass = Pass::default();
         if self.prefix_caching {
             self.finalize_blocks(key, cached, prompt, &mut pass);
         }
-        self.running.push(RunEntry::new(key));
+        let seqs = &self.seqs;
+        let at = self
+            .waiting
+            .iter()
+            .position(|k| seqs[k.0 as usize].as_ref().is_some_and(|s| s.order > order))
+            .unwrap_or(self.waiting.len());
+        self.waiting.insert(at, key);
         Some(pass.kv_events)
+    }
+
+    /// Whether the running batch is at `max_num_seqs`: the reference reserves no waiting
+    /// destination then.
+    pub fn batch_full(&self) -> bool {
+        self.running.len() >= self.max_num_seqs
     }
 
     /// Requests parked outside the queues (held sources and reserved destinations).

@@ -13,7 +13,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Budget, PrefillCost, Scheduled, SeqKey, VllmScheduler};
+use super::{Budget, PrefillCost, Scheduled, SeqKey, Status, VllmScheduler};
 use crate::config::HostOffloadConfig;
 use crate::kv::host_tier::{Completed, HostLookup, StoreOutcome, TransferId, TransferKind};
 use crate::kv::{BlockId, HostTier, HostTierOptions};
@@ -213,6 +213,16 @@ impl VllmScheduler {
                 self.dequeue(key);
                 self.reject(key, pass);
                 continue;
+            }
+            if seq.status == Status::Landed {
+                // An activated destination: its prompt KV arrived by transfer, so there is
+                // nothing to look up or load, and its blocks are held already.
+                self.matched = matched;
+                let mut cursor = usize::MAX;
+                match self.schedule(key, Some(PrefillCost::default()), b, pass, &mut cursor) {
+                    Scheduled::Yes => continue,
+                    Scheduled::Blocked | Scheduled::CurrentPreempted => break,
+                }
             }
             let mut cost = self.prefill_cost(seq, &mut matched);
             self.matched = matched;
