@@ -223,13 +223,22 @@ impl Collector {
         }
     }
 
-    /// Disaggregated: the request's decode worker took it at `t_ns` (its KV had arrived),
-    /// having already cached `reused` of its prompt tokens; its prefill worker freed the
-    /// held KV at `released_ns`. The report's reuse stays the prefill pool's, as the
-    /// reference counts it.
+    /// Disaggregated: the request's KV arrived at its decode worker at `t_ns`, which had
+    /// already cached `reused` of its prompt tokens; its prefill worker freed the held KV
+    /// at `released_ns`. The report's reuse stays the prefill pool's, as the reference
+    /// counts it.
     pub fn on_handoff_activated(&mut self, id: RecordId, reused: u32, t_ns: u64, released_ns: u64) {
         if let Some(log) = &mut self.log {
             log.activated(id, reused, t_ns, released_ns);
+        }
+    }
+
+    /// Disaggregated: the decode worker admitted the activated request into its batch at
+    /// `t_ns` (its first decode admission, logged as reusing `reused` tokens; it computes
+    /// nothing of its prompt).
+    pub fn on_decode_admitted(&mut self, id: RecordId, reused: u32, t_ns: u64) {
+        if let Some(log) = &mut self.log {
+            log.decode_admitted(id, reused, t_ns);
         }
     }
 

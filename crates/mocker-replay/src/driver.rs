@@ -511,14 +511,7 @@ impl Sim {
                     }
                     continue;
                 }
-                // A decode worker takes up waiting reservations as a pass starts (source
-                // first; destination first takes them up as passes end, in `deliver`).
                 let decode = self.workers[w].role == Role::Decode;
-                let first = self.disagg.as_ref().is_some_and(|d| d.destination_first);
-                let reserving = decode && !self.workers[w].busy && !first;
-                if reserving && self.reserve_pending(w, now) {
-                    changed = true;
-                }
                 let worker = &mut self.workers[w];
                 let wake = worker.engine.next_wake_ns().is_some_and(|t| t <= now);
                 if worker.busy || !(worker.engine.has_work() || wake) {
@@ -526,8 +519,8 @@ impl Sim {
                 }
                 let end = worker.engine.step(now).end_ns;
                 if end > now {
-                    // Each pass takes up one reservation: no run while some wait.
-                    if !decode || self.disagg.as_ref().is_none_or(|d| d.inbox_empty(w)) {
+                    // Each pass end retries a waiting reservation: no run while one could.
+                    if !decode || self.disagg.as_ref().is_none_or(|d| d.inbox_settled(w, &worker.engine)) {
                         worker.engine.extend_steady_run(self.max_end_ns);
                     }
                     let pass = worker.engine.last_pass();
@@ -609,8 +602,9 @@ impl Sim {
         if let Router::Kv(r) = router {
             r.apply_events(rw, &pass.kv_events);
         }
-        // A decode worker's admissions are its activations (recorded then) and their
-        // re-admissions; the report's reuse is the prefill pool's.
+        // A decode worker's admissions are its activated destinations joining the batch
+        // (SGLang's are recorded as they activate) and their re-admissions; the report's
+        // reuse is the prefill pool's.
         if role != Role::Decode {
             for a in &pass.admissions {
                 self.collector.on_admission(
@@ -622,7 +616,12 @@ impl Sim {
         } else if self.collector.logs_requests() {
             for a in &pass.admissions {
                 let rec = worker.owners[a.key.0 as usize].record;
-                self.collector.on_decode_readmission(rec, a.reused_tokens, pass.start_ns);
+                if a.readmission {
+                    self.collector.on_decode_readmission(rec, a.reused_tokens, pass.start_ns);
+                } else {
+                    // vLLM: an activated destination joins the batch.
+                    self.collector.on_decode_admitted(rec, a.reused_tokens, pass.start_ns);
+                }
             }
         }
         for (steady, itl_ns) in pass.steady_runs() {
@@ -672,7 +671,7 @@ impl Sim {
         if let Some(started) = handoffs {
             self.start_handoffs(started, t);
         }
-        if role == Role::Decode && self.disagg.as_ref().is_some_and(|d| d.destination_first) {
+        if role == Role::Decode && self.disagg.is_some() {
             self.decode_pass_ended(w, t);
         }
         self.end_requests(t);

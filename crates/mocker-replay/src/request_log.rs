@@ -185,6 +185,7 @@ struct Handoff {
     held_ns: Option<u64>,
     reserved_ns: Option<u64>,
     activated_ns: Option<u64>,
+    admitted_ns: Option<u64>,
     released_ns: Option<u64>,
     decode_reused: u32,
 }
@@ -363,13 +364,17 @@ impl RequestLog {
         self.live[id as usize].handoff.get_or_insert_with(Handoff::default).held_ns = Some(t_ns);
     }
 
-    /// Disaggregated: the KV arrived at `t_ns` (the decode worker's admission); `reused`
-    /// prompt tokens were cached there.
+    /// Disaggregated: the KV arrived at `t_ns`; `reused` prompt tokens were cached there.
     pub(crate) fn activated(&mut self, id: RecordId, reused: u32, t_ns: u64, released_ns: u64) {
         let h = self.live[id as usize].handoff.get_or_insert_with(Handoff::default);
         h.activated_ns = Some(t_ns);
         h.released_ns = Some(released_ns);
         h.decode_reused = reused;
+    }
+
+    /// The decode worker admitted the activated request at `t_ns`, reusing `reused` tokens.
+    pub(crate) fn decode_admitted(&mut self, id: RecordId, reused: u32, t_ns: u64) {
+        self.live[id as usize].handoff.get_or_insert_with(Handoff::default).admitted_ns = Some(t_ns);
         self.admitted(id, PoolKind::Decode, reused, t_ns);
     }
 
@@ -420,7 +425,7 @@ impl RequestLog {
                     source_held_ms: opt(h.held_ns),
                     destination_reserved_ms: opt(h.reserved_ns),
                     destination_activated_ms: opt(h.activated_ns),
-                    decode_admit_ms: opt(h.activated_ns),
+                    decode_admit_ms: opt(h.admitted_ns),
                     source_released_ms: opt(h.released_ns),
                     decode_reused_input_tokens: h.activated_ns.map(|_| h.decode_reused),
                 }

@@ -117,9 +117,9 @@ fn two_by_two_matches_the_reference() {
 
 #[test]
 fn timed_transfers_match_the_reference() {
-    // A decode worker reserves one waiting handoff as each pass starts, plus one for each
-    // transfer into it that ended since its last pass start (the reference takes two in a
-    // pass after a transfer lands mid-pass).
+    // A decode worker retries its oldest waiting handoff as each pass ends and as each
+    // transfer into it is applied (a transfer that lands mid-pass is applied as the pass
+    // ends, so the reference takes two there).
     let options = ReplayOptions {
         cluster: disagg(TRANSFER, 2, 2),
         workload: synthetic(4000, 200, 200, 64).into(),
@@ -161,6 +161,98 @@ fn timed_transfers_match_the_reference() {
         ("min_ttft_ms", 183.435323),
     ] {
         close(&s[key], want, key);
+    }
+}
+
+fn pool(role: &str, blocks: usize, extra: &str) -> Pool {
+    Pool { launch: launch(role, &format!(r#", "num_gpu_blocks": {blocks}{extra}"#)), workers: 0 }
+}
+
+#[test]
+fn tight_pools_match_the_reference() {
+    // (prefill pool, prefill workers, decode pool, decode workers, isl, osl, requests,
+    // concurrency, shared prefix, groups) and the reference's duration, mean TTFT, mean
+    // ITL and reuse.
+    type Case = (Pool, usize, Pool, usize, SyntheticWorkload, [f64; 4]);
+    let shared = |w: SyntheticWorkload, ratio: f64, groups: usize| SyntheticWorkload {
+        shared_prefix_ratio: ratio,
+        num_prefix_groups: groups,
+        ..w
+    };
+    let cases: [Case; 6] = [
+        // Eight untimed handoffs reach a 200-block decode pool at once: all are reserved
+        // before any is applied, so only three fit (fresh); the rest wait until one of
+        // those finishes, not merely until the first three are applied.
+        (
+            pool("prefill", 16384, ""),
+            1,
+            pool("decode", 200, ""),
+            1,
+            shared(synthetic(4000, 200, 40, 8), 0.9, 1),
+            [41093.681396, 941.948733, 33.999222, 0.8892],
+        ),
+        // A decode worker whose oldest handoff found no room tries it again only once a
+        // request there finished or was preempted.
+        (
+            pool("prefill", 16384, ""),
+            2,
+            pool("decode", 300, ""),
+            1,
+            synthetic(4000, 200, 80, 16),
+            [132524.493018, 17934.670920, 33.089933, 0.0],
+        ),
+        // A 400-block prefill pool: a source is freed as the decode worker takes its
+        // request at that worker's pass end, before the prefill worker's next pass.
+        (
+            pool("prefill", 400, ""),
+            1,
+            pool("decode", 16384, ""),
+            1,
+            shared(synthetic(4000, 100, 120, 8), 0.5, 4),
+            [13155.630679, 148.623173, 7.178214, 0.465733],
+        ),
+        (
+            pool("prefill", 400, TRANSFER),
+            1,
+            pool("decode", 16384, ""),
+            1,
+            shared(synthetic(4000, 100, 120, 8), 0.5, 4),
+            [12491.185935, 101.302991, 7.224774, 0.466267],
+        ),
+        // A decode batch capped at 16 sequences: activated destinations wait for room in
+        // the batch, and none is reserved while it is full.
+        (
+            pool("prefill", 16384, ""),
+            1,
+            pool("decode", 16384, r#", "max_num_seqs": 16"#),
+            1,
+            synthetic(1000, 200, 200, 64),
+            [17340.630317, 3432.638041, 6.621167, 0.0],
+        ),
+        (
+            pool("prefill", 16384, TRANSFER),
+            2,
+            pool("decode", 16384, r#", "max_num_seqs": 16"#),
+            1,
+            synthetic(1000, 200, 200, 64),
+            [17367.674585, 3414.332177, 6.620970, 0.0],
+        ),
+    ];
+    for (prefill, p, decode, d, workload, want) in cases {
+        let options = ReplayOptions {
+            cluster: Cluster::Disaggregated {
+                prefill: Pool { workers: p, ..prefill },
+                decode: Pool { workers: d, ..decode },
+            },
+            workload: workload.into(),
+            ..Default::default()
+        };
+        let (s, _) = run(&options);
+        for (key, want) in
+            ["duration_ms", "mean_ttft_ms", "mean_itl_ms", "prefix_cache_reused_ratio"].iter().zip(want)
+        {
+            close(&s[key], want, key);
+        }
     }
 }
 

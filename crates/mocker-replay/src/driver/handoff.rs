@@ -4,11 +4,13 @@
 //! blocks; after the modelled transfer the destination is activated (it decodes from the
 //! prompt length, its prompt counted as computed) and the source releases its KV.
 //!
-//! Without a transfer delay the decode worker takes the request at once (it joins its
-//! next pass). With one, the handoff waits in the worker's inbox and the worker reserves
-//! one waiting handoff as each pass starts, plus one for each transfer into it that ended
-//! since its last pass start (all of them at once when it is idle); the transfer runs from
-//! that reservation, as in the reference.
+//! Each decode worker serves its handoffs in order, trying the oldest waiting one at
+//! moments the reference does: when a handoff reaches it idle, as each of its passes
+//! ends, and as each transfer into it is applied (one that lands mid-pass is applied as
+//! that pass ends). An oldest handoff that found no room is tried again only once a
+//! request there finished, was preempted or let go (the engine's capacity generation).
+//! Untimed transfers land right after the reservations made with them, so reservations
+//! made at one instant all see the pool before any of them is applied.
 //!
 //! SGLang hands off destination first, as the reference orders it: an arriving request is
 //! routed to a decode worker, which reserves its prompt pages (at once when it is idle,
@@ -22,7 +24,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use mocker_core::config::{Backend, EngineConfig};
 use mocker_core::scheduler::vllm::ReserveError;
 use mocker_core::transfer::KvTransfer;
-use mocker_core::{Request, SeqKey};
+use mocker_core::{Engine, Request, SeqKey};
 
 use super::{Sim, SlotOwner};
 use crate::collector::RecordId;
@@ -73,15 +75,18 @@ pub(super) struct Disagg {
     /// Per decode worker, handoffs waiting to be reserved (for a pass start, or for
     /// room), oldest first.
     inbox: Vec<VecDeque<HandoffId>>,
-    /// Destination first, per decode worker: transfers that landed during its pass in
-    /// flight; the reference applies them as that pass ends.
+    /// Per decode worker, transfers that landed during its pass in flight; the reference
+    /// applies them as that pass ends.
     landed: Vec<Vec<HandoffId>>,
     /// Decode workers whose pass ended with transfers landed during it, in order.
     pass_ended: Vec<usize>,
-    /// Source first, per decode worker: activations into it since its last pass start
-    /// (timed transfers that ended and untimed ones alike, as the reference counts them);
-    /// each lets that pass start reserve one more waiting handoff.
-    landed_since_pass: Vec<usize>,
+    /// Per decode worker, the engine's capacity generation when its oldest waiting
+    /// handoff last found no room: it is tried again only once that changes (a request
+    /// there finished, was preempted or let go), as the reference gates its retries.
+    blocked_at: Vec<Option<u64>>,
+    /// Source first: reservations whose transfer takes no time, to activate in order once
+    /// the reservations made with them are (as the reference's action queue orders them).
+    untimed: VecDeque<HandoffId>,
     /// Scratch for `deliver`: handoffs whose prefill ended (`true`) or was rejected.
     pub(super) started: Vec<(HandoffId, bool)>,
 }
@@ -101,14 +106,19 @@ impl Disagg {
             inbox: vec![VecDeque::new(); workers],
             landed: vec![Vec::new(); workers],
             pass_ended: Vec::new(),
-            landed_since_pass: vec![0; workers],
+            blocked_at: vec![None; workers],
+            untimed: VecDeque::new(),
             started: Vec::new(),
         }
     }
 
-    /// Whether no handoff waits to be reserved on (driver index) worker `w`.
-    pub(super) fn inbox_empty(&self, w: usize) -> bool {
-        self.inbox[w - self.first_decode].is_empty()
+    /// Whether no pass end of (driver index) worker `w`, running `engine`, could reserve
+    /// a waiting handoff: none waits, or the oldest found no room and no request of the
+    /// worker has finished since (which ends a steady run anyway).
+    pub(super) fn inbox_settled(&self, w: usize, engine: &Engine) -> bool {
+        let i = w - self.first_decode;
+        let generation = engine.capacity_generation();
+        self.inbox[i].is_empty() || (generation.is_some() && self.blocked_at[i] == generation)
     }
 
     /// When the next transfer ends.
@@ -190,19 +200,54 @@ impl Sim {
             }
             let (w, i) = self.route_decode(h, t);
             let d = self.disagg();
-            let prompt = d.get(h).request.prompt_len();
-            let timed = d.transfer.delay_ms(prompt, None).is_some_and(|ms| ms > 0.0);
             d.get_mut(h).held_ns = t;
-            // Reservations are served in order; a timed transfer waits for a pass start.
-            if timed || !d.inbox[i].is_empty() || !self.reserve(h, t) {
-                self.disagg().inbox[i].push_back(h);
-                // The pass starting next must see it: a steady run is cut back to it.
+            // Reservations are served in order: an idle worker tries its oldest waiting
+            // one now; a busy one as its pass ends (a steady run is cut back to that).
+            d.inbox[i].push_back(h);
+            if self.workers[w].busy {
                 self.interrupt_run(w, t);
-                self.mark_dirty(w);
+            } else {
+                self.reserve_head(w, t);
             }
+            self.mark_dirty(w);
         }
         started.clear();
         self.disagg().started = started;
+        // Only now do the untimed transfers land: every reservation above saw the pool
+        // without them (the reference queues each activation behind them).
+        self.activate_untimed(t);
+    }
+
+    /// Activates, in order, the reservations made at `t` whose transfer takes no time;
+    /// each activation retries its worker's oldest waiting handoff, which may add more.
+    fn activate_untimed(&mut self, t: u64) {
+        while let Some(h) = self.disagg().untimed.pop_front() {
+            self.activate(h, t);
+        }
+    }
+
+    /// Decode worker `w` tries its oldest waiting handoff at `t` (unless that found no
+    /// room and the worker has given none back since).
+    fn reserve_head(&mut self, w: usize, t: u64) {
+        let d = self.disagg();
+        let i = w - d.first_decode;
+        let Some(&h) = d.inbox[i].front() else { return };
+        let engine = &self.workers[w].engine;
+        let generation = engine.capacity_generation();
+        if engine.batch_full() {
+            // The reference reserves nothing while the batch is at max_num_seqs.
+            self.disagg().blocked_at[i] = generation;
+            return;
+        }
+        if generation.is_some() && self.disagg().blocked_at[i] == generation {
+            return;
+        }
+        let reserved = self.reserve(h, t);
+        let d = self.disagg();
+        if reserved {
+            d.inbox[i].pop_front();
+        }
+        d.blocked_at[i] = if reserved { None } else { generation };
     }
 
     /// Routes handoff `h` to a decode worker at `t` (recorded on the request and the
@@ -275,7 +320,8 @@ impl Sim {
                         d.due_seq += 1;
                         d.due.push(Reverse((t + ns, d.due_seq, h)));
                     }
-                    _ => self.activate(h, t),
+                    // Its caller activates it, after the reservations made with it.
+                    _ => d.untimed.push_back(h),
                 }
                 true
             }
@@ -307,27 +353,24 @@ impl Sim {
         debug_assert!(activated.is_some(), "a reserved destination activates");
         let released = self.workers[handoff.prefill_worker].engine.release_held(handoff.source, uuid);
         debug_assert!(released, "the source held its KV until now");
-        // The reference logs both ends at pass boundaries (source first): the decode worker
-        // takes the request as its next pass starts, and the prefill worker frees the held
-        // KV then, or as its own pass in flight ends if that is later. Nothing can use those
-        // blocks before then, so freeing them now changes no figure, only the logged times.
-        let (mut taken, mut freed) = (t, t);
-        if !self.disagg().destination_first {
-            let boundary = |w: &super::Worker| if w.busy { w.engine.last_pass().end_ns.max(t) } else { t };
-            taken = boundary(&self.workers[w]);
-            freed = boundary(&self.workers[handoff.prefill_worker]).max(taken);
+        // Source first, the reference logs the release as the prefill worker's pass in
+        // flight ends, if it is busy. Its pass was scheduled already: freeing the blocks
+        // now changes no figure (they join the LRU after that pass's own), only the log.
+        let mut freed = t;
+        let source_first = !self.disagg().destination_first;
+        let source = &self.workers[handoff.prefill_worker];
+        if source_first && source.busy {
+            freed = source.engine.last_pass().end_ns.max(t);
         }
-        self.collector.on_handoff_activated(handoff.record, handoff.cached, taken, freed);
+        self.collector.on_handoff_activated(handoff.record, handoff.cached, t, freed);
+        if !source_first {
+            // SGLang's destination joins the batch as its next pass starts.
+            self.collector.on_decode_admitted(handoff.record, handoff.cached, t);
+        }
         self.mark_dirty(handoff.prefill_worker);
         self.mark_dirty(w);
-        if self.disagg().destination_first {
-            // The reference retries a waiting reservation as a transfer lands.
-            self.reserve_front(w, t);
-        } else {
-            // Every activation, timed or not: the closer rule against 1.6.1 (see the field).
-            let d = self.disagg();
-            d.landed_since_pass[w - d.first_decode] += 1;
-        }
+        // The reference retries a waiting reservation as a transfer lands.
+        self.reserve_front(w, t);
     }
 
     /// Destination first: request `h` (just opened) arrived at `t`. It is routed to a
@@ -345,15 +388,10 @@ impl Sim {
         }
     }
 
-    /// Destination first: decode worker `w` tries its oldest waiting reservation at `t`
-    /// (as a pass of it ends, a transfer into it lands, or a request reaches it idle).
+    /// Decode worker `w` tries its oldest waiting reservation at `t` (as a pass of it
+    /// ends, a transfer into it lands, or a request reaches it idle).
     pub(super) fn reserve_front(&mut self, w: usize, t: u64) {
-        let i = w - self.disagg().first_decode;
-        if let Some(&h) = self.disagg().inbox[i].front() {
-            if self.reserve(h, t) {
-                self.disagg().inbox[i].pop_front();
-            }
-        }
+        self.reserve_head(w, t);
         if !self.ended.is_empty() {
             self.end_requests(t);
         }
@@ -387,25 +425,27 @@ impl Sim {
         }
     }
 
-    /// The transfer of `h` ended at `t`: activate it, or (destination first, its decode
-    /// worker mid-pass) as that pass ends.
+    /// The transfer of `h` ended at `t`: activate it, or (its decode worker mid-pass) as
+    /// that pass ends.
     fn land(&mut self, h: HandoffId, t: u64) {
         let d = self.disagg.as_mut().expect("a disaggregated replay");
         let w = d.get(h).decode_worker;
-        if d.destination_first && self.workers[w].busy {
+        if self.workers[w].busy {
             d.landed[w - d.first_decode].push(h);
             // That pass's end is an event now: a steady run is cut back.
             self.interrupt_run(w, t);
         } else {
             self.activate(h, t);
+            self.activate_untimed(t);
         }
     }
 
-    /// Destination first: decode worker `w`'s pass ended at `t`. It retries its oldest
-    /// waiting reservation; the transfers that landed during the pass are applied once
-    /// every pass ending at `t` has (`activate_due`), as the reference orders them.
+    /// Decode worker `w`'s pass ended at `t`. It retries its oldest waiting reservation;
+    /// the transfers that landed during the pass are applied once every pass ending at
+    /// `t` has (`activate_due`), as the reference orders them.
     pub(super) fn decode_pass_ended(&mut self, w: usize, t: u64) {
         self.reserve_front(w, t);
+        self.activate_untimed(t);
         let d = self.disagg();
         if !d.landed[w - d.first_decode].is_empty() {
             d.pass_ended.push(w);
@@ -424,6 +464,7 @@ impl Sim {
             let landed = std::mem::take(&mut self.disagg().landed[i]);
             for &h in &landed {
                 self.activate(h, t);
+                self.activate_untimed(t);
             }
         }
         true
@@ -443,30 +484,6 @@ impl Sim {
             }
         }
         if !self.ended.is_empty() {
-            self.end_requests(now);
-        }
-        any
-    }
-
-    /// Decode worker `w` (idle) starts a pass at `now`: it reserves the oldest waiting
-    /// handoff, and while it has nothing else to do (its passes take no time) the next
-    /// ones too. Whether any was taken up.
-    pub(super) fn reserve_pending(&mut self, w: usize, now: u64) -> bool {
-        let i = w - self.disagg().first_decode;
-        let mut any = false;
-        let mut allowance = 1 + std::mem::take(&mut self.disagg().landed_since_pass[i]);
-        while let Some(&h) = self.disagg().inbox[i].front() {
-            if !self.reserve(h, now) {
-                break;
-            }
-            self.disagg().inbox[i].pop_front();
-            any = true;
-            allowance = allowance.saturating_sub(1);
-            if allowance == 0 && (self.workers[w].engine.has_work() || self.workers[w].busy) {
-                break;
-            }
-        }
-        if any && !self.ended.is_empty() {
             self.end_requests(now);
         }
         any
