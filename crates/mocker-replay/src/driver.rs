@@ -258,7 +258,8 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
                 decode.workers,
                 block_size,
                 decode.launch.engine.max_num_batched_tokens,
-            );
+            )
+            .without_kv_events();
             Some(Disagg::new(entry.workers, decode.workers, router, &entry.launch.engine))
         }
     };

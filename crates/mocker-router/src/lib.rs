@@ -92,6 +92,8 @@ pub struct KvRouter {
     overlap: Vec<u32>,
     held_overlap: Vec<u32>,
     cost: Vec<f64>,
+    /// Fed no KV events (see [`Router::without_kv_events`]).
+    no_events: bool,
 }
 
 impl KvRouter {
@@ -118,6 +120,7 @@ impl KvRouter {
             overlap: vec![0; num_workers],
             held_overlap: vec![0; num_workers],
             cost: vec![0.0; num_workers],
+            no_events: false,
         }
     }
 
@@ -152,9 +155,15 @@ impl KvRouter {
     /// Scores every worker for `req`, picks one and records the request there.
     pub fn route(&mut self, req: RouteRequest<'_>) -> Placement {
         let cfg = self.cfg;
+        let blind = self.blind();
         let held = cfg.router_assume_kv_reuse.then_some(&mut self.held_overlap[..]);
         let shareable = &req.hashes[..req.shareable.min(req.hashes.len())];
-        self.index.prefix_overlaps(shareable, &mut self.overlap, held, &mut self.found);
+        if blind {
+            // Nothing is cached as far as it knows, and shared holds do not count.
+            self.found.clear();
+        } else {
+            self.index.prefix_overlaps(shareable, &mut self.overlap, held, &mut self.found);
+        }
         let n = req.hashes.len() as f64;
         let bs = self.block_size as f64;
         let credit_scale = if cfg.prefill_load_scale == 0.0 { 0.0 } else { cfg.overlap_score_credit };
@@ -225,10 +234,18 @@ impl KvRouter {
         best
     }
 
+    /// Fed no KV events and not counting shared holds: no per-block state could change a
+    /// choice, so none is kept.
+    fn blind(&self) -> bool {
+        self.no_events && !self.cfg.router_assume_kv_reuse
+    }
+
     fn admit(&mut self, w: usize, req: RouteRequest<'_>, overlap_blocks: u32) -> RouteId {
         let mut slots = self.spare.pop().unwrap_or_default();
         slots.clear();
-        let shareable = &req.hashes[..req.shareable.min(req.hashes.len())];
+        // A blind router counts every block as the request's own.
+        let shareable =
+            if self.blind() { &[][..] } else { &req.hashes[..req.shareable.min(req.hashes.len())] };
         slots.reserve(shareable.len());
         // The route's walk found the prefix's slots; only the blocks beyond need a probe.
         for (i, &h) in shareable.iter().enumerate() {
@@ -321,7 +338,18 @@ impl Router {
 
     /// Whether the router consumes KV events.
     pub fn wants_kv_events(&self) -> bool {
-        matches!(self, Self::Kv(_))
+        matches!(self, Self::Kv(r) if !r.no_events)
+    }
+
+    /// This router is never fed KV events, as the reference's decode-pool router in a
+    /// disaggregated replay: it reports no cached overlap, and unless
+    /// `router_assume_kv_reuse` makes shared holds count, it keeps no per-block state
+    /// (a request's blocks are all its own load).
+    pub fn without_kv_events(mut self) -> Self {
+        if let Self::Kv(r) = &mut self {
+            r.no_events = true;
+        }
+        self
     }
 
     /// Places a request.
@@ -404,6 +432,29 @@ mod tests {
         r.free(p.id);
         assert_eq!((r.active_blocks[1], r.active_prefill_tokens[1], r.active_requests[1]), (0, 0, 0));
         assert_eq!(r.index.len(), 5, "only the cached blocks stay");
+    }
+
+    /// The decode pool's router (no KV events, no prefill term, shared holds not counted)
+    /// balances on every block of each live request and keeps no per-block state.
+    #[test]
+    fn a_router_without_kv_events_keeps_no_block_state() {
+        let cfg = KvRouterConfig::default().for_decode_pool();
+        let mut router = Router::new(RouterMode::Kv, cfg, 2, 64, 8192).without_kv_events();
+        assert!(!router.wants_kv_events());
+        let a = hashes(1, 10);
+        let p1 = router.route(RouteRequest::shared(640, &a));
+        let p2 = router.route(RouteRequest::shared(640, &a));
+        assert_ne!(p1.worker, p2.worker, "the same prompt still loads a worker fully");
+        let p3 = router.route(RouteRequest::shared(640, &a));
+        let Router::Kv(r) = &router else { unreachable!() };
+        assert_eq!(r.index.len(), 0);
+        assert_eq!(p3.overlap_blocks, 0);
+        assert_eq!(r.last_costs(), &[10.0 + 10.0, 10.0 + 10.0]);
+        for p in [p1, p2, p3] {
+            router.free(p.id);
+        }
+        let Router::Kv(r) = &router else { unreachable!() };
+        assert_eq!(r.active_blocks, [0, 0]);
     }
 
     /// Credit decay, by hand: worker 1 caches 5 blocks and then holds a request with 320
