@@ -1091,7 +1091,9 @@ impl VllmScheduler {
             return;
         }
         if self.record_kv_events {
-            let block_hashes = std::mem::take(&mut self.evicted);
+            // One exact allocation for the event; the scratch keeps its capacity.
+            let block_hashes = self.evicted.clone();
+            self.evicted.clear();
             self.push_event(pass, KvEventData::Removed { block_hashes });
         } else {
             self.evicted.clear();
