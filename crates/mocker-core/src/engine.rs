@@ -291,6 +291,15 @@ impl Engine {
         }
     }
 
+    /// Tells a vLLM/TRT-LLM engine whether disaggregation destinations wait for a
+    /// reservation on it: while they do, it admits only activated destinations (no-op on
+    /// SGLang).
+    pub fn set_destinations_pending(&mut self, pending: bool) {
+        if let Core::Vllm(s) = &mut self.core {
+            s.set_destinations_pending(pending);
+        }
+    }
+
     /// Whether the running batch is at `max_num_seqs` (vLLM/TRT-LLM; SGLang: never, its
     /// destinations are not gated on it).
     pub fn batch_full(&self) -> bool {

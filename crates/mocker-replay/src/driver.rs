@@ -518,6 +518,10 @@ impl Sim {
                 if worker.busy || !(worker.engine.has_work() || wake) {
                     continue;
                 }
+                if decode {
+                    let pending = self.disagg.as_ref().is_some_and(|d| !d.inbox_empty(w));
+                    worker.engine.set_destinations_pending(pending);
+                }
                 let end = worker.engine.step(now).end_ns;
                 if end > now {
                     // Each pass end retries a waiting reservation: no run while one could.

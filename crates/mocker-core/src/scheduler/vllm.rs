@@ -173,6 +173,9 @@ pub struct VllmScheduler {
     capacity_generation: u64,
     /// The next submission's `Seq::order`.
     next_order: u64,
+    /// Disaggregation destinations wait for a reservation here: only activated ones are
+    /// admitted (see [`Self::set_destinations_pending`]).
+    destinations_pending: bool,
 }
 
 /// Per-pass accumulators of the scheduling loop.
@@ -260,6 +263,7 @@ impl VllmScheduler {
             pass_id: 0,
             capacity_generation: 0,
             next_order: 0,
+            destinations_pending: false,
             last_end_ns: 0,
             next_event_id: 0,
             totals: EngineMetrics {
@@ -678,6 +682,9 @@ impl VllmScheduler {
     /// `max_loras` is passed over (it keeps its place at the head, in order) and the
     /// requests behind it are considered.
     fn admit_waiting(&mut self, b: &mut Budget, pass: &mut Pass) {
+        if self.destinations_pending {
+            return self.admit_landed(b, pass);
+        }
         if self.max_loras == 0 {
             return self.admit_waiting_fcfs(b, pass);
         }

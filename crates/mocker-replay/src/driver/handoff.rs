@@ -112,6 +112,11 @@ impl Disagg {
         }
     }
 
+    /// Whether no handoff waits to be reserved on (driver index) worker `w`.
+    pub(super) fn inbox_empty(&self, w: usize) -> bool {
+        self.inbox[w - self.first_decode].is_empty()
+    }
+
     /// Whether no pass end of (driver index) worker `w`, running `engine`, could reserve
     /// a waiting handoff: none waits, or the oldest found no room and no request of the
     /// worker has finished since (which ends a steady run anyway).

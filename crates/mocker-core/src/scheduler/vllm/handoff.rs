@@ -2,7 +2,7 @@
 //! its (prefill) output until released, and a destination whose prompt blocks are reserved
 //! before the transfer and which starts decoding when activated.
 
-use super::{Status, VllmScheduler};
+use super::{Budget, PrefillCost, Scheduled, Status, VllmScheduler};
 use crate::events::KvEvent;
 use crate::request::{Request, SeqKey};
 use crate::scheduler::{Pass, SubmitError};
@@ -123,15 +123,16 @@ impl VllmScheduler {
         })
     }
 
-    /// Free blocks once every running request and every reserved destination has its
-    /// footprint to completion (TRT-LLM's no-evict accounting for handoffs).
+    /// Free blocks once every running request and every reserved or activated (not yet
+    /// admitted) destination has its footprint to completion (TRT-LLM's no-evict
+    /// accounting for handoffs).
     fn no_evict_headroom(&self) -> usize {
         let running: usize = self.running.iter().map(|e| self.remaining_reservation(self.seq(e.key))).sum();
         let reserved: usize = self
             .seqs
             .iter()
             .flatten()
-            .filter(|s| s.status == Status::Reserved)
+            .filter(|s| matches!(s.status, Status::Reserved | Status::Landed))
             .map(|s| self.remaining_reservation(s))
             .sum();
         (self.num_gpu_blocks - self.pool.num_active()).saturating_sub(running + reserved)
@@ -170,6 +171,48 @@ impl VllmScheduler {
             .unwrap_or(self.waiting.len());
         self.waiting.insert(at, key);
         Some(pass.kv_events)
+    }
+
+    /// Tells the scheduler whether disaggregation destinations wait for a reservation on
+    /// this engine (the shell's queue): while they do, its passes admit only activated
+    /// destinations, whose KV is already here, and requests that would need fresh KV (a
+    /// preempted one recomputing) wait, as in the reference (and vLLM, which serves
+    /// requests that received remote KV first).
+    pub fn set_destinations_pending(&mut self, pending: bool) {
+        self.destinations_pending = pending;
+    }
+
+    /// Admits activated destinations from the waiting queue, in order, skipping every
+    /// other waiting request (see [`Self::set_destinations_pending`]).
+    pub(super) fn admit_landed(&mut self, b: &mut Budget, pass: &mut Pass) {
+        let bs = self.block_size as usize;
+        let mut i = 0;
+        while self.running.len() < self.max_num_seqs && i < self.waiting.len() {
+            let key = self.waiting[i];
+            let seq = self.seq(key);
+            if seq.status != Status::Landed {
+                i += 1;
+                continue;
+            }
+            let needed = (seq.len as usize).div_ceil(bs).saturating_sub(seq.blocks.len());
+            if needed > self.num_gpu_blocks - self.pool.num_active() {
+                break;
+            }
+            // `schedule` admits the waiting head.
+            self.waiting.remove(i);
+            self.waiting.push_front(key);
+            let mut cursor = usize::MAX;
+            match self.schedule(key, Some(PrefillCost::default()), b, pass, &mut cursor) {
+                Scheduled::Yes => {}
+                Scheduled::Blocked | Scheduled::CurrentPreempted => {
+                    if self.waiting.front() == Some(&key) {
+                        self.waiting.pop_front();
+                        self.waiting.insert(i, key);
+                    }
+                    break;
+                }
+            }
+        }
     }
 
     /// Whether the running batch is at `max_num_seqs`: the reference reserves no waiting
