@@ -127,7 +127,7 @@ fn timed_transfers_match_the_reference() {
     };
     let (s, records) = run(&options);
     // The second wave's prefills end at 338.185516 ms while the decode workers are busy:
-    // the first handoff on each is reserved as their next pass starts (343.385917 in the
+    // the first handoff on each is reserved as their pass in flight ends (343.385917 in the
     // reference), and its held time stays the prefill's end.
     let waited = records
         .iter()

@@ -72,7 +72,7 @@ pub(super) struct Disagg {
     /// Transfers in flight: (end, tie-break, handoff).
     due: BinaryHeap<Reverse<(u64, u64, HandoffId)>>,
     due_seq: u64,
-    /// Per decode worker, handoffs waiting to be reserved (for a pass start, or for
+    /// Per decode worker, handoffs waiting to be reserved (for a pass end, or for
     /// room), oldest first.
     inbox: Vec<VecDeque<HandoffId>>,
     /// Per decode worker, transfers that landed during its pass in flight; the reference
