@@ -100,11 +100,12 @@ impl Collector {
         }
     }
 
-    /// Per-request records: the request is `uuid` and asks for `max_output` tokens.
+    /// Per-request records: the request is `uuid` and asks for `max_output` tokens; a
+    /// synthetic session's turn carries its (session, turn) indices.
     #[inline]
-    pub fn describe(&mut self, id: RecordId, uuid: u128, max_output: usize) {
+    pub fn describe(&mut self, id: RecordId, uuid: u128, max_output: usize, session: Option<(u32, u32)>) {
         if let Some(log) = &mut self.log {
-            log.describe(id, uuid, max_output);
+            log.describe(id, uuid, max_output, session);
         }
     }
 

@@ -725,7 +725,7 @@ impl Sim {
                 // Every remaining turn ends unfinished; it counts only in num_requests.
                 while let Some(turn) = self.sessions.next_turn(sid) {
                     let rec = self.collector.on_arrival(now, turn.input_length);
-                    self.collector.describe(rec, turn.uuid, turn.max_output_tokens);
+                    self.collector.describe(rec, turn.uuid, turn.max_output_tokens, turn.session);
                     self.collector.on_rejected(rec, now);
                     self.finished += 1;
                     deps.fire(turn.uuid, DepTrigger::Dispatch, now, false);
@@ -812,7 +812,7 @@ impl Sim {
             return Ok(());
         };
         let rec = self.collector.on_arrival(arrival_ns, turn.input_length);
-        self.collector.describe(rec, turn.uuid, turn.max_output_tokens);
+        self.collector.describe(rec, turn.uuid, turn.max_output_tokens, turn.session);
         self.in_flight += 1;
         if let Some(d) = &mut self.deps {
             d.fire(turn.uuid, DepTrigger::Dispatch, arrival_ns, true);

@@ -34,6 +34,8 @@ pub struct PlannedTurn {
     pub delay_ms: f64,
     /// Not released before this (ms, before the speedup): agentic v2 `not_before_ms`.
     pub not_before_ms: Option<f64>,
+    /// Synthetic sessions: the session's index and the turn's (for the request log).
+    pub session: Option<(u32, u32)>,
 }
 
 /// A session ready to start.
@@ -184,6 +186,7 @@ impl Planner {
                         max_output_tokens: t.max_output_tokens,
                         delay_ms: if turns.is_empty() { 0.0 } else { delay },
                         not_before_ms: None,
+                        session: t.session,
                     });
                 }
                 Some(PlannedSession { arrival_ms, turns, gate: None })
@@ -220,6 +223,7 @@ impl Planner {
                         max_output_tokens: t.max_output_tokens,
                         delay_ms: t.delay_ms,
                         not_before_ms: t.not_before_ms,
+                        session: None,
                     });
                 }
                 Some(PlannedSession { arrival_ms, turns, gate: session.gate })

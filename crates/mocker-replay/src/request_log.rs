@@ -199,6 +199,8 @@ struct Live {
     admission_ns: Option<u64>,
     token_ns: Vec<u64>,
     handoff: Option<Handoff>,
+    /// Synthetic sessions: (session index, turn index).
+    session: Option<(u32, u32)>,
     queued_ns: Option<u64>,
     routing: Vec<RoutingEntry>,
     admissions: Vec<AdmissionEntry>,
@@ -292,6 +294,7 @@ impl RequestLog {
         slot.index = self.next_index;
         slot.uuid = 0;
         slot.requested_output = 0;
+        slot.session = None;
         slot.arrival_ns = arrival_ns;
         slot.admission_ns = None;
         slot.handoff = None;
@@ -302,10 +305,17 @@ impl RequestLog {
         self.pending.push_back(None);
     }
 
-    pub(crate) fn describe(&mut self, id: RecordId, uuid: u128, requested_output: usize) {
+    pub(crate) fn describe(
+        &mut self,
+        id: RecordId,
+        uuid: u128,
+        requested_output: usize,
+        session: Option<(u32, u32)>,
+    ) {
         let slot = &mut self.live[id as usize];
         slot.uuid = uuid;
         slot.requested_output = requested_output as u32;
+        slot.session = session;
     }
 
     pub(crate) fn queued(&mut self, id: RecordId, t_ns: u64) {
@@ -442,9 +452,10 @@ impl RequestLog {
         let last = tokens.last().copied();
         let n = tokens.len();
         let since_arrival = |t: Option<u64>| t.map(|t| ms(t.saturating_sub(slot.arrival_ns)));
-        let (session_id, turn_index) = match &self.labels {
-            Some(l) => l.of(slot.uuid),
-            None => (None, None),
+        let (session_id, turn_index) = match (&self.labels, slot.session) {
+            (Some(l), _) => l.of(slot.uuid),
+            (None, Some((s, t))) => (Some(format!("session_{s}")), Some(t)),
+            (None, None) => (None, None),
         };
         let agentic = self.labels.as_ref().is_some_and(|l| l.trace.format.is_agentic());
         let status = if completed { "completed" } else { "rejected" };

@@ -135,6 +135,10 @@ pub struct TurnRequest {
     /// Every later block (all of them when `None`) differs from every block of every other
     /// turn of the workload, by construction (fresh block ids, or a per-request salt).
     pub shared_prefix: Option<(usize, usize)>,
+    /// Its session's index and its turn index there, when the workload has sessions
+    /// (several turns, or prefix groups): the reference labels those records
+    /// `session_{index}`.
+    pub session: Option<(u32, u32)>,
 }
 
 /// Generates sessions and turns in order, lazily.
@@ -249,6 +253,7 @@ impl SyntheticSource {
                 tokens: flat_prompt(s.index as u64, isl),
                 max_output_tokens: self.w.output_tokens,
                 shared_prefix: None,
+                session: None,
             });
         }
         let bs = self.block_size;
@@ -277,6 +282,7 @@ impl SyntheticSource {
             tokens,
             max_output_tokens: self.w.output_tokens,
             shared_prefix: s.group.filter(|_| shared_blocks > 0).map(|g| (g, shared_blocks)),
+            session: Some((s.index as u32, s.turns_issued as u32 - 1)),
         })
     }
 

@@ -328,3 +328,39 @@ fn readmissions_after_preemption_match_the_reference() {
         assert_eq!(r["reused_input_tokens"], again.map_or(0, |a| a.1));
     }
 }
+
+/// Synthetic workloads with sessions (several turns, or prefix groups) label each record
+/// `session_{i}` and its turn, as the reference does; flat ones leave both out.
+#[test]
+fn synthetic_sessions_are_labelled_as_the_reference_labels_them() {
+    let dir = scratch("synthetic-sessions");
+    let base =
+        ["--input-tokens", "1000", "--output-tokens", "10", "--request-count", "6", "--concurrency", "2"];
+    // (extra flags, the first labels in arrival order)
+    type Labels<'a> = Vec<(Option<&'a str>, Option<u64>)>;
+    let cases: [(&[&str], Labels); 3] = [
+        (
+            &["--turns-per-session", "2"],
+            vec![
+                (Some("session_0"), Some(0)),
+                (Some("session_1"), Some(0)),
+                (Some("session_0"), Some(1)),
+                (Some("session_1"), Some(1)),
+            ],
+        ),
+        (
+            &["--shared-prefix-ratio", "0.5", "--num-prefix-groups", "2"],
+            vec![(Some("session_0"), Some(0)), (Some("session_1"), Some(0)), (Some("session_2"), Some(0))],
+        ),
+        (&[], vec![(None, None), (None, None), (None, None)]),
+    ];
+    for (extra, want) in cases {
+        let recs = records(&dir, &[&base[..], extra].concat());
+        let got: Vec<_> = recs
+            .iter()
+            .map(|r| (r["session_id"].as_str(), r["turn_index"].as_u64()))
+            .take(want.len())
+            .collect();
+        assert_eq!(got, want, "{extra:?}");
+    }
+}
