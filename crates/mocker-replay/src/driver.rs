@@ -486,8 +486,14 @@ impl Sim {
             }
             // KV transfers that end now (after the passes, as the reference orders them).
             changed |= self.activate_due(now);
-            // 2. Arrivals.
-            changed |= self.release_arrivals(now)?;
+            // 2. Arrivals. A disaggregated replay takes them up only after the passes
+            // below have started: the reference dispatches an arrival's first action (a
+            // prefill, or SGLang's reservation) on its next round at that instant, so
+            // a pass started now by other work does not take it.
+            let disaggregated = self.disagg.is_some();
+            if !disaggregated {
+                changed |= self.release_arrivals(now)?;
+            }
             // Idle workers whose host transfers complete by now step to take them up.
             for w in 0..self.workers.len() {
                 let worker = &self.workers[w];
@@ -552,6 +558,9 @@ impl Sim {
                 changed = true;
             }
             dirty.clear();
+            if disaggregated {
+                changed |= self.release_arrivals(now)?;
+            }
             iteration += 1;
             if !changed {
                 return Ok(());

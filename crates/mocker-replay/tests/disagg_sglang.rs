@@ -194,6 +194,35 @@ fn a_small_decode_pool_retracts_as_the_reference_does() {
     );
 }
 
+#[test]
+fn reservations_made_by_arrivals_reach_the_prefill_pool_after_its_passes_start() {
+    // A 300-page decode pool holds four 4000-token requests: each time four finish, four
+    // waiting ones are reserved at once. The first (retried as the decode pass ends) is
+    // prefilled alone on prefill worker 0; the three reserved as the new arrivals come in
+    // reach the prefill pool only after that pass started, as in the reference (two run
+    // together on worker 1, one waits for worker 0).
+    let options = ReplayOptions {
+        cluster: disagg("", r#", "num_gpu_blocks": 300"#, 2, 1),
+        workload: synthetic(4000, 200, 60, 16).into(),
+        ..Default::default()
+    };
+    let (s, records) = run(&options);
+    check(&s, &[("duration_ms", 100493.535628), ("mean_ttft_ms", 17531.883359), ("mean_itl_ms", 32.930056)]);
+    let mut held: Vec<f64> = records
+        .iter()
+        .map(|r| r.handoff.destination_reserved_ms.unwrap())
+        .zip(records.iter().map(|r| r.handoff.source_held_ms.unwrap()))
+        .filter(|&(reserved, _)| (reserved - 6782.682883).abs() < 1e-3)
+        .map(|(_, held)| held)
+        .collect();
+    held.sort_by(f64::total_cmp);
+    let want = [6866.654045, 6947.595753, 6947.595753, 6950.625207];
+    assert_eq!(held.len(), 4, "{held:?}");
+    for (got, want) in held.iter().zip(want) {
+        close(&json!(got), want, "source_held_ms");
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
 
