@@ -141,3 +141,42 @@ fn a_reserved_destination_decodes_after_activation() {
     assert_eq!(e.num_parked(), 0);
     e.pool().expect("vLLM pool").check_invariants().unwrap();
 }
+
+/// Activated destinations wait in order for room in the batch (`max_num_seqs`); while
+/// the shell says destinations wait for a reservation, only activated ones are admitted
+/// (a preempted or fresh request waits); each finish or preemption moves the capacity
+/// generation.
+#[test]
+fn activated_destinations_wait_for_batch_room_in_order() {
+    let config = EngineConfig {
+        num_gpu_blocks: 64,
+        block_size: 4,
+        max_num_seqs: 1,
+        max_num_batched_tokens: 64,
+        worker_type: mocker_core::config::WorkerType::Decode,
+        timing_model: TimingModelConfig::Fixed { prefill_ms: 10.0, decode_ms: 1.0 },
+        ..Default::default()
+    };
+    let mut e = Engine::new(EngineOptions { config, ..Default::default() }).unwrap();
+    let fresh = e.submit(req(30, 8, 1)).unwrap();
+    let a = e.reserve(req(31, 8, 1)).unwrap();
+    let b = e.reserve(req(32, 8, 1)).unwrap();
+    // Activated in the opposite order: they still join in submission order.
+    e.activate(b.key, 32).unwrap();
+    e.activate(a.key, 31).unwrap();
+    e.set_destinations_pending(true);
+    let generation = e.capacity_generation();
+    let admitted = |p: &mocker_core::Pass| p.admissions.iter().map(|a| a.uuid).collect::<Vec<_>>();
+    let pass = e.step(0);
+    // One sequence fits the batch: the first destination by submission order.
+    assert_eq!(admitted(pass), [31]);
+    assert!(pass.outputs.iter().any(|o| o.uuid == 31 && o.completed));
+    let end = pass.end_ns;
+    assert!(e.capacity_generation() > generation, "a finish gives capacity back");
+    let pass = e.step(end);
+    assert_eq!(admitted(pass), [32], "the fresh request waits while destinations do");
+    let end = pass.end_ns;
+    e.set_destinations_pending(false);
+    let pass = e.step(end);
+    assert_eq!(pass.admissions.iter().map(|a| a.key).collect::<Vec<_>>(), [fresh]);
+}
