@@ -155,10 +155,10 @@ impl KvRouter {
     /// Scores every worker for `req`, picks one and records the request there.
     pub fn route(&mut self, req: RouteRequest<'_>) -> Placement {
         let cfg = self.cfg;
-        let blind = self.blind();
-        let held = cfg.router_assume_kv_reuse.then_some(&mut self.held_overlap[..]);
+        let holds = self.keeps_holds();
+        let held = holds.then_some(&mut self.held_overlap[..]);
         let shareable = &req.hashes[..req.shareable.min(req.hashes.len())];
-        if blind {
+        if self.no_events && !holds {
             // Nothing is cached as far as it knows, and shared holds do not count.
             self.found.clear();
         } else {
@@ -234,18 +234,20 @@ impl KvRouter {
         best
     }
 
-    /// Fed no KV events and not counting shared holds: no per-block state could change a
-    /// choice, so none is kept.
-    fn blind(&self) -> bool {
-        self.no_events && !self.cfg.router_assume_kv_reuse
+    /// Whether live requests' blocks are tracked one by one: only when the load term
+    /// counts a block shared by several live requests once (`router_track_active_blocks`
+    /// with `router_assume_kv_reuse`). Otherwise every block is its request's own load, or
+    /// the load is not counted at all, and no per-block hold could change a choice.
+    fn keeps_holds(&self) -> bool {
+        self.cfg.router_track_active_blocks && self.cfg.router_assume_kv_reuse
     }
 
     fn admit(&mut self, w: usize, req: RouteRequest<'_>, overlap_blocks: u32) -> RouteId {
         let mut slots = self.spare.pop().unwrap_or_default();
         slots.clear();
-        // A blind router counts every block as the request's own.
+        // Without per-block holds every block counts as the request's own.
         let shareable =
-            if self.blind() { &[][..] } else { &req.hashes[..req.shareable.min(req.hashes.len())] };
+            if self.keeps_holds() { &req.hashes[..req.shareable.min(req.hashes.len())] } else { &[][..] };
         slots.reserve(shareable.len());
         // The route's walk found the prefix's slots; only the blocks beyond need a probe.
         for (i, &h) in shareable.iter().enumerate() {
@@ -342,9 +344,8 @@ impl Router {
     }
 
     /// This router is never fed KV events, as the reference's decode-pool router in a
-    /// disaggregated replay: it reports no cached overlap, and unless
-    /// `router_assume_kv_reuse` makes shared holds count, it keeps no per-block state
-    /// (a request's blocks are all its own load).
+    /// disaggregated replay: it reports no cached overlap (and, unless shared holds count,
+    /// walks no prefix).
     pub fn without_kv_events(mut self) -> Self {
         if let Self::Kv(r) = &mut self {
             r.no_events = true;
