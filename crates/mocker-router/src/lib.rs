@@ -458,6 +458,20 @@ mod tests {
         assert_eq!(r.active_blocks, [0, 0]);
     }
 
+    /// The prefill pool's router (no active-block term) sees cached prefixes from events
+    /// but keeps no holds for live requests: its index holds only what is cached.
+    #[test]
+    fn a_router_without_the_held_blocks_term_keeps_no_holds() {
+        let mut r = KvRouter::new(KvRouterConfig::default().for_prefill_pool(), 2, 64, 8192);
+        let a = hashes(1, 10);
+        r.apply_events(1, &[stored(&a[..5])]);
+        let p = r.route(RouteRequest::shared(640, &a));
+        assert_eq!((p.worker, p.overlap_blocks), (1, 5));
+        assert_eq!(r.index.len(), 5, "no holds for the live request");
+        r.free(p.id);
+        assert_eq!((r.index.len(), r.active_requests[1]), (5, 0));
+    }
+
     /// Credit decay, by hand: worker 1 caches 5 blocks and then holds a request with 320
     /// pending prefill tokens (5 blocks above idle worker 0). A 640-token prompt (10
     /// request blocks) sharing those 5 blocks costs on worker 1 raw (320 + 640) / 64 = 15
