@@ -1,6 +1,7 @@
 //! Disaggregated handoff on the vLLM scheduler: a source request that keeps its KV after
 //! its (prefill) output until released, and a destination whose prompt blocks are reserved
-//! before the transfer and which starts decoding when activated.
+//! before the transfer and which, once activated, waits for room in the batch and decodes
+//! from its prompt length.
 
 use super::{Budget, PrefillCost, Scheduled, Status, VllmScheduler};
 use crate::events::KvEvent;
