@@ -348,7 +348,6 @@ impl VllmScheduler {
                 (h, l)
             }
         };
-        self.next_order += 1;
         let seq = Seq {
             uuid: request.uuid,
             prompt: request.tokens,
@@ -359,7 +358,7 @@ impl VllmScheduler {
             num_computed: 0,
             generated: 0,
             status: Status::Fresh,
-            order: self.next_order - 1,
+            order: self.next_order,
             blocks: Vec::with_capacity(final_blocks),
             hashes,
             local_hashes,
@@ -380,6 +379,7 @@ impl VllmScheduler {
             lora: request.lora,
             hash_root,
         };
+        self.next_order += 1;
         let key = super::insert_slot(&mut self.seqs, &mut self.free_slots, seq);
         self.waiting.push_back(key);
         Ok(key)

@@ -122,8 +122,13 @@ impl Disagg {
     /// worker has finished since (which ends a steady run anyway).
     pub(super) fn inbox_settled(&self, w: usize, engine: &Engine) -> bool {
         let i = w - self.first_decode;
-        let generation = engine.capacity_generation();
-        self.inbox[i].is_empty() || (generation.is_some() && self.blocked_at[i] == generation)
+        self.inbox[i].is_empty() || self.head_blocked(i, engine.capacity_generation())
+    }
+
+    /// Whether decode worker `i`'s oldest waiting handoff found no room at capacity
+    /// `generation` (never for SGLang, whose engine keeps none).
+    fn head_blocked(&self, i: usize, generation: Option<u64>) -> bool {
+        generation.is_some() && self.blocked_at[i] == generation
     }
 
     /// When the next transfer ends.
@@ -244,7 +249,7 @@ impl Sim {
             self.disagg().blocked_at[i] = generation;
             return;
         }
-        if generation.is_some() && self.disagg().blocked_at[i] == generation {
+        if self.disagg().head_blocked(i, generation) {
             return;
         }
         let reserved = self.reserve(h, t);
@@ -348,7 +353,7 @@ impl Sim {
     }
 
     /// The transfer of `h` ended at `t`: the decode worker takes the request (it samples
-    /// its first token in its next pass) and the prefill worker frees the held KV.
+    /// its first token once a pass admits it) and the prefill worker frees the held KV.
     fn activate(&mut self, h: HandoffId, t: u64) {
         let handoff = self.disagg().close(h);
         let uuid = handoff.request.uuid;
