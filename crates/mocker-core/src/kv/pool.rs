@@ -1,7 +1,10 @@
 //! A fixed pool of physical KV blocks: free, active (referenced) and inactive (cached,
 //! evictable in least-recently-released order, or leaves first under the `lineage` policy).
 
-use rustc_hash::FxHashMap;
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
+use rustc_hash::FxBuildHasher;
 
 use crate::config::EvictionPolicy;
 
@@ -9,6 +12,12 @@ use crate::config::EvictionPolicy;
 pub type BlockId = u32;
 
 const NIL: u32 = u32::MAX;
+
+/// The index's hash of a block hash.
+#[inline]
+fn key(hash: u64) -> u64 {
+    FxBuildHasher.hash_one(hash)
+}
 
 #[derive(Debug, Clone)]
 struct Block {
@@ -92,11 +101,12 @@ pub struct BlockPool {
     lru_head: u32,
     lru_tail: u32,
     num_inactive: usize,
-    /// Hash to its primary copy, exactly the resident hashes. Keys are already well-mixed
-    /// hashes, so a one-multiply hasher is enough. Evicted hashes are removed at once:
-    /// leaving them behind saved that probe but doubled the table, and every probe of a
-    /// table twice the size misses the cache more often.
-    index: FxHashMap<u64, BlockId>,
+    /// The primary copy of each resident hash, keyed by that block's `hash`: an entry is
+    /// its 4-byte id, not a 16-byte (hash, id) pair, so the table of a full 16k-block pool
+    /// is a quarter of the size and its probes miss the cache less. Keys are already
+    /// well-mixed hashes, so a one-multiply hasher is enough. Evicted hashes are removed at
+    /// once: leaving them behind saved that probe but doubled the table.
+    index: HashTable<BlockId>,
     policy: EvictionPolicy,
     /// Per-block lineage links under `lineage`; empty under `lru`, whose paths never touch it.
     lineage: Vec<Lineage>,
@@ -149,7 +159,7 @@ impl BlockPool {
             // for 16k blocks is half a megabyte, and inserts scattered over it touch (and
             // page-fault) all of it while a short run fills a fraction; the few rehashes of
             // growing from a small table cost less.
-            index: FxHashMap::with_capacity_and_hasher(capacity.min(1024), Default::default()),
+            index: HashTable::with_capacity(capacity.min(1024)),
             policy,
             lineage: Vec::new(),
             leaf_head: NIL,
@@ -196,7 +206,8 @@ impl BlockPool {
     /// The primary copy of `hash`, if it is resident.
     #[inline]
     fn resident(&self, hash: u64) -> Option<BlockId> {
-        let id = *self.index.get(&hash)?;
+        let blocks = &self.blocks;
+        let id = *self.index.find(key(hash), |&i| blocks[i as usize].hash == hash)?;
         debug_assert!({
             let b = &self.blocks[id as usize];
             b.registered && b.primary && b.hash == hash
@@ -350,14 +361,20 @@ impl BlockPool {
     #[inline]
     fn index_block(&mut self, id: BlockId, hash: u64) -> bool {
         // One probe: an existing entry is the live primary, so this block is a duplicate.
-        match self.index.entry(hash) {
-            std::collections::hash_map::Entry::Occupied(e) => {
+        let blocks = &self.blocks;
+        let entry = self.index.entry(
+            key(hash),
+            |&i| blocks[i as usize].hash == hash,
+            |&i| key(blocks[i as usize].hash),
+        );
+        match entry {
+            hashbrown::hash_table::Entry::Occupied(e) => {
                 let p = *e.get() as usize;
                 self.blocks[id as usize].next_copy = self.blocks[p].next_copy;
                 self.blocks[p].next_copy = id;
                 false
             }
-            std::collections::hash_map::Entry::Vacant(e) => {
+            hashbrown::hash_table::Entry::Vacant(e) => {
                 e.insert(id);
                 self.blocks[id as usize].primary = true;
                 true
@@ -507,14 +524,19 @@ impl BlockPool {
                 cur = self.blocks[cur as usize].next_copy;
             }
             self.blocks[cur as usize].next_copy = next_copy;
-        } else if next_copy != NIL {
-            self.blocks[next_copy as usize].primary = true;
-            self.index.insert(hash, next_copy);
         } else {
-            if !silent {
-                evicted.push(hash);
+            let Ok(entry) = self.index.find_entry(key(hash), |&i| i == id) else {
+                unreachable!("a primary copy is indexed")
+            };
+            if next_copy != NIL {
+                self.blocks[next_copy as usize].primary = true;
+                *entry.into_mut() = next_copy;
+            } else {
+                if !silent {
+                    evicted.push(hash);
+                }
+                entry.remove();
             }
-            self.index.remove(&hash);
         }
     }
 
@@ -651,8 +673,12 @@ impl BlockPool {
             }
         }
         let mut copies = 0;
-        for (&hash, &primary) in &self.index {
+        for &primary in &self.index {
             let p = &self.blocks[primary as usize];
+            let hash = p.hash;
+            if self.resident(hash) != Some(primary) {
+                return Err(format!("block {primary} is indexed under another hash"));
+            }
             if !(p.registered && p.primary && p.hash == hash) {
                 return Err(format!("index maps {hash:#x} to block {primary}, not its resident primary"));
             }
