@@ -281,23 +281,21 @@ impl Engine {
         dispatch!(mut self, s => s.activate(key, uuid))
     }
 
-    /// vLLM/TRT-LLM: changes whenever the engine gives KV capacity or a batch slot back (a
-    /// request finishes, is preempted or let go); a destination that found no room is
-    /// retried only once it has changed, as in the reference. `None` for SGLang.
-    pub fn capacity_generation(&self) -> Option<u64> {
+    /// Changes whenever the engine gives KV capacity or a batch slot back (a request
+    /// finishes, is preempted, retracted or let go); a destination that found no room is
+    /// retried only once it has changed, as in the reference.
+    pub fn capacity_generation(&self) -> u64 {
         match &self.core {
-            Core::Vllm(s) => Some(s.capacity_generation()),
-            Core::Sglang(_) => None,
+            Core::Vllm(s) => s.capacity_generation(),
+            Core::Sglang(s) => s.capacity_generation(),
         }
     }
 
-    /// Tells a vLLM/TRT-LLM engine whether disaggregation destinations wait for a
-    /// reservation on it: while they do, it admits only activated destinations (no-op on
-    /// SGLang).
+    /// Tells the engine whether disaggregation destinations wait for a reservation on it:
+    /// while they do, it admits only activated destinations (a preempted or retracted
+    /// request recomputing waits), as in the reference.
     pub fn set_destinations_pending(&mut self, pending: bool) {
-        if let Core::Vllm(s) = &mut self.core {
-            s.set_destinations_pending(pending);
-        }
+        dispatch!(mut self, s => s.set_destinations_pending(pending))
     }
 
     /// Whether the running batch is at `max_num_seqs` (vLLM/TRT-LLM; SGLang: never, its

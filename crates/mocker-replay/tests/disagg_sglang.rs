@@ -223,6 +223,69 @@ fn reservations_made_by_arrivals_reach_the_prefill_pool_after_its_passes_start()
     }
 }
 
+#[test]
+fn shared_prefixes_under_decode_pressure_match_the_reference() {
+    // Timed transfers of prefix-sharing prompts into a 300-page decode pool: a destination
+    // that found no room is retried only once capacity came back, and the decode worker
+    // admits no retracted request for recompute while destinations wait for a reservation
+    // (the reference's rules; without either the figures move).
+    let options = ReplayOptions {
+        cluster: disagg(TRANSFER, r#", "num_gpu_blocks": 300"#, 2, 1),
+        workload: SyntheticWorkload {
+            shared_prefix_ratio: 0.5,
+            num_prefix_groups: 2,
+            ..synthetic(4000, 200, 60, 16)
+        }
+        .into(),
+        ..Default::default()
+    };
+    check(
+        &run(&options).0,
+        &[("duration_ms", 60435.354639), ("mean_ttft_ms", 4946.09971), ("mean_itl_ms", 51.679235)],
+    );
+}
+
+#[test]
+fn simultaneous_transfers_land_in_the_order_their_handoffs_opened() {
+    // Two prefill workers finish equal passes together; their timed transfers into the
+    // same 300-page decode worker end at the same instant and are reserved in the order
+    // the requests arrived, as the reference orders its transfer completions.
+    let options = ReplayOptions {
+        cluster: disagg(TRANSFER, r#", "num_gpu_blocks": 300"#, 2, 2),
+        workload: SyntheticWorkload {
+            shared_prefix_ratio: 0.5,
+            num_prefix_groups: 2,
+            ..synthetic(4000, 100, 60, 16)
+        }
+        .into(),
+        ..Default::default()
+    };
+    check(
+        &run(&options).0,
+        &[
+            ("duration_ms", 16528.468216),
+            ("mean_ttft_ms", 644.055119),
+            ("p99_ttft_ms", 3603.975721),
+            ("mean_itl_ms", 33.350824),
+        ],
+    );
+}
+
+#[test]
+fn one_prefill_worker_feeding_two_small_decode_pools_matches_the_reference() {
+    // Two 250-page decode workers retract under twelve 3200-token sequences while one
+    // prefill worker keeps handing new ones over.
+    let options = ReplayOptions {
+        cluster: disagg("", r#", "num_gpu_blocks": 250"#, 1, 2),
+        workload: synthetic(3000, 200, 100, 12).into(),
+        ..Default::default()
+    };
+    check(
+        &run(&options).0,
+        &[("duration_ms", 69078.381131), ("mean_ttft_ms", 1415.283001), ("mean_itl_ms", 33.716757)],
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
 

@@ -8,9 +8,10 @@
 //! moments the reference does: when a handoff reaches it idle, as each of its passes
 //! ends, and as each transfer into it is applied (one that lands mid-pass is applied as
 //! that pass ends). An oldest handoff that found no room is tried again only once a
-//! request there finished, was preempted or let go (the engine's capacity generation).
-//! Untimed transfers land right after the reservations made with them, so reservations
-//! made at one instant all see the pool before any of them is applied.
+//! request there finished, was preempted (SGLang: retracted) or let go (the engine's
+//! capacity generation). Untimed transfers land right after the reservations made with
+//! them, so reservations made at one instant all see the pool before any of them is
+//! applied; timed ones that end together land in the order their handoffs opened.
 //!
 //! SGLang hands off destination first, as the reference orders it: an arriving request is
 //! routed to a decode worker, which reserves its prompt pages (at once when it is idle,
@@ -55,6 +56,9 @@ struct Handoff {
     destination: SeqKey,
     cached: u32,
     transferable: u32,
+    /// Opening order: simultaneous transfers land in it (the reference's handoff ids
+    /// are allocated in arrival order and break its transfer-completion ties).
+    ordinal: u64,
 }
 
 /// The decode pool's side of a disaggregated replay.
@@ -69,9 +73,10 @@ pub(super) struct Disagg {
     pub(super) destination_first: bool,
     handoffs: Vec<Option<Handoff>>,
     free: Vec<HandoffId>,
-    /// Transfers in flight: (end, tie-break, handoff).
+    /// Transfers in flight: (end, the handoff's ordinal, handoff).
     due: BinaryHeap<Reverse<(u64, u64, HandoffId)>>,
-    due_seq: u64,
+    /// Handoffs opened so far.
+    opened: u64,
     /// Per decode worker, handoffs waiting to be reserved (for a pass end, or for
     /// room), oldest first.
     inbox: Vec<VecDeque<HandoffId>>,
@@ -102,7 +107,7 @@ impl Disagg {
             handoffs: Vec::new(),
             free: Vec::new(),
             due: BinaryHeap::new(),
-            due_seq: 0,
+            opened: 0,
             inbox: vec![VecDeque::new(); workers],
             landed: vec![Vec::new(); workers],
             pass_ended: Vec::new(),
@@ -126,9 +131,9 @@ impl Disagg {
     }
 
     /// Whether decode worker `i`'s oldest waiting handoff found no room at capacity
-    /// `generation` (never for SGLang, whose engine keeps none).
-    fn head_blocked(&self, i: usize, generation: Option<u64>) -> bool {
-        generation.is_some() && self.blocked_at[i] == generation
+    /// `generation`.
+    fn head_blocked(&self, i: usize, generation: u64) -> bool {
+        self.blocked_at[i] == Some(generation)
     }
 
     /// When the next transfer ends.
@@ -157,7 +162,9 @@ impl Disagg {
             destination: SeqKey(0),
             cached: 0,
             transferable: 0,
+            ordinal: self.opened,
         };
+        self.opened += 1;
         match self.free.pop() {
             Some(id) => {
                 self.handoffs[id as usize] = Some(h);
@@ -246,7 +253,7 @@ impl Sim {
         let generation = engine.capacity_generation();
         if engine.batch_full() {
             // The reference reserves nothing while the batch is at max_num_seqs.
-            self.disagg().blocked_at[i] = generation;
+            self.disagg().blocked_at[i] = Some(generation);
             return;
         }
         if self.disagg().head_blocked(i, generation) {
@@ -257,7 +264,7 @@ impl Sim {
         if reserved {
             d.inbox[i].pop_front();
         }
-        d.blocked_at[i] = if reserved { None } else { generation };
+        d.blocked_at[i] = (!reserved).then_some(generation);
     }
 
     /// Routes handoff `h` to a decode worker at `t` (recorded on the request and the
@@ -315,6 +322,7 @@ impl Sim {
                 let (record, held_ns) = (handoff.record, handoff.held_ns);
                 let (first_decode, destination_first) = (d.first_decode, d.destination_first);
                 let handoff = d.get_mut(h);
+                let ordinal = handoff.ordinal;
                 handoff.destination = res.key;
                 handoff.cached = res.cached_tokens as u32;
                 handoff.transferable = res.transferable_prompt_tokens as u32;
@@ -326,10 +334,7 @@ impl Sim {
                     return true;
                 }
                 match delay.map(ms_to_ns) {
-                    Some(ns) if ns > 0 => {
-                        d.due_seq += 1;
-                        d.due.push(Reverse((t + ns, d.due_seq, h)));
-                    }
+                    Some(ns) if ns > 0 => d.due.push(Reverse((t + ns, ordinal, h))),
                     // Its caller activates it, after the reservations made with it.
                     _ => d.untimed.push_back(h),
                 }
@@ -421,16 +426,12 @@ impl Sim {
         let d = self.disagg();
         let handoff = d.get_mut(h);
         handoff.held_ns = t;
-        let (record, prompt, transferable) =
-            (handoff.record, handoff.request.prompt_len(), handoff.transferable as usize);
+        let (record, prompt, transferable, ordinal) =
+            (handoff.record, handoff.request.prompt_len(), handoff.transferable as usize, handoff.ordinal);
         let delay = d.transfer.delay_ms(prompt, Some(transferable));
         self.collector.on_handoff_held(record, t);
         match delay.map(ms_to_ns) {
-            Some(ns) if ns > 0 => {
-                let d = self.disagg();
-                d.due_seq += 1;
-                d.due.push(Reverse((t + ns, d.due_seq, h)));
-            }
+            Some(ns) if ns > 0 => self.disagg().due.push(Reverse((t + ns, ordinal, h))),
             _ => self.land(h, t),
         }
     }

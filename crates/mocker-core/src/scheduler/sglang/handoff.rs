@@ -107,9 +107,21 @@ impl SglangScheduler {
         seq.status = Status::Admitted;
         seq.materialized = seq.len;
         let mut pass = Pass::default();
+        let free = self.cache.free_pages();
         self.cache_materialized(key, &mut pass);
+        if self.cache.free_pages() > free {
+            // Its pages that duplicated resident ones went back to the pool.
+            self.capacity_generation += 1;
+        }
         self.ready.push_back(key);
         Some(pass.kv_events)
+    }
+
+    /// Tells the scheduler whether disaggregation destinations wait for a reservation on
+    /// this engine (the shell's queue): while they do, its passes admit no request that
+    /// needs fresh KV (a retracted one recomputing waits), as in the reference.
+    pub fn set_destinations_pending(&mut self, pending: bool) {
+        self.destinations_pending = pending;
     }
 
     /// Requests parked outside the queues (held sources and reserved destinations).

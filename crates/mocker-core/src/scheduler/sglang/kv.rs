@@ -118,6 +118,7 @@ impl SglangScheduler {
     pub(super) fn finish_kv(&mut self, key: SeqKey, pass: &mut Pass) {
         self.cache_materialized(key, pass);
         self.release_kv(key, true);
+        self.capacity_generation += 1;
     }
 
     /// Frees `key`'s private pages and drops its tree lock; pages already in the tree stay

@@ -68,6 +68,13 @@ pub struct SglangScheduler {
     seqs: Vec<Option<Seq>>,
     free_slots: Vec<u32>,
     retired_slots: Vec<u32>,
+    /// Moves whenever KV capacity is given back (a request finishes or is let go, a
+    /// decode pass retracts, an activation frees duplicate pages, a cancel): a
+    /// destination that found no room is retried only once it has, as in the reference.
+    capacity_generation: u64,
+    /// Disaggregation destinations wait for a reservation here (the shell's queue): no
+    /// request needing fresh KV is admitted meanwhile (see `set_destinations_pending`).
+    destinations_pending: bool,
     waiting: VecDeque<SeqKey>,
     running: Vec<RunEntry>,
     /// Activated disaggregation destinations, joining `running` as a pass starts.
@@ -143,6 +150,8 @@ impl SglangScheduler {
             seqs: Vec::new(),
             free_slots: Vec::new(),
             retired_slots: Vec::new(),
+            capacity_generation: 0,
+            destinations_pending: false,
             waiting: VecDeque::new(),
             running: Vec::new(),
             ready: VecDeque::new(),
@@ -255,8 +264,8 @@ impl SglangScheduler {
         if !self.deferred_events.is_empty() {
             pass.kv_events.append(&mut self.deferred_events);
         }
-        // Activated destinations run first; while some still wait for a slot, no prefill
-        // is admitted (the reference's order).
+        // Activated destinations run first; while some still wait for a slot, or others
+        // wait for a reservation, no prefill is admitted (the reference's order).
         while !self.ready.is_empty() && self.running.len() < self.max_running {
             let key = self.ready.pop_front().expect("non-empty");
             self.running.push(RunEntry::new(key));
@@ -266,6 +275,7 @@ impl SglangScheduler {
         let defer = self.prefill_rounds_remaining > 0;
         if !defer
             && self.ready.is_empty()
+            && !self.destinations_pending
             && !self.waiting.is_empty()
             && self.running.len() < self.max_running
         {
@@ -307,6 +317,9 @@ impl SglangScheduler {
         } else if !self.running.is_empty() {
             let plan = self.retract_for_decode();
             retracted = plan.retracted;
+            if retracted > 0 {
+                self.capacity_generation += 1;
+            }
             let (n, kv) = (self.running.len(), plan.kv);
             let decode_ms = self.timing.decode_ms(DecodeShape {
                 batch: n,
@@ -516,6 +529,7 @@ impl SglangScheduler {
             }
             self.release_kv(key, false);
             self.retire(key);
+            self.capacity_generation += 1;
         }
         live || suppressed
     }
@@ -552,6 +566,11 @@ impl SglangScheduler {
             }
         }
         self.cache.check_invariants(private)
+    }
+
+    /// See the field: the shell gates its retries of a destination that found no room.
+    pub fn capacity_generation(&self) -> u64 {
+        self.capacity_generation
     }
 
     fn retire(&mut self, key: SeqKey) {
