@@ -103,6 +103,17 @@ const GAP_THREAD_MIN_REQUESTS: usize = 2_000;
 /// A pending pass end: (end, start, drain iteration at the start, worker, generation).
 type PassKey = (u64, u64, u32, usize, u32);
 
+/// The heap key of a pass ending at `end`. Aggregated passes ending together complete in
+/// the order they started; disaggregated ones in worker order, prefill pool first (the
+/// reference's disagg replay orders simultaneous pass completions by stage and worker).
+fn pass_key(disaggregated: bool, end: u64, start: u64, at: u32, w: usize, generation: u32) -> PassKey {
+    if disaggregated {
+        (end, 0, 0, w, generation)
+    } else {
+        (end, start, at, w, generation)
+    }
+}
+
 struct Sim {
     /// The aggregated or prefill pool (indices from 0), then the decode pool.
     workers: Vec<Worker>,
@@ -122,9 +133,9 @@ struct Sim {
     speedup: f64,
     /// Runs end by this (the `max_sim_time` cap), so none spans a pass the cap drops.
     max_end_ns: u64,
-    /// Pass ends: (end, start, drain iteration at the start, worker, generation). Passes
-    /// ending together complete in the order they started, as (start, iteration, worker)
-    /// orders them: workers start passes in index order within an iteration of `drain`.
+    /// Pass ends, keyed by `pass_key`. Aggregated passes ending together complete in the
+    /// order they started, as (start, iteration, worker) orders them: workers start passes
+    /// in index order within an iteration of `drain`.
     passes: BinaryHeap<Reverse<PassKey>>,
     /// Workers that may be idle with work, to look at in index order.
     dirty: Vec<usize>,
@@ -539,7 +550,9 @@ impl Sim {
                     worker.iteration = iteration;
                     // A run's last pass starts at the first iteration of its start time.
                     let at = if pass.run_ends.is_empty() { iteration } else { 0 };
-                    self.passes.push(Reverse((pass.end_ns, pass.last_start_ns(), at, w, worker.generation)));
+                    let key =
+                        pass_key(disaggregated, pass.end_ns, pass.last_start_ns(), at, w, worker.generation);
+                    self.passes.push(Reverse(key));
                 } else if worker.engine.last_pass().had_effect() {
                     self.deliver(w, now);
                     self.mark_dirty(w);
@@ -958,7 +971,8 @@ impl Sim {
             self.mark_dirty(w);
         } else {
             let at = if pass.run_ends.is_empty() { worker.iteration } else { 0 };
-            let key = (pass.end_ns, pass.last_start_ns(), at, w, worker.generation);
+            let key =
+                pass_key(self.disagg.is_some(), pass.end_ns, pass.last_start_ns(), at, w, worker.generation);
             self.passes.push(Reverse(key));
         }
     }

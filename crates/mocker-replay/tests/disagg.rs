@@ -2,8 +2,12 @@
 //! 64/16384/256/8192, polynomial timing) and the handoff's invariants.
 
 use mocker_core::config::LaunchConfig;
+use std::sync::Arc;
+
+use mocker_replay::trace::parse_trace;
 use mocker_replay::{
     run_replay, Cluster, Hooks, Load, Pool, ReplayOptions, RequestRecord, RouterMode, SyntheticWorkload,
+    TraceFormat, TraceWorkload, Workload,
 };
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -159,6 +163,38 @@ fn timed_transfers_match_the_reference() {
         ("p99_ttft_ms", 2729.942724),
         ("mean_itl_ms", 10.363986),
         ("min_ttft_ms", 183.435323),
+    ] {
+        close(&s[key], want, key);
+    }
+}
+
+#[test]
+fn prefill_passes_ending_together_complete_in_worker_order() {
+    // The first 850 rows of the public conversation trace on 3 prefill + 5 decode workers:
+    // around 267.8 s two prefill workers end equal passes at the same instant, one of them
+    // inside a run of identical passes; the reference hands their requests to the decode
+    // round robin in worker order (prefill worker 0 first), whatever the passes' history.
+    let path =
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/traces/mooncake_conversation_trace.jsonl");
+    let Ok(text) = std::fs::read_to_string(path) else {
+        eprintln!("skipped: {path} is not beside the checkout (CI has it)");
+        return;
+    };
+    let rows: Vec<&str> = text.lines().take(850).collect();
+    let trace = Arc::new(parse_trace(&rows.join("\n"), TraceFormat::Mooncake, Some(512)).unwrap());
+    let options = ReplayOptions {
+        cluster: disagg(TRANSFER, 3, 5),
+        workload: Workload::Trace(TraceWorkload { trace, concurrency: None, repeat: 1 }),
+        ..Default::default()
+    };
+    let (s, _) = run(&options);
+    for (key, want) in [
+        ("duration_ms", 286731.991618),
+        ("mean_ttft_ms", 696.802584),
+        ("p99_ttft_ms", 3134.105319),
+        ("mean_itl_ms", 7.587042),
+        ("mean_e2e_latency_ms", 3332.46055),
+        ("prefix_cache_reused_ratio", 0.070162),
     ] {
         close(&s[key], want, key);
     }
