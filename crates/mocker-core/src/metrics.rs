@@ -25,7 +25,9 @@ pub struct EngineMetrics {
     pub prefix_cache_queries_total: u64,
     /// Of those, tokens found (reused).
     pub prefix_cache_hits_total: u64,
-    /// Prompt tokens computed since start (excluding cache hits, including recomputation).
+    /// Tokens computed by requests prefilling since start: cache hits excluded, a
+    /// recomputed prompt and its recomputed output included (the reference's committed
+    /// prefill work).
     pub prompt_tokens_computed_total: u64,
     /// Tokens generated since start.
     pub generation_tokens_total: u64,

@@ -21,7 +21,11 @@ struct Record {
     tokens: u32,
     input_len: u32,
     admitted: bool,
+    /// Largest reuse of any admission, in either pool (the summary's).
     reused_max: u32,
+    /// Largest reuse of the entry pool's (aggregated or prefill) admissions: the
+    /// request record's and the per-worker figure.
+    reused_entry: u32,
     reused_first: u32,
     worker: u32,
 }
@@ -140,6 +144,14 @@ impl Collector {
         if let Some(log) = &mut self.log {
             log.admitted(id, PoolKind::Decode, reused, t_ns);
         }
+        self.decode_reuse(id, reused);
+    }
+
+    /// A decode admission's reuse counts toward the request's, as the reference takes
+    /// the largest over all its admissions in either pool.
+    fn decode_reuse(&mut self, id: RecordId, reused: u32) {
+        let r = &mut self.records[id as usize];
+        r.reused_max = r.reused_max.max(reused);
     }
 
     /// Whether per-request records are kept (so steady tokens must be reported one by one
@@ -176,6 +188,7 @@ impl Collector {
             input_len: input_len as u32,
             admitted: false,
             reused_max: 0,
+            reused_entry: 0,
             reused_first: 0,
             worker: 0,
         };
@@ -207,6 +220,7 @@ impl Collector {
             r.reused_first = reused;
         }
         r.reused_max = r.reused_max.max(reused);
+        r.reused_entry = r.reused_entry.max(reused);
     }
 
     /// Disaggregated: the request's prefill finished at `held_ns` and `decode_worker`
@@ -224,23 +238,22 @@ impl Collector {
         }
     }
 
-    /// Disaggregated: the request's KV arrived at its decode worker at `t_ns`, which had
-    /// already cached `reused` of its prompt tokens; its prefill worker freed the held KV
-    /// at `released_ns`. The report's reuse stays the prefill pool's, as the reference
-    /// counts it.
-    pub fn on_handoff_activated(&mut self, id: RecordId, reused: u32, t_ns: u64, released_ns: u64) {
+    /// Disaggregated: the request's KV arrived at its decode worker at `t_ns`; its prefill
+    /// worker freed the held KV at `released_ns`.
+    pub fn on_handoff_activated(&mut self, id: RecordId, t_ns: u64, released_ns: u64) {
         if let Some(log) = &mut self.log {
-            log.activated(id, reused, t_ns, released_ns);
+            log.activated(id, t_ns, released_ns);
         }
     }
 
     /// Disaggregated: the decode worker admitted the activated request into its batch at
-    /// `t_ns` (its first decode admission, logged as reusing `reused` tokens; it computes
+    /// `t_ns` (its first decode admission, reported as reusing `reused` tokens; it computes
     /// nothing of its prompt).
     pub fn on_decode_admitted(&mut self, id: RecordId, reused: u32, t_ns: u64) {
         if let Some(log) = &mut self.log {
             log.decode_admitted(id, reused, t_ns);
         }
+        self.decode_reuse(id, reused);
     }
 
     /// The request received its token number `index` at `t_ns`, `itl_ns` after its
@@ -297,7 +310,7 @@ impl Collector {
         self.free.push(id);
         let completed = r.admitted && r.tokens > 0;
         if let Some(log) = &mut self.log {
-            log.end(id, completed, t_ns, (r.worker, r.input_len, r.reused_max));
+            log.end(id, completed, t_ns, (r.worker, r.input_len, r.reused_entry));
         }
         if !completed {
             return;
@@ -322,7 +335,7 @@ impl Collector {
             self.workers.resize(w + 1, (0, 0));
         }
         self.workers[w].0 += u64::from(r.input_len);
-        self.workers[w].1 += u64::from(r.reused_max);
+        self.workers[w].1 += u64::from(r.reused_entry);
         if r.tokens >= 2 {
             self.ttst.push(ms(r.second_ns - r.first_ns));
             self.tpot.push(ms(r.last_ns - r.first_ns) / f64::from(r.tokens - 1));
@@ -335,7 +348,7 @@ impl Collector {
         self.free.push(id);
         if let Some(log) = &mut self.log {
             let r = &self.records[id as usize];
-            log.end(id, false, t_ns, (r.worker, r.input_len, r.reused_max));
+            log.end(id, false, t_ns, (r.worker, r.input_len, r.reused_entry));
         }
     }
 

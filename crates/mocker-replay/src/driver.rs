@@ -630,8 +630,8 @@ impl Sim {
             r.apply_events(rw, &pass.kv_events);
         }
         // A decode worker's admissions are its activated destinations joining the batch
-        // (SGLang's are recorded as they activate) and their re-admissions; the report's
-        // reuse is the prefill pool's.
+        // (SGLang's are recorded as they activate) and their re-admissions; a request's
+        // reuse is the largest of all its admissions, in either pool, as the reference's.
         if role != Role::Decode {
             for a in &pass.admissions {
                 self.collector.on_admission(
@@ -640,7 +640,7 @@ impl Sim {
                     pass.start_ns,
                 );
             }
-        } else if self.collector.logs_requests() {
+        } else {
             for a in &pass.admissions {
                 let rec = worker.owners[a.key.0 as usize].record;
                 if a.readmission {

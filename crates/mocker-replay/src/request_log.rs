@@ -374,12 +374,11 @@ impl RequestLog {
         self.live[id as usize].handoff.get_or_insert_with(Handoff::default).held_ns = Some(t_ns);
     }
 
-    /// Disaggregated: the KV arrived at `t_ns`; `reused` prompt tokens were cached there.
-    pub(crate) fn activated(&mut self, id: RecordId, reused: u32, t_ns: u64, released_ns: u64) {
+    /// Disaggregated: the KV arrived at `t_ns`.
+    pub(crate) fn activated(&mut self, id: RecordId, t_ns: u64, released_ns: u64) {
         let h = self.live[id as usize].handoff.get_or_insert_with(Handoff::default);
         h.activated_ns = Some(t_ns);
         h.released_ns = Some(released_ns);
-        h.decode_reused = reused;
     }
 
     /// The decode worker admitted the activated request at `t_ns`, reusing `reused` tokens.
@@ -393,6 +392,10 @@ impl RequestLog {
         let slot = &mut self.live[id as usize];
         if pool != PoolKind::Decode {
             slot.admission_ns.get_or_insert(t_ns);
+        } else {
+            // The largest reuse of its decode admissions, as the reference reports it.
+            let h = slot.handoff.get_or_insert_with(Handoff::default);
+            h.decode_reused = h.decode_reused.max(reused);
         }
         let p = usize::from(pool == PoolKind::Decode);
         let pool_ordinal = slot.pool_admissions[p];

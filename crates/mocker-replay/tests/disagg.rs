@@ -200,6 +200,44 @@ fn prefill_passes_ending_together_complete_in_worker_order() {
     }
 }
 
+#[test]
+fn decode_readmissions_count_in_reuse_and_committed_prefill_as_in_the_reference() {
+    // Poisson arrivals into 400-block decode workers: 13 requests are preempted there and
+    // recompute (prompt and output). The reference counts that work in the committed
+    // prefill tokens, a request's reuse as the largest of all its admissions in either
+    // pool, and a record's decode reuse as the largest of its decode admissions.
+    let options = ReplayOptions {
+        cluster: Cluster::Disaggregated {
+            prefill: Pool { launch: launch("prefill", ""), workers: 2 },
+            decode: Pool { workers: 3, ..pool("decode", 400, "") },
+        },
+        workload: SyntheticWorkload {
+            load: Load::RequestRate(20.0),
+            arrival_seed: 42,
+            shared_prefix_ratio: 0.6,
+            num_prefix_groups: 2,
+            ..synthetic(2000, 150, 120, 1)
+        }
+        .into(),
+        ..Default::default()
+    };
+    let (s, records) = run(&options);
+    for (key, want) in [
+        ("duration_ms", 11510.615514),
+        ("mean_ttft_ms", 463.939904),
+        ("p99_ttft_ms", 1592.235548),
+        ("mean_itl_ms", 34.301572),
+        ("committed_prefill_tokens", 107058.0),
+        ("prefix_cache_reused_ratio", 0.606933),
+        ("first_admission_prefix_cache_reused_ratio", 0.587733),
+    ] {
+        close(&s[key], want, key);
+    }
+    let sum = |f: fn(&RequestRecord) -> u32| records.iter().map(f).sum::<u32>();
+    assert_eq!(sum(|r| r.reused_input_tokens), 141056, "records' reuse is the prefill pool's");
+    assert_eq!(sum(|r| r.handoff.decode_reused_input_tokens.unwrap()), 20416);
+}
+
 fn pool(role: &str, blocks: usize, extra: &str) -> Pool {
     Pool { launch: launch(role, &format!(r#", "num_gpu_blocks": {blocks}{extra}"#)), workers: 0 }
 }

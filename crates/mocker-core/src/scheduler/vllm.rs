@@ -185,7 +185,9 @@ struct Budget {
     batch_count: usize,
     total_isl: usize,
     total_prefix: usize,
-    prompt_tokens: usize,
+    /// All tokens scheduled for requests that compute prompt tokens this pass, recomputed
+    /// output included: the reference's `sum_prefill_tokens` (committed prefill work).
+    prefill_work_tokens: usize,
     scheduled_tokens: usize,
     preempted: usize,
     /// Ready requests that decode in this pass (fresh prefills sample from their prefill).
@@ -559,13 +561,13 @@ impl VllmScheduler {
         let m = &mut pass.metrics;
         m.dp_rank = self.dp_rank;
         m.num_prefill_requests = b.batch_count;
-        m.sum_prefill_tokens = b.prompt_tokens;
+        m.sum_prefill_tokens = b.prefill_work_tokens;
         m.sum_prefill_kv_tokens = b.total_prefix;
         m.num_queued_requests = self.waiting.len();
         m.scheduled_tokens = b.scheduled_tokens;
         m.num_preempted = b.preempted;
         m.wall_time_secs = (prefill_ns + decode_ns) as f64 / 1e9;
-        self.totals.prompt_tokens_computed_total += b.prompt_tokens as u64;
+        self.totals.prompt_tokens_computed_total += b.prefill_work_tokens as u64;
         self.last_end_ns = pass.end_ns;
         self.pass = pass;
         &self.pass
@@ -939,7 +941,9 @@ impl VllmScheduler {
             b.total_isl += (prefix + prompt_tokens) as usize;
             b.total_prefix += prefix as usize;
         }
-        b.prompt_tokens += prompt_tokens as usize;
+        if prompt_tokens > 0 {
+            b.prefill_work_tokens += want as usize;
+        }
         b.scheduled_tokens += want as usize;
         if from_waiting {
             if self.offload.is_some() {
@@ -992,7 +996,9 @@ impl VllmScheduler {
             // Already scheduled this pass: give back its budget and its share of the batch.
             b.tokens += seq.pass_tokens;
             b.scheduled_tokens -= seq.pass_tokens as usize;
-            b.prompt_tokens -= seq.pass_prompt_tokens as usize;
+            if seq.pass_prompt_tokens > 0 {
+                b.prefill_work_tokens -= seq.pass_tokens as usize;
+            }
             if seq.pass_prompt_tokens > 0 && worker_type != WorkerType::Decode {
                 b.batch_count -= 1;
                 b.total_isl -= (seq.pass_prefix + seq.pass_prompt_tokens) as usize;

@@ -51,10 +51,8 @@ struct Handoff {
     route: RouteId,
     /// When the prefill ended and the source started holding the KV.
     held_ns: u64,
-    /// The reservation on the decode worker, the prompt tokens it already cached and
-    /// those it must receive.
+    /// The reservation on the decode worker and the prompt tokens it must receive.
     destination: SeqKey,
-    cached: u32,
     transferable: u32,
     /// Opening order: simultaneous transfers land in it (the reference's handoff ids
     /// are allocated in arrival order and break its transfer-completion ties).
@@ -160,7 +158,6 @@ impl Disagg {
             route: 0,
             held_ns: 0,
             destination: SeqKey(0),
-            cached: 0,
             transferable: 0,
             ordinal: self.opened,
         };
@@ -324,7 +321,6 @@ impl Sim {
                 let handoff = d.get_mut(h);
                 let ordinal = handoff.ordinal;
                 handoff.destination = res.key;
-                handoff.cached = res.cached_tokens as u32;
                 handoff.transferable = res.transferable_prompt_tokens as u32;
                 self.collector.on_handoff_reserved(record, w - first_decode, held_ns, t);
                 if destination_first {
@@ -377,10 +373,11 @@ impl Sim {
         if source_first && source.busy {
             freed = source.engine.last_pass().end_ns.max(t);
         }
-        self.collector.on_handoff_activated(handoff.record, handoff.cached, t, freed);
+        self.collector.on_handoff_activated(handoff.record, t, freed);
         if !source_first {
-            // SGLang's destination joins the batch as its next pass starts.
-            self.collector.on_decode_admitted(handoff.record, handoff.cached, t);
+            // SGLang's destination joins the batch as its next pass starts; the reference
+            // reports that admission as reusing nothing (its KV came by transfer).
+            self.collector.on_decode_admitted(handoff.record, 0, t);
         }
         self.mark_dirty(handoff.prefill_worker);
         self.mark_dirty(w);

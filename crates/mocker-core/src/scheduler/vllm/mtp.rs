@@ -49,7 +49,7 @@ impl VllmScheduler {
         mtp.stalled = false;
         let max_burst = if self.worker_type == WorkerType::Prefill { 1 } else { mtp.sampler.max_burst };
         let mut reserved = std::mem::take(&mut mtp.reserved);
-        let prefill = (b.batch_count, b.total_isl, b.total_prefix, b.prompt_tokens);
+        let prefill = (b.batch_count, b.total_isl, b.total_prefix, b.prefill_work_tokens);
         loop {
             let mut required = 0;
             for e in &self.running {
@@ -73,7 +73,7 @@ impl VllmScheduler {
             };
             self.preempt(victim, b);
         }
-        (b.batch_count, b.total_isl, b.total_prefix, b.prompt_tokens) = prefill;
+        (b.batch_count, b.total_isl, b.total_prefix, b.prefill_work_tokens) = prefill;
         self.mtp.as_mut().expect("MTP on").reserved = reserved;
     }
 
