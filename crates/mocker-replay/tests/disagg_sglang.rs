@@ -286,6 +286,37 @@ fn one_prefill_worker_feeding_two_small_decode_pools_matches_the_reference() {
     );
 }
 
+#[test]
+fn a_retracted_request_finds_its_prompt_where_the_reference_does() {
+    // Poisson arrivals into two 300-page decode workers: a request retracted before its
+    // first token keeps its prompt pages in the tree, and other finished requests' runs are
+    // older (a finish that adds no page stamps nothing), so most survive until it is
+    // readmitted, as in the reference.
+    let options = ReplayOptions {
+        cluster: disagg("", r#", "num_gpu_blocks": 300"#, 1, 2),
+        workload: SyntheticWorkload {
+            load: Load::RequestRate(10.0),
+            arrival_seed: 42,
+            shared_prefix_ratio: 0.6,
+            num_prefix_groups: 2,
+            ..synthetic(2000, 150, 60, 1)
+        }
+        .into(),
+        ..Default::default()
+    };
+    check(
+        &run(&options).0,
+        &[
+            ("duration_ms", 11589.734964),
+            ("mean_ttft_ms", 628.253398),
+            ("p99_ttft_ms", 1959.176265),
+            ("mean_itl_ms", 34.18994),
+            ("committed_prefill_tokens", 51150.0),
+            ("prefix_cache_reused_ratio", 0.5936),
+        ],
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
 

@@ -6,13 +6,15 @@
 //! indexed by their *first* page's hash: a chained hash names its whole prefix, so it
 //! identifies the node's place in the tree (the parent is checked anyway).
 //!
-//! The cache behaves exactly like one node per page. Every page of a node shares its lock
-//! count: locks, unlocks and touches cover whole root paths ending at a node's last page,
-//! so a node is split (head above, tail keeping its id) wherever such a path would end
-//! inside it. Interior pages of a node have exactly one child, the next page. A touch gives
-//! every page of a node one access stamp; a request that grows its own unshared leaf (a
-//! decoded token completing a page) appends to that leaf instead of adding a node, and the
-//! appended pages keep their own insert stamps until the node is next touched.
+//! Every page of a node shares its lock count and its access stamp, as in the reference's
+//! compressed tree: locks and unlocks cover whole root paths ending at a node's last page,
+//! so a node is split (head above, tail keeping its id and stamp) wherever such a path
+//! would end inside it. Interior pages of a node have exactly one child, the next page. A
+//! request that grows its own unshared leaf (a decoded token completing a page) appends to
+//! that leaf instead of adding a node. As the reference's, a lookup stamps the nodes it
+//! matches whole (a head split off by a match ending inside a node keeps the node's
+//! stamp), an insert stamps the request's path before adding below it (an insert that adds
+//! nothing stamps nothing), and unlocking stamps nothing.
 //!
 //! Locks follow SGLang's `inc_lock_ref`: locking a node locks its whole path to the root, so
 //! a node's `lock_ref` counts the locks held at it or below it. Unlocked pages are
@@ -42,11 +44,8 @@ struct Node {
     parent: u32,
     children: u32,
     lock_ref: u32,
-    /// Access stamp of the node's last page (the one eviction looks at).
+    /// Access stamp of the node's pages.
     stamp: u64,
-    /// Per-page access stamps, when the pages' stamps differ (pages appended by later
-    /// inserts); empty when every page has `stamp`. Non-decreasing, ending at `stamp`.
-    page_stamps: Vec<u64>,
     /// Bumped when the arena slot is reused, so stale eviction entries are recognised.
     gen: u32,
     live: bool,
@@ -174,26 +173,28 @@ impl RadixCache {
         if n == 0 {
             return (0, None);
         }
+        let now = self.tick();
         if used < self.nodes[last as usize].hashes.len() {
+            // A match ending inside a node: the head split off keeps the node's stamp (the
+            // reference touches only nodes matched whole).
             last = self.split(last, used);
+            self.lock_one(last, None);
+            let parent = self.nodes[last as usize].parent;
+            self.lock_path_from(parent, now);
+        } else {
+            self.lock_path_from(last, now);
         }
-        self.lock_path(last);
         (n, Some(last))
     }
 
-    /// Releases one lock on the path ending at `last`; `touch` refreshes the path's access
-    /// stamps (a finished request's sequence counts as just used, a retracted one does not).
-    pub fn unlock(&mut self, last: Option<NodeId>, touch: bool) {
+    /// Releases one lock on the path ending at `last` (stamping nothing: a finished
+    /// request's insert already stamped its path, a retracted request's is left as it was).
+    pub fn unlock(&mut self, last: Option<NodeId>) {
         let Some(mut id) = last else { return };
-        let now = self.tick();
         while id != ROOT {
             let node = &mut self.nodes[id as usize];
             debug_assert!(node.lock_ref > 0);
             node.lock_ref = node.lock_ref.saturating_sub(1);
-            if touch {
-                node.stamp = now;
-                node.page_stamps.clear();
-            }
             let (parent, unlocked_leaf) = (node.parent, node.lock_ref == 0 && node.children == 0);
             if node.lock_ref == 0 {
                 self.evictable_pages += node.hashes.len();
@@ -258,11 +259,6 @@ impl RadixCache {
             }
             let first = node.hashes[0];
             node.hashes.truncate(keep);
-            if keep > 0 && !node.page_stamps.is_empty() {
-                // The exposed page keeps its own (older) stamp: still the oldest leaf.
-                node.page_stamps.truncate(keep);
-                node.stamp = node.page_stamps[keep - 1];
-            }
             let parent = node.parent;
             self.tree_pages -= take;
             self.evictable_pages -= take;
@@ -274,7 +270,6 @@ impl RadixCache {
                 break;
             }
             self.nodes[id as usize].live = false;
-            self.nodes[id as usize].page_stamps.clear();
             self.by_first.remove(&first);
             self.free_nodes.push(id);
             if parent != ROOT {
@@ -312,6 +307,11 @@ impl RadixCache {
         let mut cur = last.unwrap_or(ROOT);
         let mut out = Inserted { last, depth, freed_duplicates: 0 };
         let mut i = depth;
+        if i < hashes.len() {
+            // The reference refreshes the request's whole path before inserting below it
+            // (and only when there is something to insert).
+            self.touch_path(cur, now);
+        }
         if i < hashes.len() && self.extend_leaf(cur, &hashes[i..], now) {
             if self.report {
                 created.extend(i as u32..hashes.len() as u32);
@@ -333,16 +333,25 @@ impl RadixCache {
                     // Resident already: lock the shared run (splitting where the request's
                     // pages stop matching) and drop the request's copies.
                     let m = common_prefix(&self.nodes[id as usize].hashes, &hashes[i..]);
-                    let id = if m < self.nodes[id as usize].hashes.len() { self.split(id, m) } else { id };
-                    self.lock_one(id, now);
+                    if m < self.nodes[id as usize].hashes.len() {
+                        // Matched in part: the head split off keeps the node's stamp.
+                        let head = self.split(id, m);
+                        self.lock_one(head, None);
+                        cur = head;
+                    } else {
+                        self.lock_one(id, Some(now));
+                        cur = id;
+                    }
                     self.free_pages += m;
                     out.freed_duplicates += m;
-                    cur = id;
                     i += m;
                 }
                 Some(_) => break,
                 None => {
-                    cur = self.new_node(&hashes[i..], cur, now);
+                    // A new node is stamped after the path (the reference reads its clock
+                    // again to create it).
+                    let stamp = self.tick();
+                    cur = self.new_node(&hashes[i..], cur, stamp);
                     if self.report {
                         created.extend(i as u32..hashes.len() as u32);
                     }
@@ -357,7 +366,7 @@ impl RadixCache {
 
     /// Appends `run` to `id` when it is a leaf only the caller locks and `run` is not
     /// resident: the same tree as a new child holding `run` (locked once, by the caller),
-    /// without a node per insert. Each appended page keeps the insert's stamp `now`.
+    /// without a node per insert. The whole node takes the insert's stamp `now`.
     fn extend_leaf(&mut self, id: u32, run: &[u64], now: u64) -> bool {
         if id == ROOT {
             return false;
@@ -367,11 +376,7 @@ impl RadixCache {
             return false;
         }
         let node = &mut self.nodes[id as usize];
-        if node.page_stamps.is_empty() {
-            node.page_stamps.resize(node.hashes.len(), node.stamp);
-        }
         node.hashes.extend_from_slice(run);
-        node.page_stamps.resize(node.hashes.len(), now);
         node.stamp = now;
         self.tree_pages += run.len();
         true
@@ -412,13 +417,6 @@ impl RadixCache {
             let Some(&first) = n.hashes.first() else {
                 return Err(format!("live node {i} holds no page"));
             };
-            if !n.page_stamps.is_empty()
-                && (n.page_stamps.len() != n.hashes.len()
-                    || n.page_stamps.last() != Some(&n.stamp)
-                    || n.page_stamps.windows(2).any(|w| w[0] > w[1]))
-            {
-                return Err(format!("node {i}: page stamps {:?} do not end at {}", n.page_stamps, n.stamp));
-            }
             if self.by_first.get(&first) != Some(&i) {
                 return Err(format!("node {i} not indexed by its first hash"));
             }
@@ -526,31 +524,13 @@ impl RadixCache {
             Some(&slot) => std::mem::take(&mut self.nodes[slot as usize].hashes),
             None => Vec::new(),
         };
-        let mut head_stamps = match self.free_nodes.last() {
-            Some(&slot) => std::mem::take(&mut self.nodes[slot as usize].page_stamps),
-            None => Vec::new(),
-        };
         let tail = &mut self.nodes[id as usize];
         head_hashes.clear();
         head_hashes.extend_from_slice(&tail.hashes[..k]);
         tail.hashes.drain(..k);
-        head_stamps.clear();
-        let mut stamp = tail.stamp;
-        if !tail.page_stamps.is_empty() {
-            head_stamps.extend(tail.page_stamps.drain(..k));
-            stamp = head_stamps[k - 1];
-        }
+        let stamp = tail.stamp;
         let (parent, lock_ref, tail_first) = (tail.parent, tail.lock_ref, tail.hashes[0]);
-        let head = Node {
-            hashes: head_hashes,
-            parent,
-            children: 1,
-            lock_ref,
-            stamp,
-            page_stamps: head_stamps,
-            gen: 0,
-            live: true,
-        };
+        let head = Node { hashes: head_hashes, parent, children: 1, lock_ref, stamp, gen: 0, live: true };
         let head = self.place(head);
         self.nodes[id as usize].parent = head;
         let first = self.nodes[head as usize].hashes[0];
@@ -599,24 +579,38 @@ impl RadixCache {
         self.clock
     }
 
-    /// Adds one lock to every node from `id` up to the root, refreshing their stamps.
-    fn lock_path(&mut self, mut id: u32) {
-        let now = self.tick();
+    /// Adds one lock to every node from `id` up to the root, stamping them `now`.
+    fn lock_path_from(&mut self, mut id: u32, now: u64) {
         while id != ROOT {
-            self.lock_one(id, now);
+            self.lock_one(id, Some(now));
             id = self.nodes[id as usize].parent;
         }
     }
 
-    fn lock_one(&mut self, id: u32, now: u64) {
+    /// Adds one lock to `id`, stamping it `now` if given. A locked node is no eviction
+    /// candidate: its queued entry is recognised as stale when popped.
+    fn lock_one(&mut self, id: u32, now: Option<u64>) {
         let node = &mut self.nodes[id as usize];
         if node.lock_ref == 0 {
-            // Its eviction entry (if a leaf) goes stale: the stamp changes below.
             self.evictable_pages -= node.hashes.len();
         }
         node.lock_ref += 1;
-        node.stamp = now;
-        node.page_stamps.clear();
+        if let Some(now) = now {
+            node.stamp = now;
+        }
+    }
+
+    /// Stamps every node from `id` up to the root `now` (re-queueing an unlocked leaf).
+    fn touch_path(&mut self, mut id: u32, now: u64) {
+        while id != ROOT {
+            let node = &mut self.nodes[id as usize];
+            node.stamp = now;
+            let (parent, unlocked_leaf) = (node.parent, node.lock_ref == 0 && node.children == 0);
+            if unlocked_leaf {
+                self.push_candidate(id);
+            }
+            id = parent;
+        }
     }
 
     /// A new locked leaf under `parent` holding the caller's private pages `run` (one node
@@ -629,21 +623,8 @@ impl RadixCache {
         };
         hashes.clear();
         hashes.extend_from_slice(run);
-        let mut page_stamps = match self.free_nodes.last() {
-            Some(&slot) => std::mem::take(&mut self.nodes[slot as usize].page_stamps),
-            None => Vec::new(),
-        };
-        page_stamps.clear();
-        let id = self.place(Node {
-            hashes,
-            parent,
-            children: 0,
-            lock_ref: 1,
-            stamp: now,
-            page_stamps,
-            gen: 0,
-            live: true,
-        });
+        let id =
+            self.place(Node { hashes, parent, children: 0, lock_ref: 1, stamp: now, gen: 0, live: true });
         if parent != ROOT {
             // The caller holds the parent's lock, so it is not an eviction candidate.
             self.nodes[parent as usize].children += 1;
@@ -668,7 +649,7 @@ mod tests {
         assert_eq!((ins.depth, ins.freed_duplicates, created.clone()), (3, 0, vec![0, 1, 2]));
         c.check_invariants(0).unwrap();
         assert_eq!(c.evictable_pages(), 0);
-        c.unlock(ins.last, true);
+        c.unlock(ins.last);
         assert_eq!(c.evictable_pages(), 3);
         c.check_invariants(0).unwrap();
         c.evict(1, &mut ev);
@@ -688,8 +669,8 @@ mod tests {
         assert_eq!(b.freed_duplicates, 2);
         assert_eq!(c.lock_ref(1), Some(2));
         c.check_invariants(0).unwrap();
-        c.unlock(a.last, true);
-        c.unlock(b.last, true);
+        c.unlock(a.last);
+        c.unlock(b.last);
         assert!(c.clear(&mut ev));
         assert_eq!(c.free_pages(), 8);
     }
@@ -702,7 +683,7 @@ mod tests {
             let (mut ev, mut created) = (Vec::new(), Vec::new());
             assert!(c.allocate(3, &mut ev));
             let ins = c.insert(None, 0, &[1, 2, 3], &mut created);
-            c.unlock(ins.last, true);
+            c.unlock(ins.last);
             assert!(c.allocate(3, &mut ev), "two unlocked leaves are evicted");
             c.check_invariants(3).unwrap();
             assert_eq!((c.free_pages(), c.tree_pages(), c.match_len(&[1, 2, 3])), (0, 1, 1));
@@ -718,7 +699,7 @@ mod tests {
         assert!(c.allocate(5, &mut ev));
         let a = c.insert(None, 0, &[1, 2, 3, 4, 5], &mut created);
         assert_eq!((c.node_count(), a.depth), (1, 5));
-        c.unlock(a.last, true);
+        c.unlock(a.last);
         // A request sharing three pages: the lock ends inside the run, so it splits there.
         let (n, head) = c.lock_prefix(&[1, 2, 3, 9]);
         assert_eq!((n, c.node_count()), (3, 2));
@@ -732,7 +713,7 @@ mod tests {
         c.check_invariants(0).unwrap();
         // The handle of the first request (the split tail) still names page 5.
         assert_eq!(c.match_len(&[1, 2, 3, 4, 5]), 5);
-        c.unlock(b.last, true);
+        c.unlock(b.last);
         c.check_invariants(0).unwrap();
     }
 
@@ -742,7 +723,7 @@ mod tests {
         let (mut ev, mut created) = (Vec::new(), Vec::new());
         assert!(c.allocate(6, &mut ev));
         let a = c.insert(None, 0, &[1, 2, 3, 4, 5, 6], &mut created);
-        c.unlock(a.last, true);
+        c.unlock(a.last);
         assert!(c.allocate(4, &mut ev), "two pages come off the tail");
         assert_eq!(ev, vec![6, 5]);
         assert_eq!((c.tree_pages(), c.node_count(), c.match_len(&[1, 2, 3, 4, 5, 6])), (4, 1, 4));
@@ -756,28 +737,48 @@ mod tests {
     }
 
     #[test]
-    fn eviction_follows_per_page_lru_across_split_runs() {
-        // [1..=4] split at 2 by a second request whose own page 7 is left untouched: 7 is
-        // oldest, then the tail run [3, 4], then the re-touched head [1, 2].
+    fn eviction_follows_node_stamps_across_split_runs() {
+        // A's [1..=4] is split at 2 by B's lookup (the head keeps A's stamp); B's insert of
+        // its page 7 stamps the head, and a later lookup of [1, 2] stamps it again. A's
+        // untouched tail [3, 4] is oldest, then B's 7, then the head.
         let mut c = RadixCache::new(16, 1);
         let (mut ev, mut created) = (Vec::new(), Vec::new());
         assert!(c.allocate(5, &mut ev));
         let a = c.insert(None, 0, &[1, 2, 3, 4], &mut created);
         let (_, head) = c.lock_prefix(&[1, 2]);
         let b = c.insert(head, 2, &[1, 2, 7], &mut created);
-        c.unlock(b.last, false);
-        c.unlock(a.last, true);
+        c.unlock(b.last);
+        c.unlock(a.last);
         let (_, head) = c.lock_prefix(&[1, 2]);
-        c.unlock(head, true);
+        c.unlock(head);
         c.check_invariants(0).unwrap();
         c.evict(16, &mut ev);
-        assert_eq!(ev, vec![7, 4, 3, 2, 1]);
+        assert_eq!(ev, vec![4, 3, 7, 2, 1]);
         c.check_invariants(0).unwrap();
     }
 
     #[test]
-    fn pages_appended_to_a_leaf_keep_their_insert_stamps() {
-        // A's [1, 2] at t1, D's [20] at t_d, A's decoded page 3 appended at t3 (t1 < t_d < t3).
+    fn an_insert_that_adds_nothing_stamps_nothing() {
+        // A's [1, 2] at t1, then D's [20] at t_d. A finishes with no new complete page: its
+        // insert adds nothing, so its run keeps t1 and goes before D's (the reference
+        // stamps a path only when it inserts below it).
+        let mut c = RadixCache::new(16, 1);
+        let (mut ev, mut created) = (Vec::new(), Vec::new());
+        assert!(c.allocate(3, &mut ev));
+        let a = c.insert(None, 0, &[1, 2], &mut created);
+        let d = c.insert(None, 0, &[20], &mut created);
+        let a = c.insert(a.last, 2, &[1, 2], &mut created);
+        c.unlock(d.last);
+        c.unlock(a.last);
+        c.evict(1, &mut ev);
+        assert_eq!(ev, vec![2]);
+        c.check_invariants(0).unwrap();
+    }
+
+    #[test]
+    fn an_insert_below_a_leaf_restamps_the_whole_node() {
+        // A's [1, 2] at t1, D's [20] at t_d, A's decoded page 3 appended at t3 (t1 < t_d < t3):
+        // the insert stamps A's path first, so its node is one run stamped t3.
         let mut c = RadixCache::new(16, 1);
         let (mut ev, mut created) = (Vec::new(), Vec::new());
         assert!(c.allocate(4, &mut ev));
@@ -786,25 +787,25 @@ mod tests {
         let a = c.insert(a.last, 2, &[1, 2, 3], &mut created);
         assert_eq!(c.node_count(), 2, "page 3 was appended to A's leaf, not given a node");
         assert_eq!(created, vec![0, 1, 0, 2]);
-        // A retracted (no touch): its page 3 is the only unlocked leaf.
-        c.unlock(a.last, false);
+        // A retracted: its page 3 is the only unlocked leaf.
+        c.unlock(a.last);
         c.evict(1, &mut ev);
         assert_eq!(ev, vec![3]);
-        // D retracted too: A's exposed page 2 keeps its t1, older than D's t_d.
-        c.unlock(d.last, false);
+        // D retracted too: A's remaining run keeps t3, newer than D's t_d.
+        c.unlock(d.last);
         c.check_invariants(0).unwrap();
         ev.clear();
         c.evict(1, &mut ev);
-        assert_eq!(ev, vec![2]);
+        assert_eq!(ev, vec![20]);
 
-        // The same, D left after page 3 was appended: page 3 (t3) is newer than D (t_d).
+        // The same, both left after page 3 was appended: D (t_d) goes before A's run (t3).
         let mut c = RadixCache::new(16, 1);
         assert!(c.allocate(4, &mut ev));
         let a = c.insert(None, 0, &[1, 2], &mut created);
         let d = c.insert(None, 0, &[20], &mut created);
         let a = c.insert(a.last, 2, &[1, 2, 3], &mut created);
-        c.unlock(a.last, false);
-        c.unlock(d.last, false);
+        c.unlock(a.last);
+        c.unlock(d.last);
         ev.clear();
         c.evict(2, &mut ev);
         assert_eq!(ev, vec![20, 3]);

@@ -1,6 +1,9 @@
 #![allow(dead_code)]
-//! The previous one-node-per-page radix cache, kept as the reference the compressed
-//! cache must match page for page (eviction order, matches, accounting).
+//! The previous one-node-per-page radix cache, kept as a structural reference the
+//! compressed cache must match page for page (matches, locks, created pages, accounting).
+//! Its own LRU order is per page; the compressed cache stamps whole nodes as the reference
+//! simulator does, so the lockstep test replays the compressed cache's victims here
+//! ([`RadixCache::evict_exact`]) and checks each was an unlocked leaf.
 //!
 //! SGLang's radix prefix cache at page granularity, over a fixed page pool.
 //!
@@ -263,6 +266,49 @@ impl RadixCache {
         if let Some(id) = next {
             self.push_candidate(id);
         }
+    }
+
+    /// Evicts exactly `hashes`, in order; an error names the first that is not a resident
+    /// unlocked leaf at its turn.
+    pub fn evict_exact(&mut self, hashes: &[u64]) -> Result<(), String> {
+        for &hash in hashes {
+            let Some(&id) = self.by_hash.get(&hash) else { return Err(format!("{hash:#x} not resident")) };
+            let node = &mut self.nodes[id as usize];
+            if node.lock_ref != 0 || node.children != 0 {
+                return Err(format!(
+                    "{hash:#x} evicted while locked ({}) or with {} children",
+                    node.lock_ref, node.children
+                ));
+            }
+            node.live = false;
+            let parent = node.parent;
+            self.by_hash.remove(&hash);
+            self.free_nodes.push(id);
+            self.tree_pages -= 1;
+            self.evictable_pages -= 1;
+            self.free_pages += 1;
+            if parent != ROOT {
+                let p = &mut self.nodes[parent as usize];
+                p.children -= 1;
+                if p.children == 0 && p.lock_ref == 0 {
+                    self.push_candidate(parent);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// [`allocate`](Self::allocate) with the compressed cache's victims `evicted`.
+    pub fn allocate_exact(&mut self, pages: usize, evicted: &[u64]) -> Result<bool, String> {
+        if pages > self.free_pages + self.evictable_pages {
+            return Ok(false);
+        }
+        self.evict_exact(evicted)?;
+        if self.free_pages < pages {
+            return Err(format!("{} pages free after evicting, {pages} wanted", self.free_pages));
+        }
+        self.free_pages -= pages;
+        Ok(true)
     }
 
     /// Inserts a request's complete pages `hashes[depth..]` below its locked path `last`

@@ -66,7 +66,7 @@ impl SglangScheduler {
             let (g, len) = self.growth_of(key);
             plan.pages -= g;
             plan.kv -= len;
-            self.release_kv(key, false);
+            self.release_kv(key);
             self.seq_mut(key).status = Status::Retracted;
             self.waiting.push_back(key);
             self.totals.num_preemptions_total += 1;
@@ -108,7 +108,7 @@ impl SglangScheduler {
             if self.seq(key).materialized == 0 {
                 continue;
             }
-            self.release_kv(key, false);
+            self.release_kv(key);
             self.seq_mut(key).status = Status::Retracted;
             self.totals.num_preemptions_total += 1;
             if self.reserve_growth(pages, pass) {

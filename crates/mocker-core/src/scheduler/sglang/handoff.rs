@@ -67,7 +67,7 @@ impl SglangScheduler {
         let matched = matched as u32;
         let fresh = (target - matched) as usize;
         if !self.cache.allocate(fresh, &mut self.evicted) {
-            self.cache.unlock(node, false);
+            self.cache.unlock(node);
             self.evicted.clear();
             let available = self.cache.free_pages() + self.cache.evictable_pages();
             self.discard(key);

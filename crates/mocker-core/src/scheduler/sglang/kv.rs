@@ -42,7 +42,7 @@ impl SglangScheduler {
         let owned = if first { matched } else { seq.pages };
         let ok = self.cache.allocate(target.saturating_sub(owned) as usize, &mut self.evicted);
         if !ok {
-            self.cache.unlock(locked, false);
+            self.cache.unlock(locked);
             return false;
         }
         if first {
@@ -113,20 +113,21 @@ impl SglangScheduler {
         self.created = created;
     }
 
-    /// A finished request: its complete pages enter the tree (evictable once unlocked, and
-    /// counted as just used), the partial tail page is freed.
+    /// A finished request: its complete pages enter the tree (evictable once unlocked; the
+    /// insert refreshes its path only when it added pages, as the reference's does), the
+    /// partial tail page is freed.
     pub(super) fn finish_kv(&mut self, key: SeqKey, pass: &mut Pass) {
         self.cache_materialized(key, pass);
-        self.release_kv(key, true);
+        self.release_kv(key);
         self.capacity_generation += 1;
     }
 
     /// Frees `key`'s private pages and drops its tree lock; pages already in the tree stay
     /// cached (a retracted request may hit its own prefix later).
-    pub(super) fn release_kv(&mut self, key: SeqKey, touch: bool) {
+    pub(super) fn release_kv(&mut self, key: SeqKey) {
         let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
         self.cache.free(seq.private_pages() as usize);
-        self.cache.unlock(seq.last_node.take(), touch);
+        self.cache.unlock(seq.last_node.take());
         seq.pages = 0;
         seq.tree_depth = 0;
         seq.materialized = 0;

@@ -385,7 +385,7 @@ impl SglangScheduler {
         for j in 1..self.waiting.len() {
             let k = self.waiting[j];
             if self.seq(k).materialized > 0 {
-                self.release_kv(k, false);
+                self.release_kv(k);
                 self.seq_mut(k).status = Status::Retracted;
                 self.totals.num_preemptions_total += 1;
             }
@@ -527,7 +527,7 @@ impl SglangScheduler {
             } else if let Some(i) = self.ready.iter().position(|&k| k == key) {
                 self.ready.remove(i);
             }
-            self.release_kv(key, false);
+            self.release_kv(key);
             self.retire(key);
             self.capacity_generation += 1;
         }
