@@ -71,7 +71,7 @@ proptest! {
     #[test]
     fn radix_cache_invariants(total in 4..48usize, shared in 0..5u64, ops in prop::collection::vec(op(), 1..120)) {
         let mut c = RadixCache::new(total, 4);
-        let mut r = radix_ref::RadixCache::new(total, 4);
+        let mut r = radix_ref::RadixCache::new(total);
         let mut holders: Vec<Holder> = Vec::new();
         let mut evicted = Vec::new();
         let (mut created, mut ref_created) = (Vec::new(), Vec::new());
@@ -92,7 +92,7 @@ proptest! {
                         prop_assert!(len - n > free + evictable, "allocation refused although it fits");
                         prop_assert_eq!((c.free_pages(), c.evictable_pages()), (free, evictable), "failed allocation changed the pool");
                         c.unlock(last);
-                        r.unlock(ref_last, false);
+                        r.unlock(ref_last);
                     }
                 }
                 Op::Commit(h) if h < holders.len() => {
@@ -124,7 +124,7 @@ proptest! {
                     c.free(hd.private);
                     c.unlock(hd.last);
                     r.free(hd.private);
-                    r.unlock(hd.ref_last, false);
+                    r.unlock(hd.ref_last);
                 }
                 Op::Evict(n) => {
                     evicted.clear();
@@ -157,12 +157,13 @@ proptest! {
             ref_created.clear();
             let private: usize = holders.iter().map(|h| h.private).sum();
             c.check_invariants(private).map_err(TestCaseError::fail)?;
+            r.check_invariants(private).map_err(TestCaseError::fail)?;
         }
         for hd in holders.drain(..) {
             c.free(hd.private);
             c.unlock(hd.last);
             r.free(hd.private);
-            r.unlock(hd.ref_last, false);
+            r.unlock(hd.ref_last);
         }
         c.check_invariants(0).map_err(TestCaseError::fail)?;
         prop_assert_eq!(c.evictable_pages(), c.tree_pages(), "all unlocked at the end");
