@@ -28,13 +28,15 @@ pub struct BlockIndex {
     /// u64 words per worker set.
     words: usize,
     num_workers: usize,
-    /// The slot of each block, keyed by its `slot_hash`: 4-byte entries instead of
+    /// The slot of each block, keyed by its record's hash: 4-byte entries instead of
     /// (hash, slot) pairs keep the table a quarter of the size, and its probes in cache.
     slots: HashTable<u32>,
-    /// `2 * words` words per slot: the cached set, then the held set.
-    masks: Vec<u64>,
-    /// Hash of each slot, to drop its map entry without the caller knowing it.
-    slot_hash: Vec<u64>,
+    /// One record of `stride` words per slot: its block hash (to confirm a probe, and to
+    /// drop its map entry without the caller knowing it), the cached set, then the held
+    /// set. Side by side, the read that confirms a probe brings the sets into cache too.
+    records: Vec<u64>,
+    /// `1 + 2 * words`.
+    stride: usize,
     /// Per slot, its row in `counts` while some live request holds it, else `NO_ROW`.
     count_row: Vec<u32>,
     /// `num_workers` live-request counts per row.
@@ -77,8 +79,8 @@ impl BlockIndex {
             words,
             num_workers,
             slots: HashTable::new(),
-            masks: Vec::new(),
-            slot_hash: Vec::new(),
+            records: Vec::new(),
+            stride: 1 + 2 * words,
             count_row: Vec::new(),
             counts: Vec::new(),
             free_rows: Vec::new(),
@@ -100,22 +102,26 @@ impl BlockIndex {
 
     /// The slot of `hash`, allocated (empty) if absent; one probe of the map.
     fn slot_of(&mut self, hash: u64) -> u32 {
-        let slot_hash = &self.slot_hash;
-        let entry =
-            self.slots.entry(key(hash), |&s| slot_hash[s as usize] == hash, |&s| key(slot_hash[s as usize]));
+        let (records, stride) = (&self.records, self.stride);
+        let entry = self.slots.entry(
+            key(hash),
+            |&s| records[s as usize * stride] == hash,
+            |&s| key(records[s as usize * stride]),
+        );
         match entry {
             hashbrown::hash_table::Entry::Occupied(e) => *e.get(),
             hashbrown::hash_table::Entry::Vacant(e) => {
                 let s = match self.free.pop() {
                     Some(s) => {
-                        self.slot_hash[s as usize] = hash;
+                        // A freed slot's sets are empty (see `unused`).
+                        self.records[s as usize * stride] = hash;
                         s
                     }
                     None => {
-                        self.masks.resize(self.masks.len() + 2 * self.words, 0);
-                        self.slot_hash.push(hash);
+                        self.records.push(hash);
+                        self.records.resize(self.records.len() + 2 * self.words, 0);
                         self.count_row.push(NO_ROW);
-                        (self.slot_hash.len() - 1) as u32
+                        (self.count_row.len() - 1) as u32
                     }
                 };
                 e.insert(s);
@@ -127,35 +133,56 @@ impl BlockIndex {
     /// The slot of `hash`, if some worker caches it or some live request holds it.
     #[inline]
     fn find(&self, hash: u64) -> Option<u32> {
-        self.slots.find(key(hash), |&s| self.slot_hash[s as usize] == hash).copied()
+        let (records, stride) = (&self.records, self.stride);
+        self.slots.find(key(hash), |&s| records[s as usize * stride] == hash).copied()
     }
 
     /// Drops the table entry of `slot` and frees it.
     fn drop_slot(&mut self, slot: u32) {
-        if let Ok(e) = self.slots.find_entry(key(self.slot_hash[slot as usize]), |&s| s == slot) {
+        let hash = self.records[slot as usize * self.stride];
+        if let Ok(e) = self.slots.find_entry(key(hash), |&s| s == slot) {
             e.remove();
         }
         self.free.push(slot);
     }
 
-    fn unused(masks: &[u64], words: usize, slot: u32) -> bool {
-        let base = slot as usize * 2 * words;
-        masks[base..base + 2 * words].iter().all(|&m| m == 0)
+    /// Whether neither set of `slot` names a worker.
+    fn unused(records: &[u64], stride: usize, slot: u32) -> bool {
+        let base = slot as usize * stride + 1;
+        records[base..base + stride - 1].iter().all(|&m| m == 0)
+    }
+
+    /// Index of the word of `slot`'s cached set holding `worker`.
+    #[inline]
+    fn cached_word(&self, slot: u32, worker: usize) -> usize {
+        slot as usize * self.stride + 1 + worker / 64
+    }
+
+    /// Index of the word of `slot`'s held set holding `worker`.
+    #[inline]
+    fn held_word(&self, slot: u32, worker: usize) -> usize {
+        slot as usize * self.stride + 1 + self.words + worker / 64
     }
 
     /// Marks `hash` as cached on `worker` (a Stored event).
     pub fn insert(&mut self, hash: u64, worker: usize) {
         let slot = self.slot_of(hash);
-        self.masks[slot as usize * 2 * self.words + worker / 64] |= 1 << (worker % 64);
+        let i = self.cached_word(slot, worker);
+        self.records[i] |= 1 << (worker % 64);
     }
 
     /// Clears `worker` from the cached set of `hash` (a Removed event); the entry goes
-    /// when no worker caches it and no live request holds it.
+    /// when no worker caches it and no live request holds it. One probe.
     pub fn remove(&mut self, hash: u64, worker: usize) {
-        let Some(slot) = self.find(hash) else { return };
-        self.masks[slot as usize * 2 * self.words + worker / 64] &= !(1 << (worker % 64));
-        if Self::unused(&self.masks, self.words, slot) {
-            self.drop_slot(slot);
+        let (records, stride) = (&mut self.records, self.stride);
+        let Ok(entry) = self.slots.find_entry(key(hash), |&s| records[s as usize * stride] == hash) else {
+            return;
+        };
+        let slot = *entry.get();
+        records[slot as usize * stride + 1 + worker / 64] &= !(1 << (worker % 64));
+        if Self::unused(records, stride, slot) {
+            entry.remove();
+            self.free.push(slot);
         }
     }
 
@@ -180,7 +207,8 @@ impl BlockIndex {
         *c += 1;
         let first = *c == 1;
         if first {
-            self.masks[(slot as usize * 2 + 1) * self.words + worker / 64] |= 1 << (worker % 64);
+            let i = self.held_word(slot, worker);
+            self.records[i] |= 1 << (worker % 64);
         }
         first
     }
@@ -195,15 +223,15 @@ impl BlockIndex {
         if *c != 0 {
             return false;
         }
-        let held = (slot as usize * 2 + 1) * self.words;
-        self.masks[held + worker / 64] &= !(1 << (worker % 64));
-        if self.masks[held..held + self.words].iter().all(|&m| m == 0) {
+        let held = self.held_word(slot, 0);
+        self.records[held + worker / 64] &= !(1 << (worker % 64));
+        if self.records[held..held + self.words].iter().all(|&m| m == 0) {
             // Every count of the row is zero again (a held bit is set exactly while its
             // count is not), so the row can serve another slot.
             self.count_row[slot as usize] = NO_ROW;
             self.free_rows.push(row);
         }
-        if Self::unused(&self.masks, self.words, slot) {
+        if Self::unused(&self.records, self.stride, slot) {
             self.drop_slot(slot);
         }
         true
@@ -211,10 +239,10 @@ impl BlockIndex {
 
     /// Clears `worker` from every block's cached set (a cache reset).
     pub fn clear_worker(&mut self, worker: usize) {
-        let (words, masks, free) = (self.words, &mut self.masks, &mut self.free);
+        let (stride, records, free) = (self.stride, &mut self.records, &mut self.free);
         self.slots.retain(|&mut slot| {
-            masks[slot as usize * 2 * words + worker / 64] &= !(1 << (worker % 64));
-            let keep = !Self::unused(masks, words, slot);
+            records[slot as usize * stride + 1 + worker / 64] &= !(1 << (worker % 64));
+            let keep = !Self::unused(records, stride, slot);
             if !keep {
                 free.push(slot);
             }
@@ -254,12 +282,12 @@ impl BlockIndex {
         for &h in hashes {
             let Some(slot) = self.find(h) else { break };
             found.push(slot);
-            let base = slot as usize * 2 * w;
+            let base = slot as usize * self.stride + 1;
             let mut any = false;
             for i in 0..w {
-                any |= narrow(&mut self.alive_cached[i], self.masks[base + i], i, cached, depth);
+                any |= narrow(&mut self.alive_cached[i], self.records[base + i], i, cached, depth);
                 if let Some(out) = held.as_deref_mut() {
-                    any |= narrow(&mut self.alive_held[i], self.masks[base + w + i], i, out, depth);
+                    any |= narrow(&mut self.alive_held[i], self.records[base + w + i], i, out, depth);
                 }
             }
             depth += 1;
