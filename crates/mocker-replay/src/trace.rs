@@ -274,6 +274,10 @@ pub fn parse_trace(text: &str, format: TraceFormat, block_size: Option<usize>) -
     Ok(p.finish())
 }
 
+/// Raw hash ids below this map to dense ids through a vector (at most 4 MiB): a fixed
+/// bound, so a raw id always takes the same path.
+const DIRECT_IDS: u64 = 1 << 20;
+
 /// Where an agentic request sits: its session and turn.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Placed {
@@ -291,6 +295,12 @@ pub(crate) struct Parser {
     pub(crate) explicit_block_size: bool,
     /// A v2 header was read: rows use the v2 schema.
     pub(crate) v2: bool,
+    /// Dense ids of raw ids below [`DIRECT_IDS`], by raw id (`u32::MAX`: none yet).
+    /// Mooncake traces number their blocks from 0, so a vector indexed by raw id replaces
+    /// a hash map that, grown to a hundred thousand entries, cost a few ms of probes and
+    /// page faults in every load.
+    direct_ids: Vec<u32>,
+    /// Dense ids of larger raw ids.
     ids: FxHashMap<u64, u32>,
     pub(crate) sessions: Vec<TraceSession>,
     pub(crate) gates: Vec<TraceGate>,
@@ -335,6 +345,16 @@ impl Parser {
 
     /// The dense id of a trace's raw hash id.
     pub(crate) fn dense_id(&mut self, raw: u64) -> u32 {
+        if raw < DIRECT_IDS {
+            let i = raw as usize;
+            if i >= self.direct_ids.len() {
+                self.direct_ids.resize(i + 1, u32::MAX);
+            }
+            if self.direct_ids[i] == u32::MAX {
+                self.direct_ids[i] = self.fresh_id();
+            }
+            return self.direct_ids[i];
+        }
         match self.ids.get(&raw) {
             Some(&d) => d,
             None => {
@@ -599,6 +619,18 @@ mod tests {
 
     fn parse(text: &str) -> Result<Trace, TraceError> {
         parse_trace(text, TraceFormat::Mooncake, None)
+    }
+
+    #[test]
+    fn dense_ids_follow_first_sight_across_small_and_large_raw_ids() {
+        let (edge, past) = (DIRECT_IDS - 1, DIRECT_IDS);
+        let t = parse(&format!(
+            "{{\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": [{past}, 3, {edge}]}}\n\
+             {{\"timestamp\": 1, \"output_length\": 1, \"hash_ids\": [3, {edge}, {past}, 0, 3]}}\n"
+        ))
+        .unwrap();
+        assert_eq!(t.sessions[0].turns[0].ids, vec![0, 1, 2]);
+        assert_eq!(t.sessions[1].turns[0].ids, vec![1, 2, 0, 3, 1]);
     }
 
     #[test]
