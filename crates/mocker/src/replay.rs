@@ -484,10 +484,11 @@ fn report_path(path: &Path) -> PathBuf {
 
 /// Runs `mocker replay`.
 pub fn run(args: ReplayArgs) -> Result<(), UsageError> {
-    let options = args.options()?;
-    if matches!(options.workload, Workload::Trace(_)) {
+    if args.trace.is_some() {
+        // Before the trace is read: its id map and rows are filled sparsely too.
         crate::avoid_huge_pages();
     }
+    let options = args.options()?;
     let outcome = match args.mode {
         Mode::Offline => run_offline(
             &options,

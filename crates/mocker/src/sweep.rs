@@ -320,6 +320,10 @@ fn to_csv(rows: &[Map<String, Value>]) -> Result<Vec<u8>, UsageError> {
 
 /// Runs `mocker sweep`.
 pub fn run(mut args: SweepArgs) -> Result<(), UsageError> {
+    if args.base.trace.is_some() {
+        // Trace replays touch their tables sparsely, as in `mocker replay`.
+        crate::avoid_huge_pages();
+    }
     if let Some(list) = &args.sweep_router {
         // The grid sets every point's router; a kv base lets --router-config through to
         // the kv points instead of failing the base's round-robin check.
