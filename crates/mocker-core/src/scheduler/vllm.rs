@@ -1030,13 +1030,33 @@ impl VllmScheduler {
     /// resulting Stored events (one per maximal run of newly visible blocks).
     fn finalize_blocks(&mut self, key: SeqKey, before: u32, after: u32, pass: &mut Pass) {
         let bs = self.block_size;
-        let (first, end) = (before / bs, after / bs);
+        let (mut first, end) = (before / bs, after / bs);
         if first >= end {
             return;
         }
-        let mut run: Vec<StoredBlock> = Vec::new();
-        let mut run_parent: Option<u64> = None;
         let record = self.record_kv_events;
+        if !record {
+            // Without KV events a block whose hash is known (a prompt block) needs only its
+            // registration: the loop below would build nothing else for it.
+            let seq = self.seqs[key.0 as usize].as_ref().expect("live seq");
+            let known_end = end.min(seq.hashes.len() as u32);
+            for blk in first..known_end {
+                let idx = blk as usize;
+                let scope = match (blk >= seq.private_from, seq.published) {
+                    (false, _) => Scope::Shared,
+                    (true, false) => Scope::Private,
+                    (true, true) => Scope::Silent,
+                };
+                let prev_block = idx.checked_sub(1).map(|i| seq.blocks[i]);
+                self.pool.register_in(seq.blocks[idx], seq.hashes[idx], prev_block, scope);
+            }
+            first = first.max(known_end);
+        }
+        let mut run: Vec<StoredBlock> = Vec::new();
+        if record {
+            run.reserve((end - first) as usize);
+        }
+        let mut run_parent: Option<u64> = None;
         for blk in first..end {
             let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
             let idx = blk as usize;
