@@ -4,9 +4,9 @@
 //! at once (`Pass::run_ends`) and catch each request up when its run ends.
 
 use crate::config::WorkerType;
-use crate::metrics::ForwardPassMetrics;
+use crate::timing::{scaled_nanos, DecodeShape};
 
-use super::{Budget, Seq, VllmScheduler};
+use super::{Seq, VllmScheduler};
 
 impl VllmScheduler {
     /// Continues the last pass, if it only counted steady tokens of every running request
@@ -83,11 +83,15 @@ impl VllmScheduler {
     }
 
     /// Decode time of a steady pass of `batch` requests holding `kv` tokens, as
-    /// `pass_cost` prices it.
+    /// `pass_cost` prices a pass that only decodes (`pass_ms` then asks the model for its
+    /// decode term alone). Priced directly: runs price every pass of every run.
     fn steady_decode_ns(&self, batch: usize, kv: usize) -> u64 {
-        let b = Budget { decode_batch: batch, decode_kv: kv, ..Default::default() };
-        let (prefill_ns, decode_ns) = self.pass_cost(&b, &mut ForwardPassMetrics::default());
-        prefill_ns + decode_ns
+        if batch == 0 || self.worker_type == WorkerType::Prefill {
+            return 0;
+        }
+        let total_kv_tokens = self.num_gpu_blocks * self.block_size as usize;
+        let ms = self.timing.decode_ms(DecodeShape { batch, active_kv_tokens: kv, total_kv_tokens });
+        scaled_nanos(ms, self.decode_speedup)
     }
 
     /// The metrics of the run's last pass, which holds `kv` tokens.
