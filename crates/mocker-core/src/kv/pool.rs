@@ -37,7 +37,14 @@ struct Block {
     /// Next copy of the same hash. Duplicates arise when concurrent requests compute the
     /// same block; only the first is visible to events, and the hash goes with the last.
     next_copy: u32,
+    /// The index bucket holding this block while it is the indexed primary copy: eviction
+    /// then removes the entry without a probe, whose slot read was the most frequent
+    /// cache miss of a long replay. Rewritten for every entry when the index rehashes.
+    bucket: u32,
 }
+
+// Two records to a cache line: the bucket field filled the padding.
+const _: () = assert!(std::mem::size_of::<Block>() == 32);
 
 /// Lineage links of one block (kept only under [`EvictionPolicy::Lineage`]).
 ///
@@ -361,13 +368,16 @@ impl BlockPool {
     #[inline]
     fn index_block(&mut self, id: BlockId, hash: u64) -> bool {
         // One probe: an existing entry is the live primary, so this block is a duplicate.
+        // A full table rehashes on this call (hashbrown reserves room for one first),
+        // moving every entry: their blocks' buckets are rewritten after it.
+        let rehash = self.index.len() == self.index.capacity();
         let blocks = &self.blocks;
         let entry = self.index.entry(
             key(hash),
             |&i| blocks[i as usize].hash == hash,
             |&i| key(blocks[i as usize].hash),
         );
-        match entry {
+        let first = match entry {
             hashbrown::hash_table::Entry::Occupied(e) => {
                 let p = *e.get() as usize;
                 self.blocks[id as usize].next_copy = self.blocks[p].next_copy;
@@ -375,10 +385,25 @@ impl BlockPool {
                 false
             }
             hashbrown::hash_table::Entry::Vacant(e) => {
-                e.insert(id);
-                self.blocks[id as usize].primary = true;
+                let bucket = e.insert(id).bucket_index() as u32;
+                let b = &mut self.blocks[id as usize];
+                b.primary = true;
+                b.bucket = bucket;
                 true
             }
+        };
+        if rehash {
+            self.refresh_buckets();
+        }
+        first
+    }
+
+    /// Records every indexed primary's bucket again (after a rehash moved them).
+    #[cold]
+    fn refresh_buckets(&mut self) {
+        for bucket in self.index.iter_buckets() {
+            let id = *self.index.get_bucket(bucket).expect("a full bucket");
+            self.blocks[id as usize].bucket = bucket as u32;
         }
     }
 
@@ -395,6 +420,7 @@ impl BlockPool {
             prev: NIL,
             next: NIL,
             next_copy: NIL,
+            bucket: NIL,
         });
         if self.policy == EvictionPolicy::Lineage {
             self.lineage.push(Lineage::NONE);
@@ -525,11 +551,15 @@ impl BlockPool {
             }
             self.blocks[cur as usize].next_copy = next_copy;
         } else {
-            let Ok(entry) = self.index.find_entry(key(hash), |&i| i == id) else {
+            let bucket = self.blocks[id as usize].bucket;
+            let Ok(entry) = self.index.get_bucket_entry(bucket as usize) else {
                 unreachable!("a primary copy is indexed")
             };
+            debug_assert_eq!(*entry.get(), id, "a primary's bucket holds it");
             if next_copy != NIL {
-                self.blocks[next_copy as usize].primary = true;
+                let next = &mut self.blocks[next_copy as usize];
+                next.primary = true;
+                next.bucket = bucket;
                 *entry.into_mut() = next_copy;
             } else {
                 if !silent {
@@ -673,9 +703,13 @@ impl BlockPool {
             }
         }
         let mut copies = 0;
-        for &primary in &self.index {
+        for bucket in self.index.iter_buckets() {
+            let primary = *self.index.get_bucket(bucket).expect("a full bucket");
             let p = &self.blocks[primary as usize];
             let hash = p.hash;
+            if p.bucket as usize != bucket {
+                return Err(format!("block {primary} records bucket {} but sits in {bucket}", p.bucket));
+            }
             if self.resident(hash) != Some(primary) {
                 return Err(format!("block {primary} is indexed under another hash"));
             }
