@@ -35,7 +35,7 @@ pub struct BlockIndex {
     /// drop its map entry without the caller knowing it), the cached set, then the held
     /// set. Side by side, the read that confirms a probe brings the sets into cache too.
     records: Vec<u64>,
-    /// `1 + 2 * words`.
+    /// `1 + 2 * words`, or `1 + words` without holds.
     stride: usize,
     /// Per slot, its row in `counts` while some live request holds it, else `NO_ROW`.
     count_row: Vec<u32>,
@@ -72,15 +72,17 @@ fn flush(alive: &[u64], out: &mut [u32], depth: u32) {
 }
 
 impl BlockIndex {
-    /// An empty index over `num_workers` workers.
-    pub fn new(num_workers: usize) -> Self {
+    /// An empty index over `num_workers` workers; with `holds`, it also tracks which live
+    /// requests hold each block ([`acquire`](Self::acquire)), else its records carry no held
+    /// set and are a third smaller (a router that never asks saves those cache misses).
+    pub fn new(num_workers: usize, holds: bool) -> Self {
         let words = num_workers.div_ceil(64).max(1);
         Self {
             words,
             num_workers,
             slots: HashTable::new(),
             records: Vec::new(),
-            stride: 1 + 2 * words,
+            stride: 1 + words * if holds { 2 } else { 1 },
             count_row: Vec::new(),
             counts: Vec::new(),
             free_rows: Vec::new(),
@@ -119,7 +121,7 @@ impl BlockIndex {
                     }
                     None => {
                         self.records.push(hash);
-                        self.records.resize(self.records.len() + 2 * self.words, 0);
+                        self.records.resize(self.records.len() + stride - 1, 0);
                         self.count_row.push(NO_ROW);
                         (self.count_row.len() - 1) as u32
                     }
@@ -161,6 +163,7 @@ impl BlockIndex {
     /// Index of the word of `slot`'s held set holding `worker`.
     #[inline]
     fn held_word(&self, slot: u32, worker: usize) -> usize {
+        debug_assert!(self.stride == 1 + 2 * self.words, "an index built without holds");
         slot as usize * self.stride + 1 + self.words + worker / 64
     }
 
@@ -308,8 +311,9 @@ mod tests {
 
     #[test]
     fn prefix_walk_stops_per_worker_at_its_first_missing_block() {
-        for n in [3, 64, 130] {
-            let mut ix = BlockIndex::new(n);
+        // With and without held sets: only the records' width differs.
+        for (n, holds) in [3, 64, 130].into_iter().flat_map(|n| [(n, true), (n, false)]) {
+            let mut ix = BlockIndex::new(n, holds);
             let last = n - 1;
             for h in [1, 2, 3] {
                 ix.insert(h, 0);
@@ -335,7 +339,7 @@ mod tests {
     /// other way round.
     #[test]
     fn a_slot_lives_while_cached_or_held() {
-        let mut ix = BlockIndex::new(2);
+        let mut ix = BlockIndex::new(2, true);
         ix.insert(7, 0);
         let (slot, first) = ix.acquire(7, 1);
         assert!(first);
@@ -359,7 +363,7 @@ mod tests {
 
         for n in [3usize, 64, 70] {
             let mut rng = StdRng::seed_from_u64(n as u64);
-            let mut ix = BlockIndex::new(n);
+            let mut ix = BlockIndex::new(n, true);
             let mut held_model: BTreeMap<(u64, usize), u32> = BTreeMap::new();
             // Live "requests": worker and acquired (hash, slot) pairs.
             let mut live: Vec<(usize, Vec<(u64, u32)>)> = Vec::new();

@@ -14,6 +14,11 @@ use mocker_core::events::{KvEvent, KvEventData};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// Whether a router configured by `cfg` keeps per-block holds (see `KvRouter::keeps_holds`).
+fn tracks_holds(cfg: &KvRouterConfig) -> bool {
+    cfg.router_track_active_blocks && cfg.router_assume_kv_reuse
+}
+
 /// How arrivals are placed on workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RouterMode {
@@ -108,7 +113,7 @@ impl KvRouter {
             cfg,
             block_size,
             max_batched_tokens: max_batched_tokens as f64,
-            index: BlockIndex::new(num_workers),
+            index: BlockIndex::new(num_workers, tracks_holds(&cfg)),
             found: Vec::new(),
             active_blocks: vec![0; num_workers],
             active_prefill_tokens: vec![0; num_workers],
@@ -239,7 +244,7 @@ impl KvRouter {
     /// with `router_assume_kv_reuse`). Otherwise every block is its request's own load, or
     /// the load is not counted at all, and no per-block hold could change a choice.
     fn keeps_holds(&self) -> bool {
-        self.cfg.router_track_active_blocks && self.cfg.router_assume_kv_reuse
+        tracks_holds(&self.cfg)
     }
 
     fn admit(&mut self, w: usize, req: RouteRequest<'_>, overlap_blocks: u32) -> RouteId {
