@@ -85,6 +85,16 @@ struct Seq {
 }
 
 impl Seq {
+    /// How block `blk` is registered: shared below `private_from`, else private until the
+    /// request is published (preempted), silent after.
+    fn scope_of(&self, blk: u32) -> Scope {
+        match (blk >= self.private_from, self.published) {
+            (false, _) => Scope::Shared,
+            (true, false) => Scope::Private,
+            (true, true) => Scope::Silent,
+        }
+    }
+
     /// Appends the tokens of block `blk` to `out`.
     fn extend_block_tokens(&self, blk: u32, bs: u32, out: &mut Vec<u32>) {
         super::extend_tokens(&self.prompt, self.planned.as_deref(), self.uuid, blk * bs..(blk + 1) * bs, out);
@@ -296,7 +306,7 @@ impl VllmScheduler {
         }
         if self.trtllm {
             // TRT-LLM caps generation at what the pool could ever hold for this request.
-            let cap = (self.num_gpu_blocks * self.block_size as usize).saturating_sub(prompt_len);
+            let cap = self.kv_capacity_tokens().saturating_sub(prompt_len);
             max_output = max_output.min(cap.max(1));
         }
         let bs = self.block_size as usize;
@@ -1042,13 +1052,8 @@ impl VllmScheduler {
             let known_end = end.min(seq.hashes.len() as u32);
             for blk in first..known_end {
                 let idx = blk as usize;
-                let scope = match (blk >= seq.private_from, seq.published) {
-                    (false, _) => Scope::Shared,
-                    (true, false) => Scope::Private,
-                    (true, true) => Scope::Silent,
-                };
                 let prev_block = idx.checked_sub(1).map(|i| seq.blocks[i]);
-                self.pool.register_in(seq.blocks[idx], seq.hashes[idx], prev_block, scope);
+                self.pool.register_in(seq.blocks[idx], seq.hashes[idx], prev_block, seq.scope_of(blk));
             }
             first = first.max(known_end);
         }
@@ -1063,11 +1068,7 @@ impl VllmScheduler {
             // The event's parent is the previous block; the hash chains onto the adapter's root.
             let parent = if idx == 0 { None } else { Some(seq.hashes[idx - 1]) };
             let hash_parent = if idx == 0 { seq.hash_root } else { parent };
-            let scope = match (blk >= seq.private_from, seq.published) {
-                (false, _) => Scope::Shared,
-                (true, false) => Scope::Private,
-                (true, true) => Scope::Silent,
-            };
+            let scope = seq.scope_of(blk);
             let announce = record && scope == Scope::Shared;
             // Known blocks (the prompt's, hashed before submit) carry both hashes; tokens
             // are needed only for new generated blocks and for event token ids.
@@ -1138,6 +1139,11 @@ impl VllmScheduler {
         self.next_event_id += 1;
     }
 
+    /// KV capacity of the rank in tokens (`num_gpu_blocks * block_size`).
+    fn kv_capacity_tokens(&self) -> usize {
+        self.num_gpu_blocks * self.block_size as usize
+    }
+
     /// Pass cost from what was scheduled (§4.3 of the core spec).
     fn pass_cost(&self, b: &Budget, m: &mut ForwardPassMetrics) -> (u64, u64) {
         let (batch, kv) = (b.decode_batch, b.decode_kv);
@@ -1155,7 +1161,7 @@ impl VllmScheduler {
             work.decode_requests = batch;
             work.decode_kv_tokens = kv;
         }
-        let total_kv_tokens = self.num_gpu_blocks * self.block_size as usize;
+        let total_kv_tokens = self.kv_capacity_tokens();
         let (prefill_ms, decode_ms) = pass_ms(self.timing.as_ref(), &work, total_kv_tokens);
         (scaled_nanos(prefill_ms, self.speedup), scaled_nanos(decode_ms, self.decode_speedup))
     }

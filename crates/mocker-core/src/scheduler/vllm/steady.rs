@@ -89,7 +89,7 @@ impl VllmScheduler {
         if batch == 0 || self.worker_type == WorkerType::Prefill {
             return 0;
         }
-        let total_kv_tokens = self.num_gpu_blocks * self.block_size as usize;
+        let total_kv_tokens = self.kv_capacity_tokens();
         let ms = self.timing.decode_ms(DecodeShape { batch, active_kv_tokens: kv, total_kv_tokens });
         scaled_nanos(ms, self.decode_speedup)
     }
