@@ -929,7 +929,8 @@ impl Sim {
                     (key, h)
                 }
                 None => {
-                    let prefill = Request { max_output_tokens: 1, ..request.clone() };
+                    let mut request = request;
+                    let prefill = handoff::prefill_leg(&mut request, self.block_size);
                     let key =
                         worker.engine.submit_held(prefill).expect("prompt length was checked at dispatch");
                     (key, d.open(request, rec, sid, p.worker, key))

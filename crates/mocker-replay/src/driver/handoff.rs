@@ -299,7 +299,7 @@ impl Sim {
         let reserved = if peak_blocks > capacity {
             Err(ReserveError::Unfit(r.uuid))
         } else {
-            worker.engine.reserve(handoff.request.clone())
+            worker.engine.reserve(decode_leg(&handoff.request, self.block_size))
         };
         match reserved {
             Ok(res) => {
@@ -495,5 +495,50 @@ impl Sim {
             self.end_requests(now);
         }
         any
+    }
+}
+
+/// `hashes` in a vector with room for `blocks` in all, the most its engine grows it to
+/// (an exact-size copy would be copied again by the engine's first reserve).
+fn with_room(hashes: &[u64], blocks: usize) -> Vec<u64> {
+    let mut v = Vec::with_capacity(blocks.max(hashes.len()));
+    v.extend_from_slice(hashes);
+    v
+}
+
+/// The prefill leg of a disaggregated `request`: one output token, and the prompt's
+/// local hashes moved out of `request`, which stays the decode leg (decode engines record
+/// no KV events, so only the prefill one reads them).
+pub(super) fn prefill_leg(request: &mut Request, block_size: usize) -> Request {
+    let blocks = (request.prompt_len() + 1).div_ceil(block_size);
+    let block_hashes = request.block_hashes.as_mut().map(|h| mocker_core::hashing::PromptHashes {
+        sequence: with_room(&h.sequence, blocks),
+        local: std::mem::take(&mut h.local),
+    });
+    Request { max_output_tokens: 1, block_hashes, ..leg_without_hashes(request) }
+}
+
+/// The copy of the decode leg `request` a decode worker reserves with: sequence hashes
+/// only, with room for the blocks its output fills.
+fn decode_leg(request: &Request, block_size: usize) -> Request {
+    let blocks = (request.prompt_len() + request.max_output_tokens).div_ceil(block_size);
+    let block_hashes = request.block_hashes.as_ref().map(|h| mocker_core::hashing::PromptHashes {
+        sequence: with_room(&h.sequence, blocks),
+        local: Vec::new(),
+    });
+    Request { block_hashes, ..leg_without_hashes(request) }
+}
+
+/// `request` without its hashes (field by field, so a new field is not forgotten).
+fn leg_without_hashes(request: &Request) -> Request {
+    Request {
+        uuid: request.uuid,
+        tokens: request.tokens.clone(),
+        max_output_tokens: request.max_output_tokens,
+        output_token_ids: request.output_token_ids.clone(),
+        block_hashes: None,
+        shareable_blocks: request.shareable_blocks,
+        prompt_len: request.prompt_len,
+        lora: request.lora.clone(),
     }
 }
