@@ -1,13 +1,17 @@
 //! Which workers cache which blocks and which live requests hold them: one flat hash map
-//! from block (sequence) hash to a slot carrying two worker bitsets (cached, from KV
-//! events; held, by live routed requests) and, while held, per-worker live-request counts
-//! in a side table (most slots are only cached, and counts for every worker on every slot
-//! doubled the memory at 64 workers and slowed the walk with it). A route
-//! walks the prompt's prefix once for both overlaps, and a prefix walk costs one lookup
-//! and a few word operations per block whatever the number of workers.
+//! from block (sequence) hash to the set of workers caching it (from KV events) and, for a
+//! router that tracks holds, the set of workers where live routed requests hold it, with
+//! per-worker live-request counts in a side table while held (most blocks are only
+//! cached, and counts for every worker on every block doubled the memory at 64 workers
+//! and slowed the walk with it). A route walks the prompt's prefix once for both
+//! overlaps, and a prefix walk costs one lookup and a few word operations per block
+//! whatever the number of workers.
 //!
-//! A slot lives while any worker caches it or any live request holds it, so a request
-//! keeps its blocks' slot ids and freeing needs no hash lookup.
+//! Two layouts: a router without holds over at most 64 workers keeps (hash, cached set)
+//! pairs in the table itself, so a probe reads the table's own cache lines; otherwise the
+//! table maps a hash to a slot, whose record holds the sets. A slot lives while any worker
+//! caches it or any live request holds it, so a request keeps its blocks' slot ids and
+//! freeing needs no hash lookup.
 
 use std::hash::BuildHasher;
 
@@ -22,12 +26,30 @@ fn key(hash: u64) -> u64 {
     FxBuildHasher.hash_one(hash)
 }
 
-/// Block hash -> cached and held worker sets.
+/// Block hash -> cached (and held) worker sets.
 #[derive(Debug)]
 pub struct BlockIndex {
     /// u64 words per worker set.
     words: usize,
     num_workers: usize,
+    store: Store,
+    /// Scratch sets of workers still matching during a walk.
+    alive_cached: Vec<u64>,
+    alive_held: Vec<u64>,
+}
+
+#[derive(Debug)]
+enum Store {
+    /// (block hash, cached set) entries: no holds, one word of workers. A probe that finds
+    /// its block has the set in hand; through a slot it would read two more cache lines
+    /// (the slot, then the record), which were a third of the misses of a router's events.
+    Flat(HashTable<(u64, u64)>),
+    /// Slots of records, for holds or more than 64 workers.
+    Slotted(Slotted),
+}
+
+#[derive(Debug)]
+struct Slotted {
     /// The slot of each block, keyed by its record's hash: 4-byte entries instead of
     /// (hash, slot) pairs keep the table a quarter of the size, and its probes in cache.
     slots: HashTable<u32>,
@@ -43,9 +65,6 @@ pub struct BlockIndex {
     counts: Vec<u32>,
     free_rows: Vec<u32>,
     free: Vec<u32>,
-    /// Scratch sets of workers still matching during a walk.
-    alive_cached: Vec<u64>,
-    alive_held: Vec<u64>,
 }
 
 /// Records depth `depth` into `out` for the workers of `alive` missing from `mask`, and
@@ -73,35 +92,226 @@ fn flush(alive: &[u64], out: &mut [u32], depth: u32) {
 
 impl BlockIndex {
     /// An empty index over `num_workers` workers; with `holds`, it also tracks which live
-    /// requests hold each block ([`acquire`](Self::acquire)), else its records carry no held
-    /// set and are a third smaller (a router that never asks saves those cache misses).
+    /// requests hold each block ([`acquire`](Self::acquire)), else it keeps no held sets
+    /// (a router that never asks saves their memory and cache misses).
     pub fn new(num_workers: usize, holds: bool) -> Self {
         let words = num_workers.div_ceil(64).max(1);
-        Self {
-            words,
-            num_workers,
-            slots: HashTable::new(),
-            records: Vec::new(),
-            stride: 1 + words * if holds { 2 } else { 1 },
-            count_row: Vec::new(),
-            counts: Vec::new(),
-            free_rows: Vec::new(),
-            free: Vec::new(),
-            alive_cached: vec![0; words],
-            alive_held: vec![0; words],
-        }
+        let store = if !holds && words == 1 {
+            Store::Flat(HashTable::new())
+        } else {
+            Store::Slotted(Slotted {
+                slots: HashTable::new(),
+                records: Vec::new(),
+                stride: 1 + words * if holds { 2 } else { 1 },
+                count_row: Vec::new(),
+                counts: Vec::new(),
+                free_rows: Vec::new(),
+                free: Vec::new(),
+            })
+        };
+        Self { words, num_workers, store, alive_cached: vec![0; words], alive_held: vec![0; words] }
     }
 
     /// Distinct blocks cached or held on some worker.
     pub fn len(&self) -> usize {
-        self.slots.len()
+        match &self.store {
+            Store::Flat(t) => t.len(),
+            Store::Slotted(s) => s.slots.len(),
+        }
     }
 
     /// Whether no block is cached or held.
     pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
+        self.len() == 0
     }
 
+    /// Marks `hash` as cached on `worker` (a Stored event).
+    pub fn insert(&mut self, hash: u64, worker: usize) {
+        match &mut self.store {
+            Store::Flat(t) => {
+                let mut entry = t.entry(key(hash), |e| e.0 == hash, |e| key(e.0)).or_insert((hash, 0));
+                entry.get_mut().1 |= 1 << worker;
+            }
+            Store::Slotted(s) => {
+                let slot = s.slot_of(hash);
+                let i = s.cached_word(slot, worker);
+                s.records[i] |= 1 << (worker % 64);
+            }
+        }
+    }
+
+    /// Clears `worker` from the cached set of `hash` (a Removed event); the entry goes
+    /// when no worker caches it and no live request holds it. One probe.
+    pub fn remove(&mut self, hash: u64, worker: usize) {
+        match &mut self.store {
+            Store::Flat(t) => {
+                if let Ok(mut e) = t.find_entry(key(hash), |e| e.0 == hash) {
+                    let set = &mut e.get_mut().1;
+                    *set &= !(1 << worker);
+                    if *set == 0 {
+                        e.remove();
+                    }
+                }
+            }
+            Store::Slotted(s) => s.remove(hash, worker),
+        }
+    }
+
+    /// One more live request holds `hash` on `worker`: returns the block's slot (valid
+    /// until the matching [`release`](Self::release)) and whether it is the first there.
+    /// Only for an index built with holds.
+    pub fn acquire(&mut self, hash: u64, worker: usize) -> (u32, bool) {
+        let s = self.slotted();
+        let slot = s.slot_of(hash);
+        (slot, self.acquire_slot(slot, worker))
+    }
+
+    /// [`acquire`](Self::acquire) of a block whose slot a walk just found (no lookup).
+    pub fn acquire_slot(&mut self, slot: u32, worker: usize) -> bool {
+        let (n, words) = (self.num_workers, self.words);
+        let s = self.slotted();
+        let mut row = s.count_row[slot as usize];
+        if row == NO_ROW {
+            row = s.free_rows.pop().unwrap_or_else(|| {
+                s.counts.resize(s.counts.len() + n, 0);
+                (s.counts.len() / n - 1) as u32
+            });
+            s.count_row[slot as usize] = row;
+        }
+        let c = &mut s.counts[row as usize * n + worker];
+        *c += 1;
+        let first = *c == 1;
+        if first {
+            let i = s.held_word(slot, words, worker);
+            s.records[i] |= 1 << (worker % 64);
+        }
+        first
+    }
+
+    /// Undoes one [`acquire`](Self::acquire) of `slot` on `worker`; returns whether no
+    /// live request holds the block there any more.
+    pub fn release(&mut self, slot: u32, worker: usize) -> bool {
+        let (n, words) = (self.num_workers, self.words);
+        let s = self.slotted();
+        let row = s.count_row[slot as usize];
+        let c = &mut s.counts[row as usize * n + worker];
+        debug_assert!(*c > 0, "release without acquire");
+        *c -= 1;
+        if *c != 0 {
+            return false;
+        }
+        let held = s.held_word(slot, words, 0);
+        s.records[held + worker / 64] &= !(1 << (worker % 64));
+        if s.records[held..held + words].iter().all(|&m| m == 0) {
+            // Every count of the row is zero again (a held bit is set exactly while its
+            // count is not), so the row can serve another slot.
+            s.count_row[slot as usize] = NO_ROW;
+            s.free_rows.push(row);
+        }
+        if s.unused(slot) {
+            s.drop_slot(slot);
+        }
+        true
+    }
+
+    /// The slotted store; holds exist only there (see [`new`](Self::new)).
+    fn slotted(&mut self) -> &mut Slotted {
+        match &mut self.store {
+            Store::Slotted(s) => s,
+            Store::Flat(_) => unreachable!("holds on an index built without them"),
+        }
+    }
+
+    /// Clears `worker` from every block's cached set (a cache reset).
+    pub fn clear_worker(&mut self, worker: usize) {
+        match &mut self.store {
+            Store::Flat(t) => t.retain(|e| {
+                e.1 &= !(1 << worker);
+                e.1 != 0
+            }),
+            Store::Slotted(s) => {
+                let (stride, records, free) = (s.stride, &mut s.records, &mut s.free);
+                s.slots.retain(|&mut slot| {
+                    records[slot as usize * stride + 1 + worker / 64] &= !(1 << (worker % 64));
+                    let keep = !Slotted::unused_in(records, stride, slot);
+                    if !keep {
+                        free.push(slot);
+                    }
+                    keep
+                });
+            }
+        }
+    }
+
+    /// For each worker, how many leading blocks of `hashes` it caches (into `cached`) and,
+    /// with `held`, how many live requests on it hold; with holds, the slots of the walked
+    /// prefix go to `found` (valid until the index next changes), so admitting the request
+    /// probes only the blocks beyond it (without holds `found` is left empty).
+    pub fn prefix_overlaps(
+        &mut self,
+        hashes: &[u64],
+        cached: &mut [u32],
+        mut held: Option<&mut [u32]>,
+        found: &mut Vec<u32>,
+    ) {
+        let w = self.words;
+        let full = |alive: &mut Vec<u64>, n: usize| {
+            alive.fill(u64::MAX);
+            if !n.is_multiple_of(64) {
+                alive[w - 1] = (1u64 << (n % 64)) - 1;
+            }
+        };
+        cached.fill(0);
+        full(&mut self.alive_cached, self.num_workers);
+        match held.as_deref_mut() {
+            Some(h) => {
+                h.fill(0);
+                full(&mut self.alive_held, self.num_workers);
+            }
+            None => self.alive_held.fill(0),
+        }
+        found.clear();
+        let mut depth = 0;
+        match &self.store {
+            Store::Flat(t) => {
+                debug_assert!(held.is_none(), "held overlaps from an index without holds");
+                let alive = &mut self.alive_cached[0];
+                for &h in hashes {
+                    let Some(&(_, mask)) = t.find(key(h), |e| e.0 == h) else { break };
+                    let any = narrow(alive, mask, 0, cached, depth);
+                    depth += 1;
+                    if !any {
+                        return;
+                    }
+                }
+            }
+            Store::Slotted(s) => {
+                for &h in hashes {
+                    let Some(slot) = s.find(h) else { break };
+                    found.push(slot);
+                    let base = slot as usize * s.stride + 1;
+                    let mut any = false;
+                    for i in 0..w {
+                        any |= narrow(&mut self.alive_cached[i], s.records[base + i], i, cached, depth);
+                        if let Some(out) = held.as_deref_mut() {
+                            any |= narrow(&mut self.alive_held[i], s.records[base + w + i], i, out, depth);
+                        }
+                    }
+                    depth += 1;
+                    if !any {
+                        return;
+                    }
+                }
+            }
+        }
+        flush(&self.alive_cached, cached, depth);
+        if let Some(out) = held {
+            flush(&self.alive_held, out, depth);
+        }
+    }
+}
+
+impl Slotted {
     /// The slot of `hash`, allocated (empty) if absent; one probe of the map.
     fn slot_of(&mut self, hash: u64) -> u32 {
         let (records, stride) = (&self.records, self.stride);
@@ -149,7 +359,11 @@ impl BlockIndex {
     }
 
     /// Whether neither set of `slot` names a worker.
-    fn unused(records: &[u64], stride: usize, slot: u32) -> bool {
+    fn unused(&self, slot: u32) -> bool {
+        Self::unused_in(&self.records, self.stride, slot)
+    }
+
+    fn unused_in(records: &[u64], stride: usize, slot: u32) -> bool {
         let base = slot as usize * stride + 1;
         records[base..base + stride - 1].iter().all(|&m| m == 0)
     }
@@ -160,147 +374,24 @@ impl BlockIndex {
         slot as usize * self.stride + 1 + worker / 64
     }
 
-    /// Index of the word of `slot`'s held set holding `worker`.
+    /// Index of the word of `slot`'s held set holding `worker`, with `words` words a set.
     #[inline]
-    fn held_word(&self, slot: u32, worker: usize) -> usize {
-        debug_assert!(self.stride == 1 + 2 * self.words, "an index built without holds");
-        slot as usize * self.stride + 1 + self.words + worker / 64
+    fn held_word(&self, slot: u32, words: usize, worker: usize) -> usize {
+        debug_assert!(self.stride == 1 + 2 * words, "an index built without holds");
+        slot as usize * self.stride + 1 + words + worker / 64
     }
 
-    /// Marks `hash` as cached on `worker` (a Stored event).
-    pub fn insert(&mut self, hash: u64, worker: usize) {
-        let slot = self.slot_of(hash);
-        let i = self.cached_word(slot, worker);
-        self.records[i] |= 1 << (worker % 64);
-    }
-
-    /// Clears `worker` from the cached set of `hash` (a Removed event); the entry goes
-    /// when no worker caches it and no live request holds it. One probe.
-    pub fn remove(&mut self, hash: u64, worker: usize) {
+    /// See [`BlockIndex::remove`].
+    fn remove(&mut self, hash: u64, worker: usize) {
         let (records, stride) = (&mut self.records, self.stride);
         let Ok(entry) = self.slots.find_entry(key(hash), |&s| records[s as usize * stride] == hash) else {
             return;
         };
         let slot = *entry.get();
         records[slot as usize * stride + 1 + worker / 64] &= !(1 << (worker % 64));
-        if Self::unused(records, stride, slot) {
+        if Self::unused_in(records, stride, slot) {
             entry.remove();
             self.free.push(slot);
-        }
-    }
-
-    /// One more live request holds `hash` on `worker`: returns the block's slot (valid
-    /// until the matching [`release`](Self::release)) and whether it is the first there.
-    pub fn acquire(&mut self, hash: u64, worker: usize) -> (u32, bool) {
-        let slot = self.slot_of(hash);
-        (slot, self.acquire_slot(slot, worker))
-    }
-
-    /// [`acquire`](Self::acquire) of a block whose slot a walk just found (no lookup).
-    pub fn acquire_slot(&mut self, slot: u32, worker: usize) -> bool {
-        let mut row = self.count_row[slot as usize];
-        if row == NO_ROW {
-            row = self.free_rows.pop().unwrap_or_else(|| {
-                self.counts.resize(self.counts.len() + self.num_workers, 0);
-                (self.counts.len() / self.num_workers - 1) as u32
-            });
-            self.count_row[slot as usize] = row;
-        }
-        let c = &mut self.counts[row as usize * self.num_workers + worker];
-        *c += 1;
-        let first = *c == 1;
-        if first {
-            let i = self.held_word(slot, worker);
-            self.records[i] |= 1 << (worker % 64);
-        }
-        first
-    }
-
-    /// Undoes one [`acquire`](Self::acquire) of `slot` on `worker`; returns whether no
-    /// live request holds the block there any more.
-    pub fn release(&mut self, slot: u32, worker: usize) -> bool {
-        let row = self.count_row[slot as usize];
-        let c = &mut self.counts[row as usize * self.num_workers + worker];
-        debug_assert!(*c > 0, "release without acquire");
-        *c -= 1;
-        if *c != 0 {
-            return false;
-        }
-        let held = self.held_word(slot, 0);
-        self.records[held + worker / 64] &= !(1 << (worker % 64));
-        if self.records[held..held + self.words].iter().all(|&m| m == 0) {
-            // Every count of the row is zero again (a held bit is set exactly while its
-            // count is not), so the row can serve another slot.
-            self.count_row[slot as usize] = NO_ROW;
-            self.free_rows.push(row);
-        }
-        if Self::unused(&self.records, self.stride, slot) {
-            self.drop_slot(slot);
-        }
-        true
-    }
-
-    /// Clears `worker` from every block's cached set (a cache reset).
-    pub fn clear_worker(&mut self, worker: usize) {
-        let (stride, records, free) = (self.stride, &mut self.records, &mut self.free);
-        self.slots.retain(|&mut slot| {
-            records[slot as usize * stride + 1 + worker / 64] &= !(1 << (worker % 64));
-            let keep = !Self::unused(records, stride, slot);
-            if !keep {
-                free.push(slot);
-            }
-            keep
-        });
-    }
-
-    /// For each worker, how many leading blocks of `hashes` it caches (into `cached`) and,
-    /// with `held`, how many live requests on it hold; the slots of the walked prefix go
-    /// to `found` (valid until the index next changes), so admitting the request probes
-    /// only the blocks beyond it.
-    pub fn prefix_overlaps(
-        &mut self,
-        hashes: &[u64],
-        cached: &mut [u32],
-        mut held: Option<&mut [u32]>,
-        found: &mut Vec<u32>,
-    ) {
-        let w = self.words;
-        let full = |alive: &mut Vec<u64>, n: usize| {
-            alive.fill(u64::MAX);
-            if !n.is_multiple_of(64) {
-                alive[w - 1] = (1u64 << (n % 64)) - 1;
-            }
-        };
-        cached.fill(0);
-        full(&mut self.alive_cached, self.num_workers);
-        match held.as_deref_mut() {
-            Some(h) => {
-                h.fill(0);
-                full(&mut self.alive_held, self.num_workers);
-            }
-            None => self.alive_held.fill(0),
-        }
-        found.clear();
-        let mut depth = 0;
-        for &h in hashes {
-            let Some(slot) = self.find(h) else { break };
-            found.push(slot);
-            let base = slot as usize * self.stride + 1;
-            let mut any = false;
-            for i in 0..w {
-                any |= narrow(&mut self.alive_cached[i], self.records[base + i], i, cached, depth);
-                if let Some(out) = held.as_deref_mut() {
-                    any |= narrow(&mut self.alive_held[i], self.records[base + w + i], i, out, depth);
-                }
-            }
-            depth += 1;
-            if !any {
-                return;
-            }
-        }
-        flush(&self.alive_cached, cached, depth);
-        if let Some(out) = held {
-            flush(&self.alive_held, out, depth);
         }
     }
 }
@@ -311,7 +402,7 @@ mod tests {
 
     #[test]
     fn prefix_walk_stops_per_worker_at_its_first_missing_block() {
-        // With and without held sets: only the records' width differs.
+        // With and without held sets: slotted records of either width, or the flat table.
         for (n, holds) in [3, 64, 130].into_iter().flat_map(|n| [(n, true), (n, false)]) {
             let mut ix = BlockIndex::new(n, holds);
             let last = n - 1;
@@ -323,7 +414,9 @@ mod tests {
             let (mut out, mut found) = (vec![9; n], Vec::new());
             ix.prefix_overlaps(&[1, 2, 3, 4], &mut out, None, &mut found);
             assert_eq!((out[0], out[1], out[last]), (3, 0, 1), "{n} workers");
-            assert_eq!(found.len(), 3, "the walk goes on while worker 0 matches");
+            // The walk goes on while worker 0 matches; only slots are reported.
+            let slotted = holds || n > 64;
+            assert_eq!(found.len(), if slotted { 3 } else { 0 }, "{n} workers");
             ix.remove(2, 0);
             ix.prefix_overlaps(&[1, 2, 3], &mut out, None, &mut found);
             assert_eq!(out[0], 1);
@@ -451,7 +544,8 @@ mod tests {
                     held_model.keys().map(|k| k.0).chain(cached_model.iter().map(|k| k.0)).collect();
                 assert_eq!(ix.len(), distinct.len());
                 let held: BTreeSet<u64> = held_model.keys().map(|k| k.0).collect();
-                let rows = ix.counts.len() / n - ix.free_rows.len();
+                let slotted = ix.slotted();
+                let rows = slotted.counts.len() / n - slotted.free_rows.len();
                 assert_eq!(rows, held.len(), "count rows only for held blocks");
                 let probe: Vec<u64> = (0..rng.random_range(0..6)).map(|_| rng.random_range(0..20)).collect();
                 check(&mut ix, &probe, &held_model, &cached_model, &mut out, &mut out_held, &mut found);
@@ -459,6 +553,49 @@ mod tests {
                 for (w, &o) in out.iter().enumerate() {
                     let want = probe.iter().take_while(|&&h| cached_model.contains(&(h, w))).count();
                     assert_eq!(o as usize, want, "cached only, {n} workers");
+                }
+            }
+        }
+    }
+
+    /// Without holds (the flat table up to 64 workers, slots beyond): cached sets against
+    /// a BTreeSet model under random Stored, Removed, Cleared and walks.
+    #[test]
+    fn without_holds_matches_a_simple_model() {
+        use rand::rngs::StdRng;
+        use rand::{Rng, SeedableRng};
+        use std::collections::BTreeSet;
+
+        for n in [1usize, 3, 64, 70] {
+            let mut rng = StdRng::seed_from_u64(100 + n as u64);
+            let mut ix = BlockIndex::new(n, false);
+            assert_eq!(matches!(ix.store, Store::Flat(_)), n <= 64, "{n} workers");
+            let mut model: BTreeSet<(u64, usize)> = BTreeSet::new();
+            let (mut out, mut found) = (vec![0; n], Vec::new());
+            for _ in 0..4000 {
+                let (h, w) = (rng.random_range(0..20), rng.random_range(0..n));
+                match rng.random_range(0..10) {
+                    0..=3 => {
+                        ix.insert(h, w);
+                        model.insert((h, w));
+                    }
+                    4..=6 => {
+                        ix.remove(h, w);
+                        model.remove(&(h, w));
+                    }
+                    7 if rng.random_range(0..10) == 0 => {
+                        ix.clear_worker(w);
+                        model.retain(|&(_, x)| x != w);
+                    }
+                    _ => {}
+                }
+                let distinct: BTreeSet<u64> = model.iter().map(|k| k.0).collect();
+                assert_eq!(ix.len(), distinct.len(), "{n} workers");
+                let probe: Vec<u64> = (0..rng.random_range(0..6)).map(|_| rng.random_range(0..20)).collect();
+                ix.prefix_overlaps(&probe, &mut out, None, &mut found);
+                for (w, &o) in out.iter().enumerate() {
+                    let want = probe.iter().take_while(|&&h| model.contains(&(h, w))).count();
+                    assert_eq!(o as usize, want, "{n} workers, worker {w}");
                 }
             }
         }
