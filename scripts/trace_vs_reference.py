@@ -14,7 +14,8 @@ every run). Wall times on this kind of shared VM drift by tens of percent from r
 simulators run `--runs` times, interleaved, and two speedups are printed: the ratio of the median
 wall times, and a conservative "worst" one, the fastest reference run over the slowest mocker run.
 Both are the simulators' own `wall_time_ms` (the replay itself); "process" is the ratio of median
-whole-process times (start-up, trace loading and report included), what `time` shows a user.
+whole-process times (start-up, trace loading and report included), what `time` shows a user, and
+"vs call" sets the reference's median call (`wall_time_ms`) against mocker's median whole process.
 Each simulator runs in its own process (the reference's runtime threads slow a child process down
 if it is started from the same one).
 """
@@ -97,7 +98,7 @@ def main():
         args.workers = args.disagg
     traces = sorted(f for f in os.listdir(args.traces) if f.endswith(".jsonl"))
     print(f"{'trace':<34} {'router':<12} {'ref s (min..max)':>18} {'mocker s (min..max)':>14} "
-          f"{'median':>7} {'worst':>6} {'process':>8}  "
+          f"{'median':>7} {'worst':>6} {'process':>8} {'vs call':>8}  "
           + "  ".join(f"{k}: ref min..max / mocker" for k in HEADLINE))
     for name in traces:
         path = os.path.join(args.traces, name)
@@ -117,8 +118,9 @@ def main():
             worst = min(walls) / max(mwalls)
             process = (statistics.median(r["process_s"] for r in runs)
                        / statistics.median(r["process_s"] for r in mocker_runs))
+            vs_call = statistics.median(walls) / statistics.median(r["process_s"] for r in mocker_runs)
             print(f"{name:<34} {router:<12} {min(walls):>8.2f}..{max(walls):<8.2f} "
-                  f"{min(mwalls):>6.3f}..{max(mwalls):<6.3f} {median:>6.1f}x {worst:>5.1f}x {process:>7.1f}x  "
+                  f"{min(mwalls):>6.3f}..{max(mwalls):<6.3f} {median:>6.1f}x {worst:>5.1f}x {process:>7.1f}x {vs_call:>7.1f}x  "
                   + "  ".join(cells), flush=True)
 
 
