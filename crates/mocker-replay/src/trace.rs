@@ -256,9 +256,17 @@ pub fn parse_trace(text: &str, format: TraceFormat, block_size: Option<usize>) -
         return crate::trace_weka::parse_weka_text(text, block_size);
     }
     let mut first = true;
+    let plain = matches!(format, TraceFormat::Mooncake | TraceFormat::MooncakeDelta);
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
+        }
+        if plain {
+            if let Ok(row) = serde_json::from_str::<PlainRow>(line) {
+                if p.plain_row(i + 1, row)? {
+                    continue;
+                }
+            }
         }
         let row = p.object(i + 1, line)?;
         if std::mem::take(&mut first) && format == TraceFormat::AgenticMooncake && row.contains_key("schema")
@@ -272,6 +280,21 @@ pub fn parse_trace(text: &str, format: TraceFormat, block_size: Option<usize>) -
         p.finish_dynamo()?;
     }
     Ok(p.finish())
+}
+
+/// A row of the plain Mooncake schema and nothing else (what the public traces hold),
+/// read typed: a generic JSON tree (a map of named values, an array of boxed numbers) per
+/// row was two thirds of loading a trace. A row with any other key, or a field of another
+/// type, fails to parse as this and takes the generic path, which also words every error.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlainRow {
+    #[serde(default)]
+    timestamp: Option<f64>,
+    #[serde(default)]
+    input_length: Option<u32>,
+    output_length: u32,
+    hash_ids: Vec<u64>,
 }
 
 /// Raw hash ids below this map to dense ids through a vector (at most 4 MiB): a fixed
@@ -455,10 +478,7 @@ impl Parser {
         let output_length = self.count(row, line, &["output_length", "output_tokens"])?.ok_or_else(|| {
             self.err(line, "output_length", format!("trace line {line} is missing output_length"))
         })?;
-        if !(1..=MAX_TRACE_TOKENS).contains(&(output_length as usize)) {
-            let msg = format!("must be in 1..={MAX_TRACE_TOKENS} (got {output_length})");
-            return Err(self.err(line, "output_length", msg));
-        }
+        self.check_output_length(line, output_length)?;
         let raw_ids = match row.get("hash_ids") {
             Some(Value::Array(a)) => a,
             Some(v) => {
@@ -476,8 +496,28 @@ impl Parser {
             };
             ids.push(self.dense_id(id));
         }
+        let input_length = self.count(row, line, &["input_length", "input_tokens"])?;
+        self.checked_prompt(line, ids, input_length, output_length)
+    }
+
+    fn check_output_length(&self, line: usize, output_length: u32) -> Result<(), TraceError> {
+        if !(1..=MAX_TRACE_TOKENS).contains(&(output_length as usize)) {
+            let msg = format!("must be in 1..={MAX_TRACE_TOKENS} (got {output_length})");
+            return Err(self.err(line, "output_length", msg));
+        }
+        Ok(())
+    }
+
+    /// The prompt of dense `ids` and the row's input length (the ids' capacity when absent).
+    fn checked_prompt(
+        &self,
+        line: usize,
+        ids: Vec<u32>,
+        input_length: Option<u32>,
+        output_length: u32,
+    ) -> Result<RowPrompt, TraceError> {
         let capacity = ids.len().saturating_mul(self.block_size);
-        let input_length = match self.count(row, line, &["input_length", "input_tokens"])? {
+        let input_length = match input_length {
             Some(n) if !(1..=MAX_TRACE_TOKENS).contains(&(n as usize)) => {
                 let msg = format!("must be in 1..={MAX_TRACE_TOKENS} (got {n})");
                 return Err(self.err(line, "input_length", msg));
@@ -513,9 +553,42 @@ impl Parser {
             return if self.v2 { self.v2_row(line, row) } else { self.legacy_row(line, row) };
         }
         let timestamp = self.number(row, line, &["timestamp", "created_time"])?;
-        let RowPrompt { ids, input_length, output_length } = self.prompt(row, line)?;
+        let prompt = self.prompt(row, line)?;
         let explicit_delay = self.number(row, line, &["delay", "delay_ms"])?;
         let session_key = self.key(row, line, "session_id")?;
+        self.place_row(line, timestamp, prompt, explicit_delay, session_key)
+    }
+
+    /// A plain Mooncake row, typed; `false` when a value is out of range, for the generic
+    /// path to refuse the row in its words (a refusal ends the parse, so the dense ids this
+    /// may have handed out by then are never seen).
+    fn plain_row(&mut self, line: usize, row: PlainRow) -> Result<bool, TraceError> {
+        let timestamp_ok =
+            row.timestamp.is_none_or(|t| t.is_finite() && (0.0..=MAX_TIMESTAMP_MS).contains(&t));
+        if !timestamp_ok
+            || row.hash_ids.is_empty()
+            || self.check_output_length(line, row.output_length).is_err()
+        {
+            return Ok(false);
+        }
+        let ids = row.hash_ids.iter().map(|&id| self.dense_id(id)).collect();
+        let Ok(prompt) = self.checked_prompt(line, ids, row.input_length, row.output_length) else {
+            return Ok(false);
+        };
+        self.place_row(line, row.timestamp, prompt, None, None)?;
+        Ok(true)
+    }
+
+    /// Puts a Mooncake row's turn into its session (a new one without a session key).
+    fn place_row(
+        &mut self,
+        line: usize,
+        timestamp: Option<f64>,
+        prompt: RowPrompt,
+        explicit_delay: Option<f64>,
+        session_key: Option<String>,
+    ) -> Result<(), TraceError> {
+        let RowPrompt { ids, input_length, output_length } = prompt;
         let delay_ms = explicit_delay.unwrap_or(0.0);
         let turn =
             TraceTurn { line: line as u32, ids, input_length, output_length, delay_ms, not_before_ms: None };
@@ -663,6 +736,46 @@ mod tests {
         assert_eq!(t.sessions.len(), 2);
         let d: Vec<f64> = t.sessions[0].turns.iter().map(|t| t.delay_ms).collect();
         assert_eq!(d, vec![0.0, 300.0, 20.0]);
+    }
+
+    /// Plain rows read typed give the trace the generic reading gives (forced here by a key
+    /// the plain schema lacks), in both formats that take them.
+    #[test]
+    fn typed_plain_rows_read_as_generic_rows() {
+        let mut seed = 7u64;
+        let mut next = |m: u64| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) % m
+        };
+        let mut plain = String::new();
+        let mut generic = String::new();
+        for i in 0..300 {
+            let ids: Vec<String> = (0..1 + next(6))
+                .map(
+                    |_| if next(5) == 0 { (DIRECT_IDS + next(50)).to_string() } else { next(40).to_string() },
+                )
+                .collect();
+            let n = ids.len() as u64;
+            let input = match next(3) {
+                0 => String::new(),
+                1 => format!(", \"input_length\": {}", 1 + next(n * 512)),
+                _ => ", \"input_length\": null".to_string(),
+            };
+            let time = if next(4) == 0 { String::new() } else { format!("\"timestamp\": {}.5, ", i * 10) };
+            let row = format!(
+                "{time}\"output_length\": {}, \"hash_ids\": [{}]{input}",
+                1 + next(90),
+                ids.join(", ")
+            );
+            assert!(serde_json::from_str::<PlainRow>(&format!("{{{row}}}")).is_ok(), "{row}");
+            plain += &format!("{{{row}}}\n");
+            generic += &format!("{{{row}, \"note\": 1}}\n");
+        }
+        for format in [TraceFormat::Mooncake, TraceFormat::MooncakeDelta] {
+            let (a, b) =
+                (parse_trace(&plain, format, None).unwrap(), parse_trace(&generic, format, None).unwrap());
+            assert_eq!(a, b, "{format:?}");
+        }
     }
 
     #[test]
