@@ -364,7 +364,7 @@ impl ReplayOptions {
 
 /// Milliseconds to whole nanoseconds (the simulated clock's unit).
 pub fn ms_to_ns(ms: f64) -> u64 {
-    (ms * 1e6).round() as u64
+    mocker_core::timing::round_to_u64(ms * 1e6)
 }
 
 #[cfg(test)]
