@@ -251,9 +251,11 @@ impl KeyMaker {
         let with_local = self.hashing.with_local()?;
         let blocks = len / bs;
         let hashed = shareable.map_or(blocks, |n| n.min(blocks));
+        // Both sized for the whole generation, so the engine's submit need not grow them.
+        let capacity = (len + max_output).div_ceil(bs);
         let mut h = PromptHashes {
-            sequence: Vec::with_capacity((len + max_output).div_ceil(bs)),
-            local: Vec::with_capacity(if with_local { hashed } else { 0 }),
+            sequence: Vec::with_capacity(capacity),
+            local: Vec::with_capacity(if with_local { capacity } else { 0 }),
         };
         let mut parent = None;
         for k in 0..hashed {
@@ -295,10 +297,11 @@ impl KeyMaker {
                 with_local,
             ),
             _ => {
-                // Sized for the whole generation, so the engine's submit need not grow it.
+                // Sized for the whole generation, so the engine's submit need not grow them.
+                let capacity = (tokens.len() + max_output).div_ceil(bs);
                 let mut h = PromptHashes {
-                    sequence: Vec::with_capacity((tokens.len() + max_output).div_ceil(bs)),
-                    local: Vec::new(),
+                    sequence: Vec::with_capacity(capacity),
+                    local: Vec::with_capacity(if with_local { capacity } else { 0 }),
                 };
                 let locals = with_local.then_some(&mut h.local);
                 extend_hashes(None, &tokens[..hashed * bs], bs, &mut h.sequence, locals);
