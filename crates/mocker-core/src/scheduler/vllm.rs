@@ -86,10 +86,13 @@ struct Seq {
 
 impl Seq {
     /// How block `blk` is registered: shared below `private_from`, else private until the
-    /// request is published (preempted), silent after.
-    fn scope_of(&self, blk: u32) -> Scope {
+    /// request is published (preempted), silent after. An engine that records no KV events
+    /// announces nothing, so its shared blocks are registered silent: their evictions then
+    /// collect no hashes only to be dropped.
+    fn scope_of(&self, blk: u32, announces: bool) -> Scope {
         match (blk >= self.private_from, self.published) {
-            (false, _) => Scope::Shared,
+            (false, _) if announces => Scope::Shared,
+            (false, _) => Scope::Silent,
             (true, false) => Scope::Private,
             (true, true) => Scope::Silent,
         }
@@ -1053,7 +1056,7 @@ impl VllmScheduler {
             for blk in first..known_end {
                 let idx = blk as usize;
                 let prev_block = idx.checked_sub(1).map(|i| seq.blocks[i]);
-                self.pool.register_in(seq.blocks[idx], seq.hashes[idx], prev_block, seq.scope_of(blk));
+                self.pool.register_in(seq.blocks[idx], seq.hashes[idx], prev_block, seq.scope_of(blk, false));
             }
             first = first.max(known_end);
         }
@@ -1068,7 +1071,7 @@ impl VllmScheduler {
             // The event's parent is the previous block; the hash chains onto the adapter's root.
             let parent = if idx == 0 { None } else { Some(seq.hashes[idx - 1]) };
             let hash_parent = if idx == 0 { seq.hash_root } else { parent };
-            let scope = seq.scope_of(blk);
+            let scope = seq.scope_of(blk, record);
             let announce = record && scope == Scope::Shared;
             // Known blocks (the prompt's, hashed before submit) carry both hashes; tokens
             // are needed only for new generated blocks and for event token ids.
