@@ -4,15 +4,17 @@ side by side, and print wall times and headline metrics with reference/mocker ra
 
 Usage: python3 scripts/trace_vs_reference.py [--mocker target/release/mocker]
            [--traces ../shared/traces] [--workers 8] [--runs 5] [--router kv,round-robin]
-           [--disagg 3:5]
+           [--disagg 3:5] [--mocker-runs 3]
 With --disagg P:D both simulators replay a disaggregated cluster instead: P prefill and D
 decode workers, the prefill side transferring 128 KiB per token at 64 GB/s.
 Needs `pip install ai-dynamo-runtime==1.6.1` in the Python that runs it. Not part of CI.
 The reference's kv_router is not deterministic, so it runs `--runs` times and its spread
 (min..max) is printed beside mocker's figure (mocker is deterministic: its metrics are the same on
 every run). Wall times on this kind of shared VM drift by tens of percent from run to run, so both
-simulators run `--runs` times, interleaved, and two speedups are printed: the ratio of the median
-wall times, and a conservative "worst" one, the fastest reference run over the slowest mocker run.
+simulators run `--runs` times, interleaved (mocker `--mocker-runs` times after each reference run:
+its runs are a tenth as long, so one slow spell moves a median of few of them far more), and two
+speedups are printed: the ratio of the median wall times, and a conservative "worst" one, the
+fastest reference run over the slowest mocker run.
 Both are the simulators' own `wall_time_ms` (the replay itself); "process" is the ratio of median
 whole-process times (start-up, trace loading and report included), what `time` shows a user, and
 "vs call" sets the reference's median call (`wall_time_ms`) against mocker's median whole process.
@@ -93,6 +95,7 @@ def main():
     ap.add_argument("--runs", "--ref-runs", dest="ref_runs", type=int, default=5)
     ap.add_argument("--router", default="kv,round-robin")
     ap.add_argument("--disagg", help="P:D prefill and decode workers instead of --workers")
+    ap.add_argument("--mocker-runs", type=int, default=3, help="mocker runs after each reference run")
     args = ap.parse_args()
     if args.disagg:
         args.workers = args.disagg
@@ -106,7 +109,8 @@ def main():
             runs, mocker_runs = [], []
             for _ in range(args.ref_runs):
                 runs.append(run_reference(path, args.workers, router))
-                mocker_runs.append(run_mocker(args.mocker, path, args.workers, router))
+                for _ in range(max(args.mocker_runs, 1)):
+                    mocker_runs.append(run_mocker(args.mocker, path, args.workers, router))
             m = mocker_runs[0]
             walls = [r["wall_time_ms"] / 1e3 for r in runs]
             mwalls = [r["wall_time_ms"] / 1e3 for r in mocker_runs]
