@@ -333,6 +333,7 @@ impl BlockPool {
     /// [`register`](Self::register) with a [`Scope`]: only a [`Scope::Shared`] block is
     /// ever reported (by the return value here, or in `evicted` when it goes); a
     /// [`Scope::Private`] one costs no index probe.
+    #[inline]
     pub fn register_in(&mut self, id: BlockId, hash: u64, parent: Option<BlockId>, scope: Scope) -> bool {
         let b = &mut self.blocks[id as usize];
         if b.registered {
@@ -365,7 +366,7 @@ impl BlockPool {
     }
 
     /// Enters registered block `id` into the index; returns whether it is the first copy.
-    #[inline]
+    #[inline(always)]
     fn index_block(&mut self, id: BlockId, hash: u64) -> bool {
         // One probe: an existing entry is the live primary, so this block is a duplicate.
         // A full table rehashes on this call (hashbrown reserves room for one first),
@@ -467,6 +468,7 @@ impl BlockPool {
         }
     }
 
+    #[inline(always)]
     fn evict_lru(&mut self, evicted: &mut Vec<u64>) -> BlockId {
         let id = self.lru_head;
         debug_assert!(id != NIL, "eviction with an empty LRU");
@@ -532,7 +534,7 @@ impl BlockPool {
     }
 
     /// Drops the registration of `id`, already unlinked from every list.
-    #[inline]
+    #[inline(always)]
     fn forget(&mut self, id: BlockId, evicted: &mut Vec<u64>) {
         let b = &mut self.blocks[id as usize];
         b.registered = false;
