@@ -97,6 +97,8 @@ def main():
     ap.add_argument("--disagg", help="P:D prefill and decode workers instead of --workers")
     ap.add_argument("--mocker-runs", type=int, default=3, help="mocker runs after each reference run")
     args = ap.parse_args()
+    if args.mocker_runs < 1:
+        ap.error(f"--mocker-runs: must be at least 1 (got {args.mocker_runs})")
     if args.disagg:
         args.workers = args.disagg
     traces = sorted(f for f in os.listdir(args.traces) if f.endswith(".jsonl"))
@@ -109,7 +111,7 @@ def main():
             runs, mocker_runs = [], []
             for _ in range(args.ref_runs):
                 runs.append(run_reference(path, args.workers, router))
-                for _ in range(max(args.mocker_runs, 1)):
+                for _ in range(args.mocker_runs):
                     mocker_runs.append(run_mocker(args.mocker, path, args.workers, router))
             m = mocker_runs[0]
             walls = [r["wall_time_ms"] / 1e3 for r in runs]

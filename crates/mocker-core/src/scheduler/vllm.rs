@@ -1056,7 +1056,12 @@ impl VllmScheduler {
             for blk in first..known_end {
                 let idx = blk as usize;
                 let prev_block = idx.checked_sub(1).map(|i| seq.blocks[i]);
-                self.pool.register_in(seq.blocks[idx], seq.hashes[idx], prev_block, seq.scope_of(blk, false));
+                self.pool.register_in(
+                    seq.blocks[idx],
+                    seq.hashes[idx],
+                    prev_block,
+                    seq.scope_of(blk, record),
+                );
             }
             first = first.max(known_end);
         }
