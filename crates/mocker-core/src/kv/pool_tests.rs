@@ -309,3 +309,52 @@ fn matched_blocks_are_checked_before_they_are_pinned() {
     assert!(c.is_empty());
     pool.check_invariants().unwrap();
 }
+
+#[test]
+fn index_grows_and_churns_past_its_initial_size_with_buckets_kept() {
+    // The index starts with room for 1024 entries: filling a 6000-block pool makes it grow,
+    // and evicting through it three times over leaves tombstones that force rehashes in
+    // place. Every primary must still record its bucket and every cached hash be found.
+    let chain = |r: u64| -> Vec<u64> {
+        // Every third request shares the previous one's first half (hits, then copies).
+        let base = if r % 3 == 2 { r - 1 } else { r };
+        (0..100).map(|i| if i < 50 { (base << 32) | i } else { (r << 32) | i }).collect()
+    };
+    for policy in [EvictionPolicy::Lru, EvictionPolicy::Lineage] {
+        let mut pool = BlockPool::with_policy(6000, policy);
+        let mut ev = Vec::new();
+        let mut held: Vec<Vec<BlockId>> = Vec::new();
+        for r in 0..180u64 {
+            let hashes = chain(r);
+            let hits = pool.match_prefix(&hashes).blocks;
+            assert_eq!(hits, if r % 3 == 2 { 50 } else { 0 }, "request {r} under {policy:?}");
+            held.push(compute(&mut pool, &hashes, hits, &mut ev));
+            if r == 29 {
+                // Nothing evicted yet: 30 chains, 10 of them sharing half of another.
+                assert!(ev.is_empty());
+                assert_eq!(pool.num_cached_hashes(), 30 * 100 - 10 * 50);
+                pool.check_invariants().unwrap();
+            }
+            // Requests finish two behind, so each third one hits an active prefix.
+            if held.len() > 2 {
+                pool.release(&mut held.remove(0));
+            }
+        }
+        held.iter_mut().for_each(|o| pool.release(o));
+        pool.check_invariants().unwrap();
+        // Every registered block is found through the index, once per distinct hash.
+        let mut resident: Vec<u64> = pool.blocks.iter().filter(|b| b.registered).map(|b| b.hash).collect();
+        assert!(resident.iter().all(|&h| pool.contains(h)));
+        resident.sort_unstable();
+        resident.dedup();
+        assert_eq!(pool.num_cached_hashes(), resident.len());
+        assert!(resident.len() > 5000, "the pool is full of cached blocks");
+        if policy == EvictionPolicy::Lru {
+            // The last chains were released last: the newest 55 are whole.
+            for r in 125..180u64 {
+                assert_eq!(pool.match_prefix(&chain(r)).blocks, 100, "chain {r}");
+            }
+            assert!(!pool.contains(chain(0)[0]), "the oldest chain was evicted");
+        }
+    }
+}
