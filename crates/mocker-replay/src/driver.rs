@@ -213,13 +213,14 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     let entry_router_config = if disaggregated { router_config.for_prefill_pool() } else { router_config };
     // Offline aggregated workers only (validated): the router places on ranks.
     let dp = entry.launch.dp_size.max(1);
-    let router = Router::new(
+    let mut router = Router::new(
         options.router,
         entry_router_config,
         entry.workers * dp,
         block_size,
         entry.launch.engine.max_num_batched_tokens,
     );
+    router.expect_blocks((entry.workers * dp).saturating_mul(entry.launch.engine.num_gpu_blocks));
     // Only delta traces put earlier outputs into later prompts; everywhere else a generated
     // block is never looked up by another request, and KV events stay with our router.
     let outputs_reappear = matches!(&options.workload,
@@ -263,7 +264,7 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
             for i in 0..decode.workers {
                 workers.push(new_worker(&decode.launch, Role::Decode, false, i, 0)?);
             }
-            let router = Router::new(
+            let mut router = Router::new(
                 options.router,
                 router_config.for_decode_pool(),
                 decode.workers,
@@ -271,6 +272,7 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
                 decode.launch.engine.max_num_batched_tokens,
             )
             .without_kv_events();
+            router.expect_blocks(decode.workers.saturating_mul(decode.launch.engine.num_gpu_blocks));
             Some(Disagg::new(entry.workers, decode.workers, router, &entry.launch.engine))
         }
     };

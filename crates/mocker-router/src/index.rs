@@ -20,6 +20,9 @@ use rustc_hash::FxBuildHasher;
 
 const NO_ROW: u32 = u32::MAX;
 
+/// Entries from which a full table grows straight toward the expected size.
+const GROW_AT_ONCE_FROM: usize = 3_584;
+
 /// The table's hash of a block hash (already well mixed: one multiply is enough).
 #[inline]
 fn key(hash: u64) -> u64 {
@@ -33,6 +36,9 @@ pub struct BlockIndex {
     words: usize,
     num_workers: usize,
     store: Store,
+    /// Most distinct blocks the workers' pools can cache together (0: unknown), the size
+    /// the table grows to once a run outgrows its first one (see `grow`).
+    expected: usize,
     /// Scratch sets of workers still matching during a walk.
     alive_cached: Vec<u64>,
     alive_held: Vec<u64>,
@@ -109,7 +115,45 @@ impl BlockIndex {
                 free: Vec::new(),
             })
         };
-        Self { words, num_workers, store, alive_cached: vec![0; words], alive_held: vec![0; words] }
+        Self {
+            words,
+            num_workers,
+            store,
+            expected: 0,
+            alive_cached: vec![0; words],
+            alive_held: vec![0; words],
+        }
+    }
+
+    /// Tells the index how many distinct blocks its workers can cache at most (the sum
+    /// of their pools). Doubling to that size rehashed every entry (and faulted in a new
+    /// table's pages) about a dozen times, a third of a long replay's page faults; a
+    /// table that fills its first few thousand entries grows there in one step instead,
+    /// while a short run's stays small.
+    pub fn expect_blocks(&mut self, blocks: usize) {
+        self.expected = blocks;
+    }
+
+    /// Makes room for one more entry: a full table that has reached a few thousand grows
+    /// toward `expected` at once (sixteenfold at most), else as hashbrown would.
+    #[inline]
+    fn make_room(&mut self) {
+        let expected = self.expected;
+        let room = |len: usize| {
+            if expected > len && len >= GROW_AT_ONCE_FROM {
+                expected.min(len.saturating_mul(16)) - len
+            } else {
+                1
+            }
+        };
+        match &mut self.store {
+            Store::Flat(t) if t.len() == t.capacity() => t.reserve(room(t.len()), |e| key(e.0)),
+            Store::Slotted(s) if s.slots.len() == s.slots.capacity() => {
+                let (records, stride) = (&s.records, s.stride);
+                s.slots.reserve(room(s.slots.len()), |&x| key(records[x as usize * stride]));
+            }
+            _ => {}
+        }
     }
 
     /// Distinct blocks cached or held on some worker.
@@ -127,6 +171,7 @@ impl BlockIndex {
 
     /// Marks `hash` as cached on `worker` (a Stored event).
     pub fn insert(&mut self, hash: u64, worker: usize) {
+        self.make_room();
         match &mut self.store {
             Store::Flat(t) => {
                 let mut entry = t.entry(key(hash), |e| e.0 == hash, |e| key(e.0)).or_insert((hash, 0));
@@ -161,6 +206,7 @@ impl BlockIndex {
     /// until the matching [`release`](Self::release)) and whether it is the first there.
     /// Only for an index built with holds.
     pub fn acquire(&mut self, hash: u64, worker: usize) -> (u32, bool) {
+        self.make_room();
         let s = self.slotted();
         let slot = s.slot_of(hash);
         (slot, self.acquire_slot(slot, worker))
@@ -425,6 +471,34 @@ mod tests {
             assert!(ix.is_empty());
             ix.insert(5, 1);
             assert_eq!(ix.len(), 1, "slots are reused");
+        }
+    }
+
+    #[test]
+    fn an_index_told_its_size_grows_past_its_first_table_and_keeps_every_block() {
+        // Past a few thousand entries the table jumps toward the expected size: every
+        // block must still be found, for both stores, through removals and reinsertion.
+        for (n, holds) in [(3, false), (3, true), (130, false)] {
+            let mut ix = BlockIndex::new(n, holds);
+            ix.expect_blocks(30_000);
+            let chain = |w: usize| (0..8_000u64).map(move |i| (w as u64) << 40 | i);
+            for w in [0, n - 1] {
+                chain(w).for_each(|h| ix.insert(h, w));
+            }
+            assert_eq!(ix.len(), 16_000);
+            // Half of worker 0's blocks go (tombstones), then come back.
+            chain(0).skip(4_000).for_each(|h| ix.remove(h, 0));
+            assert_eq!(ix.len(), 12_000);
+            let (mut out, mut found) = (vec![9; n], Vec::new());
+            let first: Vec<u64> = chain(0).collect();
+            ix.prefix_overlaps(&first, &mut out, None, &mut found);
+            assert_eq!(out[0], 4_000, "{n} workers, holds {holds}");
+            chain(0).skip(4_000).for_each(|h| ix.insert(h, 0));
+            ix.prefix_overlaps(&first, &mut out, None, &mut found);
+            assert_eq!(out[0], 8_000, "{n} workers, holds {holds}");
+            let last: Vec<u64> = chain(n - 1).collect();
+            ix.prefix_overlaps(&last, &mut out, None, &mut found);
+            assert_eq!(out[n - 1], 8_000, "{n} workers, holds {holds}");
         }
     }
 

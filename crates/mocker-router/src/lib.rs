@@ -358,6 +358,14 @@ impl Router {
         self
     }
 
+    /// Tells a KV router how many distinct blocks its workers' pools hold at most, so
+    /// its index grows to that size in one step (see [`BlockIndex::expect_blocks`]).
+    pub fn expect_blocks(&mut self, blocks: usize) {
+        if let Self::Kv(r) = self {
+            r.index.expect_blocks(blocks);
+        }
+    }
+
     /// Places a request.
     pub fn route(&mut self, req: RouteRequest<'_>) -> Placement {
         match self {
