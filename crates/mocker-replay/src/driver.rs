@@ -155,6 +155,9 @@ struct Sim {
     waves: Vec<Waves>,
     /// Records of the passes delivered since the hook last took them, when one is set.
     pass_log: Option<Vec<PassRecord>>,
+    /// Whether some engine has a host tier (`native_host_offload`), whose transfers wake
+    /// an idle engine: without one, no event loop needs to ask every worker per event.
+    wakes: bool,
 }
 
 /// Started sessions and their remaining turns.
@@ -335,6 +338,7 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
         dp,
         waves: if dp > 1 { vec![Waves::new(dp); entry.workers] } else { Vec::new() },
         pass_log: hooks.pass_ended.is_some().then(Vec::new),
+        wakes: engines().any(|e| e.native_host_offload.is_some()),
     };
     let total = options.workload.total_requests();
     let cap = options.max_sim_time_ms.map(ms_to_ns);
@@ -441,6 +445,9 @@ impl Sim {
 
     /// The earliest host-tier transfer completion of an idle worker (`native_host_offload`).
     fn next_wake(&self) -> Option<u64> {
+        if !self.wakes {
+            return None;
+        }
         self.workers.iter().filter(|w| !w.busy).filter_map(|w| w.engine.next_wake_ns()).min()
     }
 
@@ -508,7 +515,8 @@ impl Sim {
                 changed |= self.release_arrivals(now)?;
             }
             // Idle workers whose host transfers complete by now step to take them up.
-            for w in 0..self.workers.len() {
+            let waking = if self.wakes { self.workers.len() } else { 0 };
+            for w in 0..waking {
                 let worker = &self.workers[w];
                 if !worker.busy && worker.engine.next_wake_ns().is_some_and(|t| t <= now) {
                     self.mark_dirty(w);
