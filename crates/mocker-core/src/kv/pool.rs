@@ -369,12 +369,12 @@ impl BlockPool {
     #[inline(always)]
     fn index_block(&mut self, id: BlockId, hash: u64) -> bool {
         // One probe: an existing entry is the live primary, so this block is a duplicate.
-        // A full table rehashes on this call (hashbrown reserves room for one first),
-        // moving every entry: their blocks' buckets are rewritten after it.
+        // A full table grows first (moving every entry, whose buckets are then rewritten),
+        // so the probe below never rehashes.
         if self.index.len() == self.index.capacity() {
             self.grow_index();
         }
-        let rehash = self.index.len() == self.index.capacity();
+        debug_assert!(self.index.len() < self.index.capacity(), "the probe must not rehash");
         let blocks = &self.blocks;
         let entry = self.index.entry(
             key(hash),
@@ -396,9 +396,6 @@ impl BlockPool {
                 true
             }
         };
-        if rehash {
-            self.refresh_buckets();
-        }
         first
     }
 
