@@ -515,11 +515,12 @@ impl Sim {
                 changed |= self.release_arrivals(now)?;
             }
             // Idle workers whose host transfers complete by now step to take them up.
-            let waking = if self.wakes { self.workers.len() } else { 0 };
-            for w in 0..waking {
-                let worker = &self.workers[w];
-                if !worker.busy && worker.engine.next_wake_ns().is_some_and(|t| t <= now) {
-                    self.mark_dirty(w);
+            if self.wakes {
+                for w in 0..self.workers.len() {
+                    let worker = &self.workers[w];
+                    if !worker.busy && worker.engine.next_wake_ns().is_some_and(|t| t <= now) {
+                        self.mark_dirty(w);
+                    }
                 }
             }
             // 3. Idle workers with work run one pass, in worker order.

@@ -37,7 +37,7 @@ pub struct BlockIndex {
     num_workers: usize,
     store: Store,
     /// Most distinct blocks the workers' pools can cache together (0: unknown), the size
-    /// the table grows to once a run outgrows its first one (see `grow`).
+    /// the table grows to once a run outgrows its first one (see `make_room`).
     expected: usize,
     /// Scratch sets of workers still matching during a walk.
     alive_cached: Vec<u64>,
