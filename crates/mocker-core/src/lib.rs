@@ -10,6 +10,7 @@ pub mod events;
 pub mod hashing;
 pub mod kv;
 pub mod metrics;
+pub mod output_length;
 pub mod request;
 pub mod scheduler;
 pub mod timing;

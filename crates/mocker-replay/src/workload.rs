@@ -2,6 +2,7 @@
 //! shared prefixes, and one load controller (closed loop, Poisson, constant interval).
 //! Requests are materialised only when dispatched, so memory follows live requests.
 
+use mocker_core::output_length::OutputLengthDistribution;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -23,6 +24,10 @@ pub struct SyntheticWorkload {
     pub input_tokens: usize,
     /// Output tokens per request.
     pub output_tokens: usize,
+    /// When set, each request's output length is drawn from it instead (keyed by the
+    /// arrival seed, the session and the turn, so runs repeat): outputs that end at a
+    /// simulated end-of-sequence, as chat answers do.
+    pub output_lengths: Option<OutputLengthDistribution>,
     /// Sessions (each of `turns_per_session` requests).
     pub request_count: usize,
     /// Load controller.
@@ -44,6 +49,7 @@ impl Default for SyntheticWorkload {
         Self {
             input_tokens: 1000,
             output_tokens: 100,
+            output_lengths: None,
             request_count: 1000,
             load: Load::Concurrency(64),
             arrival_seed: 42,
@@ -251,7 +257,7 @@ impl SyntheticSource {
             return Some(TurnRequest {
                 uuid: s.index as u128 + 1,
                 tokens: flat_prompt(s.index as u64, isl),
-                max_output_tokens: self.w.output_tokens,
+                max_output_tokens: self.output_length(s),
                 shared_prefix: None,
                 session: None,
             });
@@ -280,10 +286,22 @@ impl SyntheticSource {
         Some(TurnRequest {
             uuid: self.uuid_rng.random::<u128>(),
             tokens,
-            max_output_tokens: self.w.output_tokens,
+            max_output_tokens: self.output_length(s),
             shared_prefix: s.group.filter(|_| shared_blocks > 0).map(|g| (g, shared_blocks)),
             session: Some((s.index as u32, s.turns_issued as u32 - 1)),
         })
+    }
+
+    /// The output length of the session's latest turn: drawn when the workload has a
+    /// distribution, from a key of its own so that no other draw of the run moves.
+    fn output_length(&self, s: &SessionState) -> usize {
+        let Some(d) = &self.w.output_lengths else {
+            return self.w.output_tokens;
+        };
+        let key = self.w.arrival_seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ (s.index as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93)
+            ^ (s.turns_issued as u64).wrapping_mul(0xA076_1D64_78BD_642F);
+        d.sample(key).map_or(self.w.output_tokens, |n| n as usize)
     }
 
     /// Turns per session.

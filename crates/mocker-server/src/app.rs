@@ -75,11 +75,15 @@ pub struct AppState {
     pub ranks: Ranks,
     /// `/metrics`.
     pub metrics: ServerMetrics,
-    /// Context window (`max_model_len`), when configured.
+    /// Context window (`--max-model-len`, else the server's default window when the KV
+    /// pool holds more); `None` leaves the pool as the limit.
     pub max_model_len: Option<usize>,
     /// The longest sequence a request may have, as `/v1/models` reports it: the context
     /// window, else what one rank's KV pool holds.
     pub served_max_model_len: usize,
+    /// Where a chat request sets no output length, the simulated model's end-of-sequence
+    /// lengths (engine-args `output_length_distribution`).
+    pub output_lengths: mocker_core::output_length::OutputLengthDistribution,
     /// Key required on `/v1/*` and state-changing routes, when set.
     pub api_key: Option<ApiKey>,
     /// Tokens per KV block.

@@ -114,6 +114,11 @@ pub async fn generate(
         let mut req_plan = req_plan.clone();
         if plan.planned.is_some() {
             req_plan.thinking = 0;
+        } else if let Some(len) = eos_length(&state, &generation, &sampler, &req_plan) {
+            req_plan.eos_at = Some(len);
+            if let Some(r) = &state.reasoning {
+                req_plan.thinking = r.thinking_len(len);
+            }
         }
         plans.push((sampler, plan, req_plan));
     }
@@ -130,8 +135,9 @@ pub async fn generate(
         let request = Request {
             uuid: uuid::Uuid::new_v4().as_u128(),
             tokens: tokens.clone(),
-            // Planned output ends where the plan does (the model writes EOS there).
-            max_output_tokens: planned_len.map_or(max_tokens, |l| l.min(max_tokens)),
+            // Planned output ends where the plan does (the model writes EOS there), as does
+            // an output whose length was drawn.
+            max_output_tokens: planned_len.or(req_plan.eos_at).map_or(max_tokens, |l| l.min(max_tokens)),
             output_token_ids: req_plan.replay.as_ref().map(|r| r.ids().to_vec()),
             lora: lora.clone(),
             ..Default::default()
@@ -358,6 +364,31 @@ fn check_context(state: &AppState, tokens: &[u32], generation: &mut Generation) 
     Ok(())
 }
 
+/// Sampler stream of the end-of-sequence draw (see [`Sampler::draw`]).
+const EOS_STREAM: u64 = 6;
+
+/// The output length drawn for one choice of a chat request that set none: where the
+/// simulated model writes its end-of-sequence token, no earlier than `min_tokens`, or `None`
+/// when the output runs to its limit (`ignore_eos`, no end-of-sequence configured, a
+/// replayed output, or a draw at or past the room the context leaves).
+fn eos_length(
+    state: &AppState,
+    generation: &Generation,
+    sampler: &Sampler,
+    plan: &RequestPlan,
+) -> Option<usize> {
+    if generation.max_tokens_given
+        || !generation.default_to_context
+        || generation.ignore_eos
+        || plan.replay.is_some()
+    {
+        return None;
+    }
+    let drawn = state.output_lengths.sample(sampler.draw(EOS_STREAM, 0))?;
+    let len = drawn.max(generation.stop.min_tokens);
+    (len < generation.max_tokens).then_some(len as usize)
+}
+
 /// The thinking span and replayed tokens of one request (see [`crate::plan`]); a replayed
 /// output sets the output length, clipped to the context window.
 fn plan_output(
@@ -502,8 +533,10 @@ impl TokenStream {
                 let (split, phase) = (self.req_plan.split, self.last_phase);
                 route(split, phase, &scan.text()[step.send], text, &mut self.reasoning);
             }
-            // A plan written to its end is the model's own end of output.
-            let complete = self.plan.planned.as_ref().is_some_and(|p| self.generated >= p.len());
+            // A plan written to its end, or a drawn length reached, is the model's own end of
+            // output.
+            let complete = self.plan.planned.as_ref().is_some_and(|p| self.generated >= p.len())
+                || self.req_plan.eos_at.is_some_and(|at| self.generated >= at);
             match (complete, self.plan.tool_call.is_some()) {
                 (true, true) => self.end(signal, Finish::TOOL_CALLS, FinishReason::Stop),
                 (true, false) => self.end(signal, Finish::EOS, FinishReason::Stop),

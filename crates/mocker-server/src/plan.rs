@@ -245,6 +245,9 @@ pub struct RequestPlan {
     pub replay: Option<Replayed>,
     /// Chat: thinking text goes to `reasoning_content`, the markers are dropped.
     pub split: bool,
+    /// Where the simulated model writes its end-of-sequence token (the output length drawn
+    /// for a request that set none); the output then ends with `finish_reason: "stop"`.
+    pub eos_at: Option<usize>,
 }
 
 impl RequestPlan {
@@ -370,7 +373,7 @@ mod tests {
         assert_eq!(r.thinking_len(2), 2, "⌊1.2⌋ = 1 is raised to the two markers");
         assert_eq!(reasoning(0.05).thinking_len(10), 0);
         assert_eq!(reasoning(1.0).thinking_len(5), 5);
-        let plan = RequestPlan { thinking: 4, replay: None, split: true };
+        let plan = RequestPlan { thinking: 4, replay: None, split: true, eos_at: None };
         let phases: Vec<_> = (0..6).map(|k| plan.phase(k)).collect();
         use Phase::*;
         assert_eq!(phases, [Open, Thinking, Thinking, Close, Content, Content]);

@@ -350,8 +350,11 @@ impl BoundServer {
             tokenizer,
             ranks: Ranks(engines),
             metrics,
-            max_model_len: engine.max_model_len,
+            max_model_len: max_model_len(&engine),
             served_max_model_len: served_max_model_len(&engine),
+            output_lengths: launch
+                .output_length_distribution
+                .unwrap_or(mocker_core::output_length::OutputLengthDistribution::CHAT),
             api_key,
             block_size: engine.block_size,
             num_gpu_blocks: engine.num_gpu_blocks,
@@ -440,10 +443,24 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// The longest sequence a request may have: the context window when set, else what one
-/// rank's KV pool holds (longer requests are refused as never schedulable).
+/// Context window served when `--max-model-len` is not given: 32,768 tokens, the native
+/// window of Qwen3 and of Mistral 7B v0.2 (vLLM serves a model's own
+/// `max_position_embeddings`; mocker has no model to read it from), or the KV pool when that
+/// holds less.
+pub const DEFAULT_MAX_MODEL_LEN: usize = 32_768;
+
+/// The context window the server enforces: `--max-model-len` when set, else
+/// [`DEFAULT_MAX_MODEL_LEN`] when one rank's KV pool holds more; `None` leaves the pool as
+/// the limit (longer requests are refused as never schedulable).
+fn max_model_len(engine: &mocker_core::config::EngineConfig) -> Option<usize> {
+    let pool = engine.num_gpu_blocks.saturating_mul(engine.block_size);
+    engine.max_model_len.or((pool > DEFAULT_MAX_MODEL_LEN).then_some(DEFAULT_MAX_MODEL_LEN))
+}
+
+/// The longest sequence a request may have: the context window, else what one rank's KV
+/// pool holds.
 fn served_max_model_len(engine: &mocker_core::config::EngineConfig) -> usize {
-    engine.max_model_len.unwrap_or(engine.num_gpu_blocks * engine.block_size)
+    max_model_len(engine).unwrap_or(engine.num_gpu_blocks * engine.block_size)
 }
 
 /// Stops every rank (idempotent), within [`ENGINE_STOP_TIME`].

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Args;
+use mocker_core::output_length::OutputLengthDistribution;
 use mocker_replay::report::plot::PlotData;
 use mocker_replay::report::render_table;
 use mocker_replay::router::KvRouterConfig;
@@ -43,6 +44,12 @@ pub struct ReplayArgs {
     /// Output tokens per request (synthetic; default 100).
     #[arg(long)]
     pub output_tokens: Option<usize>,
+    /// Synthetic workloads without --output-tokens: draw each request's output length
+    /// (where the simulated model writes end-of-sequence) from this JSON distribution, as
+    /// `mocker serve` does for chat requests without max_tokens, e.g. {"type": "lognormal",
+    /// "mean": 215, "sigma": 1, "max": 4096}; also engine-args `output_length_distribution`.
+    #[arg(long, value_name = "JSON")]
+    pub output_length_distribution: Option<String>,
     /// Requests (sessions when --turns-per-session > 1; synthetic; default 1000).
     #[arg(long)]
     pub request_count: Option<usize>,
@@ -167,11 +174,46 @@ impl ReplayArgs {
         }
     }
 
-    fn workload(&self) -> Result<Workload, UsageError> {
+    /// The output-length distribution of a synthetic workload: the flag's, else the engine
+    /// args' (`output_length_distribution`, any pool's); refused with, and warned about
+    /// beside, whatever already sets the output lengths.
+    fn output_lengths(&self, cluster: &Cluster) -> Result<Option<OutputLengthDistribution>, UsageError> {
+        let sets_lengths = if self.trace.is_some() {
+            Some("a trace gives each request's output length")
+        } else if self.output_tokens.is_some() {
+            Some("--output-tokens sets every request's output length")
+        } else {
+            None
+        };
+        if let Some(text) = &self.output_length_distribution {
+            let flag = "--output-length-distribution";
+            if let Some(why) = sets_lengths {
+                return Err(UsageError(format!(
+                    "{flag}: applies to synthetic workloads without --output-tokens; {why}"
+                )));
+            }
+            return OutputLengthDistribution::from_json_str(text, flag)
+                .map(Some)
+                .map_err(|e| UsageError(e.to_string()));
+        }
+        let from_args = cluster.pools().find_map(|p| p.launch.output_length_distribution);
+        if let (Some(_), Some(why)) = (from_args, sets_lengths) {
+            eprintln!(
+                "warning: engine args: output_length_distribution not used: {why}; it applies to synthetic \
+                 workloads without --output-tokens and to mocker serve"
+            );
+            return Ok(None);
+        }
+        Ok(from_args)
+    }
+
+    fn workload(&self, cluster: &Cluster) -> Result<Workload, UsageError> {
+        let output_lengths = self.output_lengths(cluster)?;
         let Some(path) = &self.trace else {
             let w = SyntheticWorkload {
                 input_tokens: self.input_tokens.unwrap_or(1000),
                 output_tokens: self.output_tokens.unwrap_or(100),
+                output_lengths,
                 request_count: self.request_count.unwrap_or(1000),
                 load: self.load()?,
                 arrival_seed: self.arrival_seed,
@@ -355,7 +397,7 @@ impl ReplayArgs {
                 return Err(UsageError("--max-sim-time-seconds: offline mode only".into()));
             }
         }
-        let workload = self.workload()?;
+        let workload = self.workload(&cluster)?;
         let options = ReplayOptions {
             cluster,
             workload,

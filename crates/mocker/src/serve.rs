@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clap::Args;
 use mocker_core::config::{Backend, LaunchConfig, RuntimeConfig, WorkerType};
+use mocker_core::output_length::OutputLengthDistribution;
 use mocker_live::{KvEventSink, LiveOptions};
 use mocker_replay::router::{KvRouter, KvRouterConfig};
 use mocker_server::faults::{FailureInjectionOptions, FailureType};
@@ -63,9 +64,17 @@ pub struct ServeArgs {
     /// Data-parallel ranks sharing one scheduler.
     #[arg(long, visible_alias = "dp")]
     pub data_parallel_size: Option<usize>,
-    /// Context window: prompt plus output tokens.
+    /// Context window: prompt plus output tokens. Default: 32768, or what one rank's KV
+    /// pool holds when that is less.
     #[arg(long)]
     pub max_model_len: Option<usize>,
+    /// Output lengths of chat requests that set no max_tokens: where the simulated model
+    /// writes end-of-sequence, as JSON: {"type": "lognormal", "mean": M, "sigma": S, "min":
+    /// A, "max": B}, {"type": "uniform", "min": A, "max": B}, {"type": "fixed", "tokens":
+    /// N} or {"type": "none"} (run to the context). Default: lognormal, mean 215, sigma 1,
+    /// max 4096. Engine-args key `output_length_distribution`.
+    #[arg(long, value_name = "JSON")]
+    pub output_length_distribution: Option<String>,
     /// Independent engines in this process, each with its own server.
     #[arg(long, default_value_t = 1)]
     pub num_workers: usize,
@@ -246,6 +255,12 @@ impl ServeArgs {
         }
         if let Some(v) = self.data_parallel_size {
             launch.dp_size = v;
+        }
+        if let Some(text) = &self.output_length_distribution {
+            launch.output_length_distribution = Some(
+                OutputLengthDistribution::from_json_str(text, "--output-length-distribution")
+                    .map_err(|e| UsageError(e.to_string()))?,
+            );
         }
         launch.validate().map_err(|e| UsageError(e.to_string()))?;
         if self.kv_transfer_config.is_none() {

@@ -61,6 +61,12 @@ const SGLANG_PD: O = Serve("sglang_prefill_and_decode_servers_meet_in_bootstrap_
 /// Serve makes prefill-only / decode-only servers of worker_type (tests/serve_e2e.rs).
 const PD_ROLES: O = Serve("worker_type_makes_prefill_only_and_decode_only_servers");
 
+/// Serve draws chat output lengths from it (mocker-server's tests/output_length.rs).
+const OUTPUT_LENGTHS: O = Serve("mocker-server tests/output_length.rs");
+
+/// A synthetic workload that leaves the output length to the engine args.
+const NO_OSL: &[&str] = &["--input-tokens", "256", "--request-count", "16", "--concurrency", "8"];
+
 const SMALL: &[&str] =
     &["--input-tokens", "256", "--output-tokens", "16", "--request-count", "16", "--concurrency", "8"];
 const PREFIX: &[&str] = &[
@@ -211,6 +217,11 @@ fn rows() -> Vec<Row> {
           [Refused, Refused, Refused, Refused]),
         r("dp_size", "{}", r#"{"dp_size": 2}"#, SMALL, [Affects, Refused, Refused, Serve("serve_kv_events (one publisher per DP rank)")]),
         r("tensor_parallel_size", "{}", r#"{"tensor_parallel_size": 2}"#, SMALL, [Affects, Affects, Affects, Warned]),
+        r("output_length_distribution", "{}", r#"{"output_length_distribution": {"type": "uniform", "min": 4, "max": 40}}"#,
+          // Online rows run ONLINE's workload, whose --output-tokens sets the lengths.
+          NO_OSL, [Affects, Affects, Warned, OUTPUT_LENGTHS]),
+        r("output_length_distribution", "{}", r#"{"output_length_distribution": {"type": "uniform", "min": 4, "max": 40}}"#,
+          SMALL, [Warned, Warned, Warned, OUTPUT_LENGTHS]),
         r("startup_time", "{}", r#"{"startup_time": 5}"#, SMALL,
           [Warned, Warned, Warned, Serve("serve_gateway::nothing_is_served_until_the_simulated_startup_is_over")]),
         r("num_gpu_blocks_is_explicit", "{}", r#"{"num_gpu_blocks_is_explicit": true}"#, SMALL, [Refused, Refused, Refused, Refused]),

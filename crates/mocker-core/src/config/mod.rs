@@ -473,6 +473,10 @@ pub struct LaunchConfig {
     pub cuda_graph_reserved_bytes: Option<u64>,
     /// Runtime (serving shell) options.
     pub dynamo: RuntimeConfig,
+    /// Where a request sets no output length, the simulated model's end-of-sequence
+    /// lengths (mocker's own key; `None`: the shell's default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_length_distribution: Option<crate::output_length::OutputLengthDistribution>,
 }
 
 impl Default for LaunchConfig {
@@ -489,6 +493,7 @@ impl Default for LaunchConfig {
             free_gpu_memory_fraction: None,
             cuda_graph_reserved_bytes: None,
             dynamo: RuntimeConfig::default(),
+            output_length_distribution: None,
         }
     }
 }

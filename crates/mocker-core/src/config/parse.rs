@@ -21,7 +21,7 @@ const HOST_OFFLOAD_KEYS: &str = "scope num_host_blocks d2h_bandwidth_gbps h2d_ba
     shared_d2h_bandwidth_gbps shared_h2d_bandwidth_gbps latency_to_first_byte_ms kv_layout_id";
 const LAUNCH_KEYS: &str = "engine dp_size tensor_parallel_size startup_time \
     num_gpu_blocks_is_explicit gpu_memory_utilization mem_fraction_static \
-    free_gpu_memory_fraction cuda_graph_reserved_bytes dynamo";
+    free_gpu_memory_fraction cuda_graph_reserved_bytes output_length_distribution dynamo";
 const RUNTIME_KEYS: &str = "enable_local_indexer bootstrap_port handoff_session_timeout_ms \
     reasoning response_replay_trace_path zmq_kv_events_port zmq_replay_port router_queue_policy";
 const SGLANG_KEYS: &str = "schedule_policy max_prefill_tokens chunked_prefill_size \
@@ -247,6 +247,7 @@ fn parse_launch(v: &Value) -> Result<LaunchConfig> {
     set_opt!(o, c.mem_fraction_static, to_f64);
     set_opt!(o, c.free_gpu_memory_fraction, to_f64);
     set_opt!(o, c.cuda_graph_reserved_bytes, to_uint);
+    set_opt!(o, c.output_length_distribution, crate::output_length::OutputLengthDistribution::from_value);
     set!(o, c.dynamo, parse_runtime);
     Ok(c)
 }

@@ -109,6 +109,9 @@ pub struct Generation {
     /// Without an output length, run to the end of the context (chat, as vLLM does)
     /// instead of the completions default of 16.
     pub default_to_context: bool,
+    /// `ignore_eos`: the simulated model never writes its end-of-sequence token, so an
+    /// output without a length runs to the context instead of ending at a drawn length.
+    pub ignore_eos: bool,
     /// `n`: choices generated from the one prompt.
     pub n: u32,
     /// `logprobs` / `top_logprobs`, when asked.
@@ -172,9 +175,6 @@ impl Common {
                 "stream_options is only allowed when stream is true",
             ));
         }
-        // The simulated model never samples EOS: outputs run to max_tokens or a stop, which is
-        // what ignore_eos=true asks for and what a model that never picks EOS does without it.
-        let _ = self.ignore_eos;
         Ok(Generation {
             model: self.model,
             max_tokens: max,
@@ -193,6 +193,7 @@ impl Common {
             },
             echo: false,
             default_to_context: false,
+            ignore_eos: self.ignore_eos.unwrap_or(false),
             n: 1,
             logprobs: None,
             structured: None,
