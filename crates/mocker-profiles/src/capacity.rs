@@ -28,6 +28,18 @@ fn fraction_key(backend: Backend) -> (&'static str, f64) {
     }
 }
 
+/// The memory-fraction key `launch`'s backend reads and the value it sizes the KV cache
+/// with (given, or the backend's default): what a report names as the capacity's origin.
+pub fn memory_fraction(launch: &LaunchConfig) -> (&'static str, f64) {
+    let (key, default) = fraction_key(launch.engine.backend);
+    let given = match launch.engine.backend {
+        Backend::Vllm => launch.gpu_memory_utilization,
+        Backend::Sglang => launch.mem_fraction_static,
+        Backend::Trtllm => launch.free_gpu_memory_fraction,
+    };
+    (key, given.unwrap_or(default))
+}
+
 fn given(launch: &LaunchConfig) -> Vec<(&'static str, bool)> {
     vec![
         ("gpu_memory_utilization", launch.gpu_memory_utilization.is_some()),
@@ -63,7 +75,7 @@ pub(crate) fn apply(launch: &mut LaunchConfig, meta: Option<&ProfileMeta>) -> Re
         };
     };
     let backend = launch.engine.backend;
-    let (key, default) = fraction_key(backend);
+    let (key, _) = fraction_key(backend);
     if let Some(&other) = set.iter().find(|&&k| k != key && k != "cuda_graph_reserved_bytes") {
         return Err(ResolveError::Key {
             key: other,
@@ -89,12 +101,7 @@ pub(crate) fn apply(launch: &mut LaunchConfig, meta: Option<&ProfileMeta>) -> Re
             None => Ok(()),
         };
     }
-    let fraction = match backend {
-        Backend::Vllm => launch.gpu_memory_utilization,
-        Backend::Sglang => launch.mem_fraction_static,
-        Backend::Trtllm => launch.free_gpu_memory_fraction,
-    }
-    .unwrap_or(default);
+    let (_, fraction) = memory_fraction(launch);
     let reserved = launch.cuda_graph_reserved_bytes.map_or(meta.non_kv_bytes_per_gpu, |b| b as f64);
     let (gpu, weights) = (meta.gpu_memory_bytes, meta.weight_bytes_per_gpu);
     let kv_bytes = match backend {

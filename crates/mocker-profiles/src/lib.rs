@@ -32,8 +32,9 @@ pub mod planner;
 mod table;
 
 pub use bundled::{bundled, bundled_names};
+pub use capacity::memory_fraction;
 pub use meta::ProfileMeta;
-pub use table::{read_table, write_table};
+pub use table::{read_meta, read_table, write_table};
 
 /// Why a profile could not be read; names the file and, where it applies, the array.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

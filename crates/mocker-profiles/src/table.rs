@@ -25,6 +25,17 @@ pub fn read_table(path: &Path) -> Result<Profile, LoadError> {
     read(Npz::open(path)?, path)
 }
 
+/// Reads only a table file's `meta_json` (`None` when the file has none): describing a run
+/// needs the profile's model and GPU, not its arrays.
+pub fn read_meta(path: &Path) -> Result<Option<ProfileMeta>, LoadError> {
+    let mut npz = Npz::open(path)?;
+    if !npz.has("meta_json") {
+        return Ok(None);
+    }
+    let bytes: Vec<u8> = take(&mut npz, path, "meta_json", None)?.into_iter().map(|b| b as u8).collect();
+    ProfileMeta::parse(&bytes).map(Some).map_err(|reason| LoadError::array(path, "meta_json", reason))
+}
+
 /// Reads a table file held in memory; `label` names it in errors.
 pub(crate) fn read_table_bytes(label: &Path, bytes: &[u8]) -> Result<Profile, LoadError> {
     read(Npz::from_bytes(label, bytes.to_vec())?, label)

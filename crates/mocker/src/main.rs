@@ -9,6 +9,7 @@ mod output;
 mod profiles;
 mod progress;
 mod replay;
+mod run_facts;
 mod serve;
 mod sweep;
 

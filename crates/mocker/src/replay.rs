@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use clap::Args;
 use mocker_core::output_length::OutputLengthDistribution;
-use mocker_replay::report::plot::PlotData;
-use mocker_replay::report::render_table;
+use mocker_replay::report::plot::{PlotData, RenderOptions};
+use mocker_replay::report::{render_table, RunDescription};
 use mocker_replay::router::KvRouterConfig;
 use mocker_replay::{
     load_trace, Cluster, Load, Pool, ReplayError, ReplayOptions, RouterMode, Sla, SyntheticWorkload,
@@ -531,12 +531,18 @@ pub fn run(args: ReplayArgs) -> Result<(), UsageError> {
         crate::avoid_huge_pages();
     }
     let options = args.options()?;
+    let mode = if args.mode == Mode::Online { "online" } else { "offline" };
+    let run = crate::run_facts::describe(&crate::run_facts::DescribeOptions {
+        replay: &options,
+        engine: &args.engine,
+        mode,
+    });
     let outcome = match args.mode {
         Mode::Offline => run_offline(
             &options,
             args.report_jsonl.as_deref(),
             args.report_passes.as_deref(),
-            args.plot.as_deref(),
+            args.plot.as_deref().map(|dir| (dir, &run)),
         )?,
         Mode::Online
             if args.report_jsonl.is_some() || args.report_passes.is_some() || args.plot.is_some() =>
@@ -550,11 +556,11 @@ pub fn run(args: ReplayArgs) -> Result<(), UsageError> {
     };
     let path = args.report_json.as_deref().map(report_path);
     if let Some(p) = &path {
-        write_atomically(p, (outcome.summary.to_json_pretty() + "\n").as_bytes())
+        write_atomically(p, (run.report_json_pretty(&outcome.summary) + "\n").as_bytes())
             .map_err(|e| UsageError(format!("--report-json: cannot write {}: {e}", p.display())))?;
     }
     let shown = path.as_ref().map(|p| p.display().to_string());
-    print!("{}", render_table(&outcome.summary, shown.as_deref()));
+    print!("{}{}", run.header(), render_table(&outcome.summary, shown.as_deref()));
     let s = &outcome.summary;
     if s.completed_requests < s.num_requests {
         // The table's figures cover completed requests only; say what the rest were.
@@ -570,13 +576,15 @@ pub fn run(args: ReplayArgs) -> Result<(), UsageError> {
 }
 
 /// The offline replay with a progress bar, streaming per-request records to `jsonl` and
-/// per-pass records to `passes`, and charting the requests into `plot`.
+/// per-pass records to `passes`, and charting the requests into `plot`'s directory
+/// (subtitled with its run).
 fn run_offline(
     options: &ReplayOptions,
     jsonl: Option<&Path>,
     passes: Option<&Path>,
-    plot: Option<&Path>,
+    plot: Option<(&Path, &RunDescription)>,
 ) -> Result<mocker_replay::ReplayOutcome, UsageError> {
+    let (plot, run) = (plot.map(|p| p.0), plot.map(|p| p.1));
     let plot_error = |p: &Path, e: &dyn std::fmt::Display| {
         UsageError(format!("--plot: cannot write into {}: {e}", p.display()))
     };
@@ -648,8 +656,15 @@ fn run_offline(
             None => f.commit().map_err(|e| passes_error(p, &e))?,
         }
     }
-    if let (Some(c), Some(dir)) = (charts, plot) {
-        for (name, svg) in c.render(&outcome.worker_tokens).map_err(|e| plot_error(dir, &e))? {
+    if let (Some(c), Some(dir), Some(run)) = (charts, plot, run) {
+        let subtitle = run.subtitle();
+        let o = RenderOptions {
+            worker_tokens: &outcome.worker_tokens,
+            subtitle: &subtitle,
+            // The per-worker figures are the entry pool's: its prefill pool when disaggregated.
+            worker_pool: options.cluster.decode().is_some().then_some("prefill"),
+        };
+        for (name, svg) in c.render(&o).map_err(|e| plot_error(dir, &e))? {
             write_atomically(&dir.join(name), svg.as_bytes()).map_err(|e| plot_error(dir, &e))?;
         }
     }

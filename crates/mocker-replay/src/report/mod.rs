@@ -1,14 +1,17 @@
-//! Replay report: distribution statistics, the `.summary` object and the AIPerf-style table.
+//! Replay report: distribution statistics, the `.summary` object, the AIPerf-style table and
+//! the description of what ran.
 //!
 //! Kept separate from the event loop so the reference's report rules (key order, percentile
 //! conventions, number formatting) live in one place and can be tested without running a
 //! simulation.
 
 pub mod plot;
+pub mod run;
 pub mod stats;
 pub mod summary;
 pub mod table;
 
+pub use run::{KvCapacity, KvSource, PoolFacts, ProfileFacts, RunDescription, TimingSource, Topology};
 pub use stats::{DistSummary, ExactDistribution, SketchDistribution};
 pub use summary::{GoodputInputs, Summary, SummaryInputs};
 pub use table::{format_number, render_table};

@@ -1,5 +1,6 @@
 //! SVG charts of a replay (`--plot DIR`): TTFT and ITL CDFs, output-token throughput and
-//! queue depth over simulated time, and per-worker prefix-cache hit rate.
+//! queue depth over simulated time, and per-worker prefix-cache hit rate. Each chart names
+//! the run under its title, since the files are often looked at apart from the report.
 //!
 //! [`PlotData`] folds per-request records into bounded state as they end (samples are
 //! thinned and time series re-bucketed as they grow), so plotting a million requests
@@ -42,20 +43,43 @@ impl Thinned {
         self.seen += 1;
     }
 
+    fn sorted(&self) -> Vec<f64> {
+        let mut v = self.values.clone();
+        v.sort_by(f64::total_cmp);
+        v
+    }
+
     /// (value, fraction of samples at or below it), for a CDF drawn with at most
     /// [`CDF_POINTS`] points (more would only bloat the SVG).
     fn cdf(&self) -> Vec<(f64, f64)> {
-        let mut v = self.values.clone();
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        let step = n.div_ceil(CDF_POINTS).max(1);
-        let mut points: Vec<(f64, f64)> =
-            (step - 1..n).step_by(step).map(|i| (v[i], (i + 1) as f64 / n as f64)).collect();
-        if n > 0 && points.last().map(|p| p.1) != Some(1.0) {
-            points.push((v[n - 1], 1.0));
-        }
-        points
+        cdf_of(&self.sorted())
     }
+
+    /// The CDF up to the `q` quantile and that quantile (`None` without samples): a long
+    /// tail otherwise squeezes the body of the curve into a vertical line at the left.
+    fn cdf_clipped(&self, q: f64) -> (Vec<(f64, f64)>, Option<f64>) {
+        let v = self.sorted();
+        if v.is_empty() {
+            return (Vec::new(), None);
+        }
+        // Nearest rank: the smallest sample with at least a fraction q at or below it.
+        let rank = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len());
+        let clip = v[rank - 1];
+        let points = cdf_of(&v).into_iter().filter(|p| p.0 <= clip).collect();
+        (points, Some(clip))
+    }
+}
+
+/// The CDF points of `v`, sorted ascending.
+fn cdf_of(v: &[f64]) -> Vec<(f64, f64)> {
+    let n = v.len();
+    let step = n.div_ceil(CDF_POINTS).max(1);
+    let mut points: Vec<(f64, f64)> =
+        (step - 1..n).step_by(step).map(|i| (v[i], (i + 1) as f64 / n as f64)).collect();
+    if n > 0 && points.last().map(|p| p.1) != Some(1.0) {
+        points.push((v[n - 1], 1.0));
+    }
+    points
 }
 
 /// Sums over fixed-width simulated-time buckets that widen as the run gets longer.
@@ -101,6 +125,21 @@ pub struct PlotData {
 /// One chart: its file name and SVG text.
 pub type Chart = (&'static str, String);
 
+/// What the charts show besides the folded records.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RenderOptions<'a> {
+    /// Per worker of the pool requests enter: (input tokens, cached tokens).
+    pub worker_tokens: &'a [(u64, u64)],
+    /// The run, one line under every chart's title (empty: none).
+    pub subtitle: &'a str,
+    /// The pool those workers form, naming bars by pool and index ("prefill 0"); `None`
+    /// for aggregated workers, named by index.
+    pub worker_pool: Option<&'a str>,
+}
+
+/// The fraction of inter-token gaps the ITL chart's x axis covers.
+const ITL_CLIP: f64 = 0.99;
+
 impl PlotData {
     /// An empty accumulator.
     pub fn new() -> Self {
@@ -123,30 +162,54 @@ impl PlotData {
         self.queue_delta.add(left_queue, -1.0);
     }
 
-    /// Renders every chart. `worker_tokens` is per worker (input tokens, cached tokens).
-    pub fn render(&self, worker_tokens: &[(u64, u64)]) -> Result<Vec<Chart>, String> {
+    /// Renders every chart.
+    pub fn render(&self, o: &RenderOptions<'_>) -> Result<Vec<Chart>, String> {
         let tokens = self.tokens_per_second();
         let queue = self.queue_depth();
         let hit: Vec<f64> =
-            worker_tokens.iter().map(|&(i, c)| if i == 0 { 0.0 } else { c as f64 / i as f64 }).collect();
+            o.worker_tokens.iter().map(|&(i, c)| if i == 0 { 0.0 } else { c as f64 / i as f64 }).collect();
+        let labels = |title: &'static str, x: String, y: &'static str| Labels {
+            title: title.into(),
+            subtitle: o.subtitle,
+            x,
+            y,
+        };
+        let (itl, clip) = self.itl_ms.cdf_clipped(ITL_CLIP);
+        let itl_x = match clip {
+            Some(c) => format!("inter-token latency (ms), clipped at p99 = {c:.2} ms"),
+            None => "inter-token latency (ms)".into(),
+        };
+        let (bar_title, bar_x, bar_names): (String, String, Vec<String>) = match o.worker_pool {
+            Some(pool) => (
+                format!("Prefix-cache hit rate per {pool} worker"),
+                format!("{pool} worker"),
+                (0..hit.len()).map(|i| format!("{pool} {i}")).collect(),
+            ),
+            None => (
+                "Prefix-cache hit rate per worker".to_string(),
+                "worker".to_string(),
+                (0..hit.len()).map(|i| i.to_string()).collect(),
+            ),
+        };
+        let bars = Labels { title: bar_title, subtitle: o.subtitle, x: bar_x, y: "hit rate (%)" };
         Ok(vec![
             (
                 "ttft_cdf.svg",
-                line_chart("TTFT CDF", "TTFT (ms)", "fraction of requests", &self.ttft_ms.cdf())?,
+                line_chart(
+                    &labels("TTFT CDF", "TTFT (ms)".into(), "fraction of requests"),
+                    &self.ttft_ms.cdf(),
+                )?,
             ),
+            ("itl_cdf.svg", itl_chart(&labels("ITL CDF", itl_x, "fraction of gaps"), &itl)?),
             (
-                "itl_cdf.svg",
-                line_chart("ITL CDF", "inter-token latency (ms)", "fraction of gaps", &self.itl_ms.cdf())?,
+                "throughput.svg",
+                line_chart(&labels("Output throughput", "simulated time (s)".into(), "tokens/s"), &tokens)?,
             ),
-            ("throughput.svg", line_chart("Output throughput", "simulated time (s)", "tokens/s", &tokens)?),
             (
                 "queue_depth.svg",
-                count_chart("Queue depth", "simulated time (s)", "requests waiting", &queue)?,
+                count_chart(&labels("Queue depth", "simulated time (s)".into(), "requests waiting"), &queue)?,
             ),
-            (
-                "worker_cache_hit_rate.svg",
-                bar_chart("Prefix-cache hit rate per worker", "worker", "hit rate (%)", &hit)?,
-            ),
+            ("worker_cache_hit_rate.svg", bar_chart(&bars, &hit, &bar_names)?),
         ])
     }
 
@@ -178,6 +241,29 @@ impl PlotData {
 
 const SIZE: (u32, u32) = (800, 500);
 
+/// A chart's words.
+struct Labels<'a> {
+    title: String,
+    /// The run, under the title.
+    subtitle: &'a str,
+    x: String,
+    y: &'a str,
+}
+
+type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+/// The chart's canvas: white, with the title and the run's subtitle drawn on top; returns
+/// the area left for the chart.
+fn canvas<'a>(root: Area<'a>, labels: &Labels<'_>) -> Result<Area<'a>, String> {
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let mut area = root.titled(&labels.title, ("sans-serif", 22)).map_err(|e| e.to_string())?;
+    if !labels.subtitle.is_empty() {
+        let style = ("sans-serif", 14).into_font().color(&RGBColor(80, 80, 80));
+        area = area.titled(labels.subtitle, style).map_err(|e| e.to_string())?;
+    }
+    Ok(area)
+}
+
 /// Axis range covering `values` with a little headroom; never empty.
 fn range(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
     let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| (l.min(v), h.max(v)));
@@ -201,44 +287,55 @@ fn whole(v: &f64) -> String {
     }
 }
 
-fn line_chart(title: &str, x_desc: &str, y_desc: &str, points: &[(f64, f64)]) -> Result<String, String> {
+fn line_chart(labels: &Labels<'_>, points: &[(f64, f64)]) -> Result<String, String> {
+    let x = range(points.iter().map(|p| p.0));
     let y = range(points.iter().map(|p| p.1));
-    line_chart_in(title, x_desc, y_desc, points, y, None)
+    line_chart_in(labels, points, x, y, None)
+}
+
+/// A CDF whose x axis spans the samples shown, not from 0: inter-token gaps sit in a narrow
+/// band far from 0, which an axis from 0 squeezes into a sliver at the right.
+fn itl_chart(labels: &Labels<'_>, points: &[(f64, f64)]) -> Result<String, String> {
+    let (lo, hi) = match (points.first(), points.last()) {
+        (Some(a), Some(b)) => (a.0, b.0),
+        _ => return line_chart(labels, points),
+    };
+    let pad = if hi > lo { (hi - lo) * 0.05 } else { hi.abs().max(1.0) * 0.05 };
+    let x = (lo - pad).max(0.0)..hi + pad;
+    line_chart_in(labels, points, x, range(points.iter().map(|p| p.1)), None)
 }
 
 /// A line chart of whole counts: the y axis ends at a whole number and is labelled only at
 /// whole numbers (plotters would put ticks at 0.5 steps on a range of a few units).
-fn count_chart(title: &str, x_desc: &str, y_desc: &str, points: &[(f64, f64)]) -> Result<String, String> {
+fn count_chart(labels: &Labels<'_>, points: &[(f64, f64)]) -> Result<String, String> {
     let y = range(points.iter().map(|p| p.1));
     let y = y.start.floor()..y.end.ceil();
     // A label per unit while that is few enough; plotters' steps above one unit (2, 5,
     // 10, ...) are whole anyway.
-    let labels = ((y.end - y.start) as usize + 1).min(MAX_LABELS + 1);
-    line_chart_in(title, x_desc, y_desc, points, y, Some(labels))
+    let whole_labels = ((y.end - y.start) as usize + 1).min(MAX_LABELS + 1);
+    line_chart_in(labels, points, range(points.iter().map(|p| p.0)), y, Some(whole_labels))
 }
 
 /// `whole_y_labels`: label the y axis at whole numbers only, with this many labels at most.
 fn line_chart_in(
-    title: &str,
-    x_desc: &str,
-    y_desc: &str,
+    labels: &Labels<'_>,
     points: &[(f64, f64)],
+    x: std::ops::Range<f64>,
     y: std::ops::Range<f64>,
     whole_y_labels: Option<usize>,
 ) -> Result<String, String> {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| e.to_string())?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 22))
+        let area = canvas(root.clone(), labels)?;
+        let mut chart = ChartBuilder::on(&area)
             .margin(15)
             .x_label_area_size(45)
             .y_label_area_size(65)
-            .build_cartesian_2d(range(points.iter().map(|p| p.0)), y)
+            .build_cartesian_2d(x, y)
             .map_err(|e| e.to_string())?;
         let mut mesh = chart.configure_mesh();
-        mesh.x_desc(x_desc).y_desc(y_desc);
+        mesh.x_desc(labels.x.as_str()).y_desc(labels.y);
         if let Some(n) = whole_y_labels {
             mesh.y_labels(n).y_label_formatter(&whole);
         }
@@ -251,15 +348,15 @@ fn line_chart_in(
     Ok(svg)
 }
 
-fn bar_chart(title: &str, x_desc: &str, y_desc: &str, values: &[f64]) -> Result<String, String> {
+/// Bars of rates in [0, 1], the i-th named `names[i]`.
+fn bar_chart(labels: &Labels<'_>, values: &[f64], names: &[String]) -> Result<String, String> {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let area = canvas(root.clone(), labels)?;
         // Rates: the whole 0-100% scale, so charts of different runs compare at a glance.
         let top = 1.0;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 22))
+        let mut chart = ChartBuilder::on(&area)
             .margin(15)
             .x_label_area_size(45)
             .y_label_area_size(65)
@@ -272,10 +369,13 @@ fn bar_chart(title: &str, x_desc: &str, y_desc: &str, values: &[f64]) -> Result<
             .configure_mesh()
             .disable_x_mesh()
             .x_labels(values.len().clamp(1, MAX_LABELS))
-            .x_label_formatter(&whole)
+            .x_label_formatter(&|v| {
+                let name = (v.fract() == 0.0 && *v >= 0.0).then(|| names.get(*v as usize)).flatten();
+                name.cloned().unwrap_or_default()
+            })
             .y_label_formatter(&|v| format!("{:.0}", v * 100.0))
-            .x_desc(x_desc)
-            .y_desc(y_desc)
+            .x_desc(labels.x.as_str())
+            .y_desc(labels.y)
             .draw()
             .map_err(|e| e.to_string())?;
         chart
@@ -335,13 +435,14 @@ mod tests {
     fn every_chart_renders_as_svg() {
         let mut p = PlotData::new();
         p.add(&record(0.0, 0.0, &[10.0, 12.0]));
-        let charts = p.render(&[(100, 40), (100, 0)]).unwrap();
+        let charts =
+            p.render(&RenderOptions { worker_tokens: &[(100, 40), (100, 0)], ..Default::default() }).unwrap();
         assert_eq!(charts.len(), 5);
         for (name, svg) in &charts {
             assert!(name.ends_with(".svg") && svg.starts_with("<svg") && svg.contains("</svg>"), "{name}");
         }
         // The empty case (nothing finished) still renders.
-        assert!(PlotData::new().render(&[]).is_ok());
+        assert!(PlotData::new().render(&RenderOptions::default()).is_ok());
     }
 
     /// The numeric tick labels of a chart as (x, y, text), in drawing order (plotters draws
@@ -366,7 +467,8 @@ mod tests {
         let mut p = PlotData::new();
         p.add(&record(0.0, 5.0, &[20.0, 25.0, 31.0]));
         p.add(&record(1.0, 30.0, &[40.0, 44.0]));
-        let charts = p.render(&[(100, 40), (100, 0)]).unwrap();
+        let charts =
+            p.render(&RenderOptions { worker_tokens: &[(100, 40), (100, 0)], ..Default::default() }).unwrap();
         let svg = |name: &str| &charts.iter().find(|c| c.0 == name).unwrap().1;
         let bars = tick_labels(svg("worker_cache_hit_rate.svg"));
         let y_axis_x = &bars[0].0;
@@ -378,5 +480,63 @@ mod tests {
         let y_axis_x = &queue[0].0;
         let depth: Vec<&str> = queue.iter().filter(|l| &l.0 == y_axis_x).map(|l| l.2.as_str()).collect();
         assert!(depth.len() >= 2 && depth.iter().all(|d| !d.contains('.')), "{queue:?}");
+    }
+
+    /// The text of every `<text>` element of a chart.
+    fn texts(svg: &str) -> Vec<String> {
+        let flat = svg.replace('\n', "");
+        let texts = flat.split("<text").skip(1).filter_map(|t| t.split_once('>')?.1.split_once("</text>"));
+        texts.map(|(text, _)| text.trim().to_string()).collect()
+    }
+
+    #[test]
+    fn every_chart_names_the_run_under_its_title() {
+        let mut p = PlotData::new();
+        p.add(&record(0.0, 0.0, &[10.0, 12.0]));
+        let subtitle = "2 workers, router kv, vllm, timing: polynomial (reference fit)";
+        let charts = p
+            .render(&RenderOptions { worker_tokens: &[(100, 40), (100, 0)], subtitle, worker_pool: None })
+            .unwrap();
+        for (name, svg) in &charts {
+            let t = texts(svg);
+            let title = t.iter().position(|x| !x.is_empty()).unwrap();
+            assert_eq!(t.get(title + 1).map(String::as_str), Some(subtitle), "{name}: {t:?}");
+        }
+    }
+
+    /// One slow gap in a hundred does not set the axis: it ends near the p99 and says so.
+    #[test]
+    fn itl_axis_is_clipped_at_the_p99() {
+        let mut p = PlotData::new();
+        let mut times = vec![0.0];
+        for i in 1..=200 {
+            let gap = if i % 100 == 0 { 1000.0 } else { 5.0 + (i % 7) as f64 };
+            times.push(times[i - 1] + gap);
+        }
+        p.add(&record(0.0, 0.0, &times));
+        let charts = p.render(&RenderOptions::default()).unwrap();
+        let svg = &charts.iter().find(|c| c.0 == "itl_cdf.svg").unwrap().1;
+        let t = texts(svg);
+        assert!(t.iter().any(|x| x == "inter-token latency (ms), clipped at p99 = 11.00 ms"), "{t:?}");
+        let x_max = tick_labels(svg).iter().map(|l| l.2.parse::<f64>().unwrap()).fold(0.0, f64::max);
+        assert!(x_max < 20.0, "ticks run to {x_max}");
+    }
+
+    #[test]
+    fn disaggregated_bars_are_named_by_pool() {
+        let mut p = PlotData::new();
+        p.add(&record(0.0, 0.0, &[10.0, 12.0]));
+        let o = RenderOptions {
+            worker_tokens: &[(100, 40), (100, 0)],
+            subtitle: "",
+            worker_pool: Some("prefill"),
+        };
+        let charts = p.render(&o).unwrap();
+        let t = texts(&charts.iter().find(|c| c.0 == "worker_cache_hit_rate.svg").unwrap().1);
+        for want in ["prefill 0", "prefill 1", "prefill worker", "Prefix-cache hit rate per prefill worker"] {
+            assert!(t.iter().any(|x| x == want), "{want} missing: {t:?}");
+        }
+        // The y axis has its own "0"; a bare "1" could only be a worker.
+        assert!(!t.iter().any(|x| x == "1"), "bare indices: {t:?}");
     }
 }

@@ -3,17 +3,19 @@
 //! Users compare this output with the reference CLI by eye and by diff, so layout and number
 //! formatting follow the reference's hand-drawn table: heavy `┃` separators on every row
 //! (header and body) and `━` in every horizontal rule, bottom included. This is not rich's
-//! HEAVY_HEAD box (light `│`/`─` in the body), which real AIPerf uses. One deliberate
-//! difference: the reference closes the table with light corners and joints on its heavy
-//! rule (`└ ━ ┴ ┘`), a mix that renders as a broken border; ours is all heavy (`┗ ━ ┻ ┛`).
+//! HEAVY_HEAD box (light `│`/`─` in the body), which real AIPerf uses. Two deliberate
+//! differences: the title is mocker's own ([`TITLE`]), and the reference closes the table
+//! with light corners and joints on its heavy rule (`└ ━ ┴ ┘`), a mix that renders as a
+//! broken border; ours is all heavy (`┗ ━ ┻ ┛`).
 
 use std::fmt::Write as _;
 
 use super::stats::DistSummary;
 use super::summary::Summary;
 
-/// Title line printed above the table.
-pub const TITLE: &str = "NVIDIA AIPerf | LLM Metrics";
+/// Title line printed above the table. The reference prints "NVIDIA AIPerf | LLM Metrics",
+/// but these figures are simulated by mocker, not measured by AIPerf.
+pub const TITLE: &str = "mocker | LLM Metrics";
 
 /// Header row; the stat columns are a fixed subset (no p50/p95) in this order.
 const HEADERS: [&str; 8] = ["Metric", "avg", "min", "max", "p99", "p90", "p75", "std"];
@@ -209,9 +211,10 @@ mod tests {
         s
     }
 
-    /// Expected output, checked against the reference CLI's table code fed this summary.
+    /// Expected output, checked against the reference CLI's table code fed this summary (its
+    /// title aside: the reference prints "NVIDIA AIPerf | LLM Metrics").
     const SNAPSHOT: [&str; 17] = [
-        "NVIDIA AIPerf | LLM Metrics",
+        "mocker | LLM Metrics",
         "┏━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━┳━━━━━━━━┳━━━━━━━━━━━┳━━━━━━━━━━━┳━━━━━━━━┳━━━━━━━━┳━━━━━━━━┓",
         "┃ Metric                                             ┃       avg ┃    min ┃       max ┃       p99 ┃    p90 ┃    p75 ┃    std ┃",
         "┡━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━╇━━━━━━━━┩",
