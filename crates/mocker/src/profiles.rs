@@ -52,9 +52,11 @@ pub fn run(args: ProfilesArgs) -> Result<(), UsageError> {
     }
 }
 
-/// Prints one line per bundled profile: name, model, GPU system, backend, TP.
+/// Prints a header and one line per bundled profile: name, model, GPU system, backend, TP
+/// (tab-separated), then says on stderr how to use one: the list is the measured model ×
+/// GPU × backend × TP points, not a grid.
 fn list() -> Result<(), UsageError> {
-    let mut text = String::new();
+    let mut text = String::from("name\tmodel\tgpu\tbackend\ttp\n");
     for name in mocker_profiles::bundled_names() {
         let profile = mocker_profiles::bundled(name)
             .expect("listed names exist")
@@ -64,7 +66,12 @@ fn list() -> Result<(), UsageError> {
             None => format!("{name}\t(Dynamo planner table; no memory facts)\n"),
         };
     }
-    print_all(&text)
+    print_all(&text)?;
+    eprintln!(
+        "mocker: predict latency under load with `mocker replay --timing-profile NAME` (or `mocker serve \
+         --timing-profile NAME`); `mocker profiles predict` prices recorded forward passes"
+    );
+    Ok(())
 }
 
 /// Writes `text` to stdout; a reader that stopped early (`| head`) is not an error.

@@ -721,7 +721,13 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
             })
             .await
             .map_err(|e| UsageError(e.to_string()))?;
-            eprintln!("mocker: P/D front over {} prefill and {} decode workers", d.prefill, d.decode);
+            let workers =
+                |n: usize, role: &str| format!("{n} {role} worker{}", if n == 1 { "" } else { "s" });
+            eprintln!(
+                "mocker: P/D front over {} and {}",
+                workers(d.prefill, "prefill"),
+                workers(d.decode, "decode")
+            );
             eprintln!("mocker: serving model on http://{}", front.local_addr());
             let mut stop = stop_rx.clone();
             servers.push(tokio::spawn(front.serve(async move {

@@ -211,7 +211,10 @@ fn every_bundled_profile_runs_a_small_replay() {
     let out = cli::mocker(&["profiles"]);
     assert!(out.status.success());
     let listing = cli::stdout(&out);
-    let names: Vec<&str> = listing.lines().map(|l| l.split('\t').next().unwrap()).collect();
+    let mut lines = listing.lines();
+    assert_eq!(lines.next(), Some("name\tmodel\tgpu\tbackend\ttp"), "{listing}");
+    assert!(cli::stderr(&out).contains("replay --timing-profile NAME"), "how to use a profile");
+    let names: Vec<&str> = lines.map(|l| l.split('\t').next().unwrap()).collect();
     assert!(names.len() >= 9, "{listing}");
     for want in ["h100-llama3.1-8b-vllm-tp1", "h200-qwen3-32b-sglang-tp2", "h100-llama3.1-8b-trtllm-tp1"] {
         assert!(names.contains(&want), "{want} missing from {listing}");

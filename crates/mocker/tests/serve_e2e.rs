@@ -636,6 +636,41 @@ fn worker_type_makes_prefill_only_and_decode_only_servers() {
     }
 }
 
+/// `--kv-transfer-config` roles as vLLM's NixlConnector has them: a request without
+/// `kv_transfer_params` runs as on any server (the connector finds no `do_remote_prefill` to
+/// load and no `do_remote_decode` to hold), while a `kv_producer` refuses the decode side's
+/// params and a `kv_consumer` the prefill side's, each a 400 naming `kv_transfer_params`.
+#[test]
+fn kv_roles_serve_plain_requests_and_refuse_the_other_sides_params() {
+    let config = |role: &str| format!(r#"{{"kv_connector": "NixlConnector", "kv_role": "{role}"}}"#);
+    let producer = Server::start(&["--block-size", "16", "--kv-transfer-config", &config("kv_producer")]);
+    let consumer = Server::start(&["--block-size", "16", "--kv-transfer-config", &config("kv_consumer")]);
+    let plain = r#"{"prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], "max_tokens": 3}"#;
+    for server in [&producer, &consumer] {
+        let (status, body) = http(&server.base, "POST", "/v1/completions", &[], plain);
+        assert_eq!(status, 200, "{body}");
+        let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(answer["usage"]["completion_tokens"], 3, "{answer}");
+    }
+    let prefill = plain.replace(
+        "\"max_tokens\": 3",
+        "\"max_tokens\": 1, \"kv_transfer_params\": {\"do_remote_decode\": true}",
+    );
+    let (status, body) = http(&consumer.base, "POST", "/v1/completions", &[], &prefill);
+    assert_eq!(status, 400, "a kv_consumer takes no prefill: {body}");
+    assert!(body.contains("kv_transfer_params.do_remote_decode"), "{body}");
+    let (status, body) = http(&producer.base, "POST", "/v1/completions", &[], &prefill);
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let decode = plain.replace(
+        "\"max_tokens\": 3",
+        &format!("\"max_tokens\": 3, \"kv_transfer_params\": {}", answer["kv_transfer_params"]),
+    );
+    let (status, body) = http(&producer.base, "POST", "/v1/completions", &[], &decode);
+    assert_eq!(status, 400, "a kv_producer takes no decode: {body}");
+    assert!(body.contains("kv_transfer_params.do_remote_prefill"), "{body}");
+}
+
 fn lines_of_stderr(stderr: std::process::ChildStderr) -> std::sync::mpsc::Receiver<String> {
     use std::io::BufRead;
     let (tx, rx) = std::sync::mpsc::channel();
