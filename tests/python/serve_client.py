@@ -183,7 +183,7 @@ def timing(base, key, prompt_len, max_tokens):
 def hold(base, key):
     """Starts a long stream, says so, and reports how it ended (used with SIGTERM)."""
     with httpx.stream("POST", f"{base}/v1/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
-                      json={"model": MODEL, "prompt": [3] * 16, "max_tokens": 100000, "stream": True}) as s:
+                      json={"model": MODEL, "prompt": [3] * 16, "max_tokens": 30000, "stream": True}) as s:
         frames = []
         for line in s.iter_lines():
             if line.startswith("data: "):

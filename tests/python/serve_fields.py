@@ -380,14 +380,22 @@ def main(base, key, tokenizer_path, max_model_len):
     stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, echo=True, seed=1, stream=True)
     assert streamed_text(stream, "completions")[0] == r.choices[0].text
 
-    # Chat without an output length runs to the end of the context, as vLLM does.
+    # Chat without an output length ends at a simulated end-of-sequence ("stop"), or at the
+    # end of the context ("length") when the drawn length does not fit; with ignore_eos it
+    # runs to the end of the context, as vLLM does.
     r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}])
+    room = max_model_len - r.usage.prompt_tokens
+    assert 1 <= r.usage.completion_tokens <= room, r.usage
+    assert r.choices[0].finish_reason == ("stop" if r.usage.completion_tokens < room else "length"), r
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
+                                       extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == max_model_len - r.usage.prompt_tokens, r.usage
     assert r.choices[0].finish_reason == "length"
     r = client.completions.create(model=MODEL, prompt=prompt)
     assert r.usage.completion_tokens == 16
 
-    # ignore_eos is accepted (the simulated model never samples EOS either way).
+    # ignore_eos with an explicit length: exactly that length (an explicit length ends there
+    # with or without it).
     r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=9, extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 9
 

@@ -104,15 +104,19 @@ fn the_quick_start_runs_as_written() {
         std::thread::sleep(Duration::from_millis(50));
     };
     let (out, err) = (out_reader.join().unwrap(), err_reader.join().unwrap());
-    assert!(status.success(), "quick start failed ({status}):\n{script}\n--- stdout\n{out}\n--- stderr\n{err}");
+    assert!(
+        status.success(),
+        "quick start failed ({status}):\n{script}\n--- stdout\n{out}\n--- stderr\n{err}"
+    );
     for want in ["\"object\":\"chat.completion\"", "\"object\":\"text_completion\"", "name\tmodel\tgpu"] {
         assert!(out.contains(want), "{want:?} missing from the quick start's output:\n{out}");
     }
     assert_eq!(out.matches("mocker | LLM Metrics").count(), 3, "three replays print their table:\n{out}");
     if python.is_some() {
-        let line = out.lines().find(|l| l.starts_with("stop ") || l.starts_with("length ")).unwrap_or_else(|| {
-            panic!("the openai SDK example printed no finish reason and token count:\n{out}")
-        });
+        let line =
+            out.lines().find(|l| l.starts_with("stop ") || l.starts_with("length ")).unwrap_or_else(|| {
+                panic!("the openai SDK example printed no finish reason and token count:\n{out}")
+            });
         let tokens: u64 = line.split(' ').nth(1).unwrap().parse().unwrap();
         assert!((1..=4096).contains(&tokens), "{line}");
     }
