@@ -62,6 +62,18 @@ impl OutputLengthDistribution {
     pub const CHAT: Self =
         Self::Lognormal { mean: CHAT_MEAN_TOKENS, sigma: CHAT_SIGMA, min: 1, max: CHAT_MAX_TOKENS };
 
+    /// A short description for start-up lines and reports.
+    pub fn describe(&self) -> String {
+        match *self {
+            Self::None => "no end-of-sequence (outputs run to the context)".to_string(),
+            Self::Fixed { tokens } => format!("{tokens} tokens"),
+            Self::Uniform { min, max } => format!("uniform {min}..={max} tokens"),
+            Self::Lognormal { mean, sigma, min, max } => {
+                format!("lognormal, mean {mean} tokens, sigma {sigma}, clipped to {min}..={max}")
+            }
+        }
+    }
+
     /// Whether outputs end at a drawn length at all.
     pub fn is_none(&self) -> bool {
         matches!(self, Self::None)

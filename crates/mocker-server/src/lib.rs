@@ -28,5 +28,7 @@ pub mod server;
 pub mod sleep;
 pub mod tokenizer;
 
-pub use server::{BoundKvEvents, BoundServer, KvEventsOptions, ServerError, ServerOptions};
+pub use server::{
+    served_max_model_len, BoundKvEvents, BoundServer, KvEventsOptions, ServerError, ServerOptions,
+};
 pub use tokenizer::Tokenizer;

@@ -458,8 +458,8 @@ fn max_model_len(engine: &mocker_core::config::EngineConfig) -> Option<usize> {
 }
 
 /// The longest sequence a request may have: the context window, else what one rank's KV
-/// pool holds.
-fn served_max_model_len(engine: &mocker_core::config::EngineConfig) -> usize {
+/// pool holds. What `/v1/models` reports as `max_model_len`.
+pub fn served_max_model_len(engine: &mocker_core::config::EngineConfig) -> usize {
     max_model_len(engine).unwrap_or(engine.num_gpu_blocks * engine.block_size)
 }
 
