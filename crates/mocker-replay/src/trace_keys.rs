@@ -253,10 +253,12 @@ pub(crate) struct KeyCheck {
     index: HashMap<String, usize>,
     /// The last line each reported key was seen on, by index in `found.keys`.
     last: Vec<usize>,
-    /// The unknown keys of the line being read, with their suggestions, for errors about
-    /// that line.
+    /// The line being read and its unknown keys (indices in `found.keys`), for errors
+    /// about that line.
     line: usize,
-    on_line: Vec<(String, Option<String>)>,
+    on_line: Vec<usize>,
+    /// Reused for the path-qualified key, so a key seen before costs one lookup.
+    full: String,
 }
 
 impl KeyCheck {
@@ -289,32 +291,40 @@ impl KeyCheck {
         }
     }
 
+    /// A key of a million-row trace may be unknown on every row: after its first sighting
+    /// it costs a lookup, and the suggestion is computed once.
     fn unknown(&mut self, line: usize, prefix: &str, key: &str, known: &[&str]) {
-        let full = format!("{prefix}{key}");
-        let suggestion = suggest(key, known).map(|s| format!("{prefix}{s}"));
-        self.on_line.push((full.clone(), suggestion.clone()));
-        match self.index.get(&full) {
+        self.full.clear();
+        self.full.push_str(prefix);
+        self.full.push_str(key);
+        match self.index.get(self.full.as_str()) {
             Some(&usize::MAX) => {}
-            // Counted per line: a Weka line holds many objects.
-            Some(&i) if self.last[i] != line => {
-                self.found.keys[i].later_lines += 1;
-                self.last[i] = line;
+            Some(&i) => {
+                if !self.on_line.contains(&i) {
+                    self.on_line.push(i);
+                }
+                // Counted per line: a Weka line holds many objects.
+                if self.last[i] != line {
+                    self.found.keys[i].later_lines += 1;
+                    self.last[i] = line;
+                }
             }
-            Some(_) => {}
             None if self.found.keys.len() >= MAX_REPORTED_KEYS => {
                 self.found.unreported += 1;
-                self.index.insert(full, usize::MAX);
+                self.index.insert(self.full.clone(), usize::MAX);
             }
             None => {
-                self.index.insert(full.clone(), self.found.keys.len());
+                let i = self.found.keys.len();
+                self.index.insert(self.full.clone(), i);
                 self.found.keys.push(UnknownKey {
                     path: self.path.clone(),
                     line,
-                    key: full,
-                    suggestion,
+                    key: self.full.clone(),
+                    suggestion: suggest(key, known).map(|s| format!("{prefix}{s}")),
                     later_lines: 0,
                 });
                 self.last.push(line);
+                self.on_line.push(i);
             }
         }
     }
@@ -328,8 +338,10 @@ impl KeyCheck {
         let meant: Vec<String> = self
             .on_line
             .iter()
-            .filter(|(_, s)| s.as_deref().is_some_and(|s| same_field(s, field)))
-            .map(|(k, s)| format!("{k:?}: did you mean {:?}?", s.as_deref().unwrap_or_default()))
+            .map(|&i| &self.found.keys[i])
+            .filter_map(|k| Some((&k.key, k.suggestion.as_deref()?)))
+            .filter(|(_, s)| same_field(s, field))
+            .map(|(k, s)| format!("{k:?}: did you mean {s:?}?"))
             .collect();
         match meant.as_slice() {
             [] => None,
