@@ -819,6 +819,24 @@ mod tests {
         }
     }
 
+    /// A key the format does not know leaves the row as it was (the typed reader hands
+    /// such rows to the generic one, which records the key) and is reported once.
+    #[test]
+    fn unknown_keys_are_recorded_and_change_nothing_else() {
+        let plain = "{\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": [1]}\n\
+                     {\"timestamp\": 1, \"output_length\": 2, \"hash_ids\": [1, 2]}\n";
+        let extra = "{\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": [1], \"input_len\": 9}\n\
+                     {\"timestamp\": 1, \"output_length\": 2, \"hash_ids\": [1, 2], \"input_len\": 9}\n";
+        let (plain, mut extra) = (parse(plain).unwrap(), parse(extra).unwrap());
+        assert!(plain.unknown_keys.is_empty());
+        let keys = std::mem::take(&mut extra.unknown_keys);
+        assert_eq!(extra, plain);
+        assert_eq!(
+            keys.lines(),
+            ["1: unknown key \"input_len\" in trace rows (did you mean \"input_length\"?), also on 1 later line"]
+        );
+    }
+
     #[test]
     fn errors_name_line_and_field() {
         let cases = [
