@@ -17,6 +17,7 @@ pub mod trace;
 pub mod trace_agentic;
 mod trace_applied;
 pub mod trace_dynamo;
+pub mod trace_keys;
 pub mod trace_source;
 mod trace_weka;
 pub mod workload;

@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use rustc_hash::FxHashMap;
 use serde_json::{Map, Value};
 
+use crate::trace_keys::{self, KeyCheck, UnknownKeys};
+
 /// Supported trace formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TraceFormat {
@@ -153,20 +155,40 @@ pub struct Trace {
     /// Request graphs: the session each row names, by line (ascending), for per-request
     /// records (mocker's own sessions group a graph's rows differently).
     pub row_sessions: Vec<(u32, String)>,
+    /// Keys of the rows the format does not know (ignored; the caller warns or refuses).
+    pub unknown_keys: UnknownKeys,
 }
 
 /// A malformed trace: file, 1-based line and field.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{}:{line}: {field}: {message}", path.display())]
 pub struct TraceError {
     /// The trace file.
     pub path: PathBuf,
-    /// 1-based line number (0 when the error concerns the whole file).
+    /// 1-based line number (0 when the error concerns the whole file, which is then
+    /// reported without a line).
     pub line: usize,
     /// The offending field.
     pub field: String,
     /// What is wrong and what is allowed.
     pub message: String,
+}
+
+impl std::fmt::Display for TraceError {
+    /// `file:line: field: message`; an error about the whole file (line 0) is
+    /// `file: message` (its field is then `trace`) or `file: field: message`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut place = self.path.display().to_string();
+        if self.line > 0 {
+            place += &format!(":{}", self.line);
+        }
+        if !place.is_empty() {
+            write!(f, "{place}: ")?;
+        }
+        if self.line > 0 || self.field != "trace" {
+            write!(f, "{}: ", self.field)?;
+        }
+        f.write_str(&self.message)
+    }
 }
 
 /// Tokens per hash id when neither the flag nor the file says.
@@ -220,6 +242,7 @@ pub fn load_trace(path: &Path, format: TraceFormat, block_size: Option<usize>) -
         e
     })?;
     trace.path = path.to_path_buf();
+    trace.unknown_keys.set_path(path);
     Ok(trace)
 }
 
@@ -269,12 +292,17 @@ pub fn parse_trace(text: &str, format: TraceFormat, block_size: Option<usize>) -
             }
         }
         let row = p.object(i + 1, line)?;
-        if std::mem::take(&mut first) && format == TraceFormat::AgenticMooncake && row.contains_key("schema")
-        {
-            p.header(i + 1, &row)?;
-            continue;
-        }
-        p.row(i + 1, &row)?;
+        let header = std::mem::take(&mut first)
+            && format == TraceFormat::AgenticMooncake
+            && row.contains_key("schema");
+        let read = if header { p.header(i + 1, &row) } else { p.row(i + 1, &row) };
+        // A field the row lacks may be there under a misspelt key: say so.
+        read.map_err(|mut e| {
+            if let Some(note) = p.keys.note(e.line, &e.field) {
+                e.message += &note;
+            }
+            e
+        })?;
     }
     if format == TraceFormat::Dynamo {
         p.finish_dynamo()?;
@@ -349,6 +377,8 @@ pub(crate) struct Parser {
     pub(crate) dynamo_block_size: Option<usize>,
     pub(crate) dynamo_ids: rustc_hash::FxHashSet<String>,
     pub(crate) dynamo_requests: Vec<crate::trace_dynamo::DynamoRequest>,
+    /// Unknown keys found so far.
+    pub(crate) keys: KeyCheck,
 }
 
 /// A row's prompt and output, common to every format.
@@ -368,6 +398,7 @@ impl Parser {
             gates: self.gates,
             path: PathBuf::new(),
             row_sessions: self.row_sessions,
+            unknown_keys: self.keys.finish(),
         }
     }
 
@@ -557,6 +588,7 @@ impl Parser {
         if self.format == TraceFormat::AgenticMooncake {
             return if self.v2 { self.v2_row(line, row) } else { self.legacy_row(line, row) };
         }
+        self.keys.check(line, "", row.keys(), trace_keys::MOONCAKE_ROW);
         let timestamp = self.number(row, line, &["timestamp", "created_time"])?;
         let prompt = self.prompt(row, line)?;
         let explicit_delay = self.number(row, line, &["delay", "delay_ms"])?;
@@ -742,8 +774,8 @@ mod tests {
         assert_eq!(d, vec![0.0, 300.0, 20.0]);
     }
 
-    /// Plain rows read typed give the trace the generic reading gives (forced here by a key
-    /// the plain schema lacks), in both formats that take them.
+    /// Plain rows read typed give the trace the generic reading gives (forced here by a
+    /// known key the plain schema lacks), in both formats that take them.
     #[test]
     fn typed_plain_rows_read_as_generic_rows() {
         let mut seed = 7u64;
@@ -772,7 +804,7 @@ mod tests {
                 ids.join(", ")
             );
             plain += &format!("{{{row}}}\n");
-            generic += &format!("{{{row}, \"note\": 1}}\n");
+            generic += &format!("{{{row}, \"priority\": 1}}\n");
         }
         for format in [TraceFormat::Mooncake, TraceFormat::MooncakeDelta] {
             let generic = parse_trace(&generic, format, None).unwrap();
@@ -785,6 +817,24 @@ mod tests {
             }
             assert_eq!(p.finish(), generic, "{format:?}");
         }
+    }
+
+    /// A key the format does not know leaves the row as it was (the typed reader hands
+    /// such rows to the generic one, which records the key) and is reported once.
+    #[test]
+    fn unknown_keys_are_recorded_and_change_nothing_else() {
+        let plain = "{\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": [1]}\n\
+                     {\"timestamp\": 1, \"output_length\": 2, \"hash_ids\": [1, 2]}\n";
+        let extra = "{\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": [1], \"input_len\": 9}\n\
+                     {\"timestamp\": 1, \"output_length\": 2, \"hash_ids\": [1, 2], \"input_len\": 9}\n";
+        let (plain, mut extra) = (parse(plain).unwrap(), parse(extra).unwrap());
+        assert!(plain.unknown_keys.is_empty());
+        let keys = std::mem::take(&mut extra.unknown_keys);
+        assert_eq!(extra, plain);
+        assert_eq!(
+            keys.lines(),
+            ["1: unknown key \"input_len\" in trace rows (did you mean \"input_length\"?), also on 1 later line"]
+        );
     }
 
     #[test]
@@ -892,7 +942,7 @@ mod tests {
         #[cfg(unix)]
         {
             let e = load_trace(Path::new("/dev/zero"), TraceFormat::Mooncake, None).unwrap_err();
-            assert!(e.to_string().starts_with("/dev/zero:0: trace: not a regular file"), "{e}");
+            assert!(e.to_string().starts_with("/dev/zero: not a regular file"), "{e}");
         }
     }
 

@@ -12,6 +12,7 @@
 use serde_json::{Map, Value};
 
 use crate::trace::{Parser, RowPrompt, SessionName, TraceError, TraceTurn, MAX_TIMESTAMP_MS};
+use crate::trace_keys;
 
 /// The schema a record must carry.
 pub const DYNAMO_SCHEMA: &str = "dynamo.request.trace.v1";
@@ -32,6 +33,8 @@ impl Parser {
             Some(Value::Object(e)) => e,
             _ => outer,
         };
+        // A wrapper's own keys are its sink's business; the record's are the schema's.
+        self.keys.check(line, "", row.keys(), trace_keys::DYNAMO_RECORD);
         let kind = match row.get("event_type") {
             Some(Value::String(s)) => s.as_str(),
             v => {
@@ -68,6 +71,12 @@ impl Parser {
         if kind != "request_end" {
             // Tool events only shape agentic traces.
             return Ok(());
+        }
+        if let Some(Value::Object(request)) = row.get("request") {
+            self.keys.check(line, "request.", request.keys(), trace_keys::DYNAMO_REQUEST);
+            if let Some(Value::Object(replay)) = request.get("replay") {
+                self.keys.check(line, "request.replay.", replay.keys(), trace_keys::DYNAMO_REPLAY);
+            }
         }
         let event_ms = self
             .number(row, line, &["event_time_unix_ms"])?

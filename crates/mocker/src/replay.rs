@@ -34,6 +34,10 @@ pub struct ReplayArgs {
     /// must agree with it when it is).
     #[arg(long)]
     pub trace_block_size: Option<usize>,
+    /// Refuse a trace whose rows carry keys its format does not know (exit 2) instead of
+    /// warning about them and ignoring them. Needs a trace file.
+    #[arg(long)]
+    pub strict: bool,
     /// Replay the trace this many times back to back, each copy shifted by the trace's
     /// span (scale tests). Copies share hash ids, so later copies can reuse prefixes.
     #[arg(long, default_value_t = 1)]
@@ -210,6 +214,12 @@ impl ReplayArgs {
     fn workload(&self, cluster: &Cluster) -> Result<Workload, UsageError> {
         let output_lengths = self.output_lengths(cluster)?;
         let Some(path) = &self.trace else {
+            if self.strict {
+                return Err(UsageError(
+                    "--strict: checks a trace file's keys; give a trace file (a synthetic workload has none)"
+                        .into(),
+                ));
+            }
             let w = SyntheticWorkload {
                 input_tokens: self.input_tokens.unwrap_or(1000),
                 output_tokens: self.output_tokens.unwrap_or(100),
@@ -268,6 +278,15 @@ impl ReplayArgs {
             ));
         }
         let trace = load_trace(path, format, self.trace_block_size).map_err(|e| UsageError(e.to_string()))?;
+        let unknown = trace.unknown_keys.lines();
+        if self.strict && !unknown.is_empty() {
+            // One error line per key, worded as the warnings.
+            let lines: Vec<String> = unknown.iter().map(|l| format!("{l}; refused (--strict)")).collect();
+            return Err(UsageError(lines.join("\nerror: ")));
+        }
+        for line in unknown {
+            eprintln!("warning: {line}; ignored");
+        }
         Ok(Workload::Trace(TraceWorkload {
             trace: Arc::new(trace),
             concurrency: self.concurrency,

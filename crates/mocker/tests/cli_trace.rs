@@ -278,3 +278,212 @@ fn a_repeated_trace_runs_its_copies_back_to_back() {
     // paid once): longer by well over a span, shorter than three runs end to end.
     assert!(d(&thrice) > 1.5 * d(&once) && d(&thrice) < 3.0 * d(&once), "{} vs {}", d(&thrice), d(&once));
 }
+
+/// The trace fixture `name` of the format tests.
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/traces").join(name)
+}
+
+/// Runs `mocker <args>`, asserts success and returns its stderr.
+fn succeeds(args: &[&str]) -> String {
+    let out = cli::mocker(args);
+    let err = cli::stderr(&out);
+    assert!(out.status.success(), "{args:?}: {err}");
+    err
+}
+
+/// A Mooncake trace whose rows 2 and 3 misspell `input_length` and row 3 carries a key no
+/// format knows.
+fn misspelt_trace(dir: &Path) -> PathBuf {
+    let path = dir.join("typo.jsonl");
+    std::fs::write(
+        &path,
+        "{\"timestamp\": 0, \"output_length\": 3, \"hash_ids\": [1, 2]}\n\
+         {\"timestamp\": 5, \"input_len\": 600, \"output_length\": 3, \"hash_ids\": [1, 2]}\n\
+         {\"timestamp\": 9, \"input_len\": 700, \"note\": \"x\", \"output_length\": 3, \"hash_ids\": [1, 2]}\n",
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn unknown_trace_keys_warn_once_per_key_with_line_and_suggestion() {
+    let dir = scratch("keys");
+    let trace = misspelt_trace(&dir);
+    let t = trace.to_str().unwrap();
+    let err = succeeds(&["replay", t]);
+    let want = format!(
+        "warning: {t}:2: unknown key \"input_len\" in trace rows (did you mean \"input_length\"?), also on 1 \
+         later line; ignored\n"
+    );
+    assert!(err.contains(&want), "{err}");
+    assert!(err.contains(&format!("warning: {t}:3: unknown key \"note\" in trace rows; ignored\n")), "{err}");
+    assert_eq!(err.matches("unknown key").count(), 2, "one line per key: {err}");
+    // The same words every run.
+    assert_eq!(succeeds(&["replay", t]).lines().filter(|l| l.contains("unknown key")).count(), 2);
+    // A trace of known keys only (the public schema, and the extras Dynamo's rows carry)
+    // draws no warning.
+    let clean = dir.join("clean.jsonl");
+    std::fs::write(
+        &clean,
+        "{\"timestamp\": 0, \"input_tokens\": 700, \"output_tokens\": 3, \"hash_ids\": [1, 2], \"request_id\": \"a\", \"priority\": 1}\n\
+         {\"created_time\": 4, \"input_length\": 7, \"output_length\": 3, \"hash_ids\": [1], \"session_id\": \"s\"}\n\
+         {\"delay_ms\": 4, \"output_length\": 3, \"hash_ids\": [1], \"session_id\": \"s\", \"policy_class\": \"p\"}\n",
+    )
+    .unwrap();
+    let err = succeeds(&["replay", clean.to_str().unwrap(), "--strict"]);
+    assert!(!err.contains("unknown key"), "{err}");
+}
+
+/// Every row format checks its keys, nested objects under their path.
+#[test]
+fn every_trace_format_warns_about_its_unknown_keys() {
+    let dir = scratch("formats");
+    let edit = |name: &str, from: &str, to: &str| {
+        let text = std::fs::read_to_string(fixture(name)).unwrap();
+        assert!(text.contains(from), "{name}: {from}");
+        let path = dir.join(name);
+        std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
+        path
+    };
+    let dynamo =
+        edit("dynamo_requests.jsonl", "\"input_length\": 1169", "\"input_length\": 1169, \"input_len\": 3");
+    let err = succeeds(&["replay", dynamo.to_str().unwrap(), "--trace-format", "dynamo"]);
+    assert!(
+        err.contains(":1: unknown key \"request.replay.input_len\" in trace rows (did you mean \"request.replay.input_length\"?)"),
+        "{err}"
+    );
+    let weka = edit("weka_plays.jsonl", "\"api_time\": 0.4", "\"api_time\": 0.4, \"api_tme\": 1");
+    let err = succeeds(&["replay", weka.to_str().unwrap(), "--trace-format", "weka"]);
+    assert!(
+        err.contains(
+            ":1: unknown key \"requests[].api_tme\" in trace rows (did you mean \"requests[].api_time\"?)"
+        ),
+        "{err}"
+    );
+    let applied =
+        edit("applied_compute_agentic.jsonl", "\"num_turns\"", "\"tool_latency\": 1, \"num_turns\"");
+    let err = succeeds(&[
+        "replay",
+        applied.to_str().unwrap(),
+        "--trace-format",
+        "applied-compute-agentic",
+        "--concurrency",
+        "2",
+    ]);
+    assert!(err.contains(":1: unknown key \"tool_latency\" in trace rows"), "{err}");
+    let agentic = dir.join("v2.jsonl");
+    std::fs::write(
+        &agentic,
+        "{\"schema\": \"dynamo.agentic_mooncake\", \"version\": 2, \"block_size\": 64, \"source\": {}}\n\
+         {\"request_id\": \"a\", \"output_length\": 2, \"hash_ids\": [1], \"not_before_ms\": 0}\n\
+         {\"request_id\": \"b\", \"output_length\": 2, \"hash_ids\": [1], \"timestamp\": 5, \
+         \"dependencies\": [{\"request_id\": \"a\", \"trigger\": \"completion\", \"delay\": 5}]}\n",
+    )
+    .unwrap();
+    let err = succeeds(&["replay", agentic.to_str().unwrap(), "--trace-format", "agentic-mooncake"]);
+    // v2 rows read no timestamp, and a dependency's delay is delay_ms.
+    assert!(err.contains(":3: unknown key \"timestamp\" in trace rows; ignored"), "{err}");
+    assert!(
+        err.contains(
+            ":3: unknown key \"dependencies.delay\" in trace rows (did you mean \"dependencies.delay_ms\"?)"
+        ),
+        "{err}"
+    );
+    // Plain Mooncake rows of the agentic schema are something else: they say so.
+    let legacy = dir.join("legacy.jsonl");
+    std::fs::write(
+        &legacy,
+        "{\"timestamp\": 0, \"output_length\": 2, \"hash_ids\": [1], \"wait_for\": []}\n",
+    )
+    .unwrap();
+    let err = succeeds(&["replay", legacy.to_str().unwrap()]);
+    assert!(err.contains(":1: unknown key \"wait_for\" in trace rows; ignored"), "{err}");
+    assert!(!succeeds(&["replay", legacy.to_str().unwrap(), "--trace-format", "agentic-mooncake"])
+        .contains("unknown key"));
+}
+
+#[test]
+fn strict_refuses_unknown_trace_keys_in_replay_and_sweep() {
+    let dir = scratch("strict");
+    let trace = misspelt_trace(&dir);
+    let t = trace.to_str().unwrap();
+    let want = format!(
+        "error: {t}:2: unknown key \"input_len\" in trace rows (did you mean \"input_length\"?), also on 1 later \
+         line; refused (--strict)"
+    );
+    let out = assert_exit_2(&["replay", t, "--strict"], &[&want, &format!("{t}:3: unknown key \"note\"")]);
+    assert!(!cli::stderr(&out).contains("warning"), "{}", cli::stderr(&out));
+    assert_exit_2(&["sweep", t, "--strict", "--sweep-num-workers", "1,2"], &[&want]);
+    // Without --strict the sweep runs, warning once (not once per point).
+    let csv = dir.join("sweep.csv");
+    let err = succeeds(&["sweep", t, "--sweep-num-workers", "1,2", "--output-csv", csv.to_str().unwrap()]);
+    assert_eq!(err.matches("unknown key \"input_len\"").count(), 1, "{err}");
+    // A synthetic workload has no keys to check: --strict would change nothing.
+    assert_exit_2(&["replay", "--strict"], &["--strict", "trace file"]);
+    assert_exit_2(&["sweep", "--strict", "--sweep-num-workers", "1"], &["--strict", "trace file"]);
+}
+
+#[test]
+fn a_missing_field_names_the_misspelt_key_that_was_probably_meant() {
+    let dir = scratch("meant");
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, "{\"timestamp\": 0, \"output_len\": 3, \"hash_ids\": [1]}\n").unwrap();
+    let b = bad.to_str().unwrap();
+    assert_exit_2(
+        &["replay", b],
+        &[&format!(
+            "{b}:1: output_length: trace line 1 is missing output_length (the row has unknown key \"output_len\": \
+             did you mean \"output_length\"?)"
+        )],
+    );
+    // An alias counts: output_token is near output_tokens, which is output_length.
+    std::fs::write(&bad, "{\"timestamp\": 0, \"output_token\": 3, \"hash_ids\": [1]}\n").unwrap();
+    assert_exit_2(&["replay", b], &["missing output_length (the row has unknown key \"output_token\""]);
+    // Nested: a Dynamo record's request.
+    let text = std::fs::read_to_string(fixture("dynamo_requests.jsonl")).unwrap();
+    std::fs::write(&bad, text.replacen("\"output_tokens\"", "\"output_token\"", 1)).unwrap();
+    assert_exit_2(
+        &["replay", b, "--trace-format", "dynamo"],
+        &[
+            ":1: request.output_tokens:",
+            "unknown key \"request.output_token\": did you mean \"request.output_tokens\"?",
+        ],
+    );
+}
+
+#[test]
+fn file_errors_without_a_line_name_the_file_only() {
+    let dir = scratch("files");
+    let d = dir.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, String)> = vec![
+        (vec!["replay", "/nonexistent/trace.jsonl"], "error: /nonexistent/trace.jsonl: cannot read: ".into()),
+        (vec!["replay", d], format!("error: {d}: not a regular file")),
+        (
+            vec!["replay", "/nonexistent/corpus", "--trace-format", "weka"],
+            "error: /nonexistent/corpus: cannot read: ".into(),
+        ),
+        (
+            vec!["replay", d, "--trace-format", "weka"],
+            format!("error: {d}: contains no .json or .jsonl files"),
+        ),
+    ];
+    for (args, want) in cases {
+        let out = assert_exit_2(&args, &[&want]);
+        let err = cli::stderr(&out);
+        assert!(!err.contains(":0:") && !err.contains("line 0"), "{args:?}: {err}");
+    }
+    #[cfg(unix)]
+    assert_exit_2(&["replay", "/dev/null"], &["error: /dev/null: not a regular file"]);
+    let empty = dir.join("none.jsonl");
+    std::fs::write(
+        &empty,
+        "{\"schema\": \"dynamo.request.trace.v1\", \"event_type\": \"request_payload\"}\n",
+    )
+    .unwrap();
+    let e = empty.to_str().unwrap();
+    assert_exit_2(
+        &["replay", e, "--trace-format", "dynamo"],
+        &[&format!("error: {e}: contains no request_end records")],
+    );
+}

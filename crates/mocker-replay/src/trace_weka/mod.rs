@@ -28,6 +28,7 @@ use serde_json::Value;
 
 use crate::trace::{DepTrigger, Parser, RowPrompt, Trace, TraceError, TraceFormat};
 use crate::trace_agentic::RawDep;
+use crate::trace_keys::KeyCheck;
 
 mod read;
 
@@ -112,7 +113,9 @@ pub(crate) fn parse_weka_text(text: &str, block_size: Option<usize>) -> Result<T
 
 fn parse_corpus(files: &[(PathBuf, String, String)], block_size: Option<usize>) -> Result<Trace, TraceError> {
     let mut plays = Vec::new();
+    let mut keys = KeyCheck::default();
     for (path, name, text) in files {
+        keys.set_file(path.clone());
         let at = |line: usize, field: &str, message: String| TraceError {
             path: path.clone(),
             line,
@@ -122,7 +125,8 @@ fn parse_corpus(files: &[(PathBuf, String, String)], block_size: Option<usize>) 
         if name.to_ascii_lowercase().ends_with(".json") {
             let v: Value = serde_json::from_str(text)
                 .map_err(|e| at(e.line(), "trace", format!("invalid JSON: {e}")))?;
-            plays.push(read_play(&v, plays.len(), name, path, 1)?);
+            let play = read_play(&v, plays.len(), name, path, 1, &mut keys);
+            plays.push(noted(&keys, play)?);
         } else {
             for (l, line) in text.lines().enumerate() {
                 if line.trim().is_empty() {
@@ -130,7 +134,8 @@ fn parse_corpus(files: &[(PathBuf, String, String)], block_size: Option<usize>) 
                 }
                 let v: Value = serde_json::from_str(line)
                     .map_err(|e| at(l + 1, "trace", format!("invalid JSON: {e}")))?;
-                plays.push(read_play(&v, plays.len(), name, path, l + 1)?);
+                let play = read_play(&v, plays.len(), name, path, l + 1, &mut keys);
+                plays.push(noted(&keys, play)?);
             }
         }
     }
@@ -176,7 +181,18 @@ fn parse_corpus(files: &[(PathBuf, String, String)], block_size: Option<usize>) 
     }
     let mut trace = parser.finish();
     trace.path = files[0].0.clone();
+    trace.unknown_keys = keys.finish();
     Ok(trace)
+}
+
+/// `read`'s error, with the misspelt keys of its line that look meant for its field.
+fn noted<T>(keys: &KeyCheck, read: Result<T, TraceError>) -> Result<T, TraceError> {
+    read.map_err(|mut e| {
+        if let Some(note) = keys.note(e.line, &e.field) {
+            e.message += &note;
+        }
+        e
+    })
 }
 
 /// The first request, when it shares nothing with the rest (a system preamble): kept out

@@ -7,6 +7,7 @@ use serde_json::{Map, Value};
 
 use super::parse_corpus;
 use crate::trace::{Trace, TraceError, MAX_TRACE_BLOCK_SIZE, MAX_TRACE_TOKENS};
+use crate::trace_keys::{self, KeyCheck};
 
 /// One request of a play, as read.
 #[derive(Debug, Clone)]
@@ -124,6 +125,7 @@ pub(super) fn read_play(
     name: &str,
     path: &Path,
     line: usize,
+    keys: &mut KeyCheck,
 ) -> Result<Play, TraceError> {
     let err = |field: &str, message: String| TraceError {
         path: path.to_path_buf(),
@@ -132,6 +134,7 @@ pub(super) fn read_play(
         message,
     };
     let Value::Object(o) = v else { return Err(err("trace", format!("must be a JSON object (got {v})"))) };
+    keys.check(line, "", o.keys(), trace_keys::WEKA_TRACE);
     let id = match o.get("id") {
         Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
         Some(Value::Number(n)) => n.to_string(),
@@ -171,8 +174,12 @@ pub(super) fn read_play(
         let field = format!("requests[{i}]");
         let Value::Object(e) = e else { return Err(err(&field, "must be an object".into())) };
         match e.get("type").and_then(Value::as_str) {
-            Some("n" | "s") => top.push(read_request(e, format!("outer:{i}"), i, &field, &err)?),
+            Some("n" | "s") => {
+                keys.check(line, "requests[].", e.keys(), trace_keys::WEKA_REQUEST);
+                top.push(read_request(e, format!("outer:{i}"), i, &field, &err)?)
+            }
             Some("subagent") => {
+                keys.check(line, "requests[].", e.keys(), trace_keys::WEKA_SUBAGENT);
                 let num = |k: &str| e.get(k).and_then(Value::as_f64);
                 let t = num("t")
                     .filter(|t| t.is_finite() && *t >= 0.0)
@@ -213,6 +220,7 @@ pub(super) fn read_play(
                     if !matches!(r.get("type").and_then(Value::as_str), Some("n" | "s")) {
                         return Err(err(&format!("{f}.type"), "must be \"n\" or \"s\"".into()));
                     }
+                    keys.check(line, "requests[].requests[].", r.keys(), trace_keys::WEKA_REQUEST);
                     requests.push(read_request(r, format!("outer:{i}:inner:{j}"), j, &f, &err)?);
                 }
                 subagents.push(Subagent {
