@@ -197,6 +197,9 @@ fn sigterm_with_stuck_clients_exits_within_the_grace_period() {
         "20000",
         "--shutdown-grace-seconds",
         "2",
+        // The stuck stream's million tokens need a context past the default 32768.
+        "--max-model-len",
+        "1100000",
     ]);
     let _stream = stuck_stream(&server, 1_000_000);
     let mut head = connect(&server);
@@ -222,7 +225,14 @@ fn sigterm_with_stuck_clients_exits_within_the_grace_period() {
 // Item 7: a second SIGTERM ends the process at once, whatever the grace period.
 #[test]
 fn a_second_signal_exits_at_once() {
-    let mut server = Server::start(&["--speedup-ratio", "1", "--shutdown-grace-seconds", "60"]);
+    let mut server = Server::start(&[
+        "--speedup-ratio",
+        "1",
+        "--shutdown-grace-seconds",
+        "60",
+        "--max-model-len",
+        "200000",
+    ]);
     let _stream = stuck_stream(&server, 100_000);
     std::thread::sleep(Duration::from_millis(200));
     signal(&server, "TERM");
@@ -239,8 +249,16 @@ fn a_second_signal_exits_at_once() {
 // their buffers are full, counts them, frees their KV, keeps its memory small and serves on.
 #[test]
 fn never_reading_clients_are_shed_with_bounded_memory() {
-    let server =
-        Server::start(&["--speedup-ratio", "1000000", "--block-size", "64", "--num-gpu-blocks", "20000"]);
+    let server = Server::start(&[
+        "--speedup-ratio",
+        "1000000",
+        "--block-size",
+        "64",
+        "--num-gpu-blocks",
+        "20000",
+        "--max-model-len",
+        "1100000",
+    ]);
     let pid = server.pid();
     let before = rss_kb(pid);
     let streams: Vec<TcpStream> = (0..10).map(|_| stuck_stream(&server, 1_000_000)).collect();
