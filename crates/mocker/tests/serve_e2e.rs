@@ -671,6 +671,36 @@ fn kv_roles_serve_plain_requests_and_refuse_the_other_sides_params() {
     assert!(body.contains("kv_transfer_params.do_remote_prefill"), "{body}");
 }
 
+/// Issue 45 item 3: held prefills are keyed by a server-made id, so two prefills sharing an
+/// `X-Request-Id` (hence a response id) each keep their own handoff: both can be read or
+/// aborted, and no block stays held once they are.
+#[test]
+fn prefills_sharing_an_x_request_id_never_alias() {
+    let config = r#"{"kv_connector": "NixlConnector", "kv_role": "kv_producer"}"#;
+    let server = Server::start(&["--block-size", "16", "--kv-transfer-config", config]);
+    let body = r#"{"prompt": [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], "max_tokens": 1,
+        "kv_transfer_params": {"do_remote_decode": true}}"#;
+    let mut params = Vec::new();
+    for _ in 0..2 {
+        let (status, answer) = http(&server.base, "POST", "/v1/completions", &[("X-Request-Id", "same")], body);
+        assert_eq!(status, 200, "{answer}");
+        let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(answer["id"], "cmpl-same", "the response id still echoes the header, as vLLM's");
+        params.push(answer["kv_transfer_params"].clone());
+    }
+    assert_ne!(params[0]["remote_request_id"], params[1]["remote_request_id"], "{params:?}");
+    for p in &params {
+        let abort = serde_json::json!({
+            "remote_engine_id": p["remote_engine_id"], "remote_request_id": p["remote_request_id"],
+        });
+        let (status, text) = http(&server.base, "POST", "/mocker/kv_transfer/abort", &[], &abort.to_string());
+        assert_eq!(status, 200, "each prefill is held under its own id: {text}");
+    }
+    // Nothing is held any more: the prefix cache can be reset.
+    let (status, text) = http(&server.base, "POST", "/reset_prefix_cache", &[], "");
+    assert_eq!(status, 200, "{text}");
+}
+
 fn lines_of_stderr(stderr: std::process::ChildStderr) -> std::sync::mpsc::Receiver<String> {
     use std::io::BufRead;
     let (tx, rx) = std::sync::mpsc::channel();

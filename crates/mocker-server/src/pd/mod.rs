@@ -304,6 +304,11 @@ impl PrefillHandoff {
             let held = Held { control, _events: events, block_ids: Vec::new(), timing };
             return finish_in_room(pd, room, held).await.map(|()| None);
         }
+        // The held KV is keyed by an id this server makes unique: response ids come from the
+        // client's X-Request-Id, and two prefills sharing one must never alias (the first's
+        // blocks would be held forever). vLLM likewise suffixes its internal request ids.
+        let request_id = format!("{request_id}-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let request_id = request_id.as_str();
         let blocks = prompt_tokens.div_ceil(self.block_size.max(1)) as u64;
         let first = pd.next_block_id.fetch_add(blocks, Ordering::Relaxed);
         let block_ids: Vec<u64> = (first..first + blocks).collect();
