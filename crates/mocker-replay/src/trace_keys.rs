@@ -10,26 +10,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
 
-/// Mooncake and `mooncake-delta` rows (aliases and the newer schema's extras included).
-pub const MOONCAKE_ROW: &[&str] = &[
-    "timestamp",
-    "created_time",
-    "input_length",
-    "input_tokens",
-    "output_length",
-    "output_tokens",
-    "hash_ids",
-    "session_id",
-    "delay",
-    "delay_ms",
-    "request_id",
-    "output_token_ids",
-    "priority",
-    "strict_priority",
-    "policy_class",
-];
-
-/// Legacy agentic Mooncake rows: Mooncake rows plus the workflow fields.
+/// Legacy agentic Mooncake rows: Mooncake rows (the first [`MOONCAKE_KEYS`] keys) plus the
+/// workflow fields.
 pub const AGENTIC_LEGACY_ROW: &[&str] = &[
     "timestamp",
     "created_time",
@@ -52,6 +34,12 @@ pub const AGENTIC_LEGACY_ROW: &[&str] = &[
     "tool_wait_ms",
     "tool_events",
 ];
+
+/// How many of [`AGENTIC_LEGACY_ROW`]'s keys a plain Mooncake row has.
+const MOONCAKE_KEYS: usize = 15;
+
+/// Mooncake and `mooncake-delta` rows (aliases and the newer schema's extras included).
+pub const MOONCAKE_ROW: &[&str] = AGENTIC_LEGACY_ROW.split_at(MOONCAKE_KEYS).0;
 
 /// The header of an agentic Mooncake v2 file.
 pub const AGENTIC_V2_HEADER: &[&str] = &["schema", "version", "block_size", "hash_id_scope", "source"];
@@ -404,6 +392,12 @@ pub fn suggest<'a>(key: &str, known: &[&'a str]) -> Option<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mooncake_rows_are_the_legacy_agentic_rows_without_the_workflow_fields() {
+        assert_eq!(MOONCAKE_ROW.last(), Some(&"policy_class"));
+        assert_eq!(AGENTIC_LEGACY_ROW[MOONCAKE_KEYS], "wait_for");
+    }
 
     #[test]
     fn suggestions_cover_prefixes_typos_and_case_and_stay_quiet_otherwise() {

@@ -682,7 +682,8 @@ fn prefills_sharing_an_x_request_id_never_alias() {
         "kv_transfer_params": {"do_remote_decode": true}}"#;
     let mut params = Vec::new();
     for _ in 0..2 {
-        let (status, answer) = http(&server.base, "POST", "/v1/completions", &[("X-Request-Id", "same")], body);
+        let (status, answer) =
+            http(&server.base, "POST", "/v1/completions", &[("X-Request-Id", "same")], body);
         assert_eq!(status, 200, "{answer}");
         let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
         assert_eq!(answer["id"], "cmpl-same", "the response id still echoes the header, as vLLM's");
