@@ -147,6 +147,12 @@ impl HandoffTable {
         });
         self.registered.insert(id, route.clone());
         self.latest.insert(id, Arc::downgrade(&route));
+        // A dead entry answers nothing (every check holds a live route), but its Weak keeps
+        // the route's allocation: prune them once they outnumber the live ones, so a server
+        // that has seen many handoffs holds memory for those in flight only (amortised O(1)).
+        if self.latest.len() > 2 * self.registered.len() + 64 {
+            self.latest.retain(|_, w| w.strong_count() > 0);
+        }
         Ok((route, rx))
     }
 
@@ -192,5 +198,30 @@ impl HandoffTable {
     /// Registered routes.
     pub fn len(&self) -> usize {
         self.registered.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 45 item 10: every expired handoff left its route's allocation behind.
+    #[test]
+    fn finished_handoffs_do_not_accumulate() {
+        let mut table = HandoffTable::default();
+        let mut live = Vec::new();
+        for i in 0..10_000u128 {
+            let (route, _events) = table.register(HandoffId(Uuid::from_u128(i))).unwrap();
+            if i % 1000 == 0 {
+                live.push(route.clone());
+            } else {
+                table.unregister(&route);
+            }
+        }
+        assert!(table.latest.len() <= 2 * table.len() + 65, "{} entries kept", table.latest.len());
+        // The routes still held stay the latest of their ids.
+        for route in &live {
+            table.check_latest(route).unwrap();
+        }
     }
 }
