@@ -16,7 +16,9 @@ use mocker_replay::router::{KvRouter, KvRouterConfig};
 use mocker_server::faults::{FailureInjectionOptions, FailureType};
 use mocker_server::front::{BoundFront, FrontOptions, PdRouting};
 use mocker_server::lora::{LoraModule, LoraOptions, LoraRegistry};
-use mocker_server::pd::{BootstrapOptions, KvRole, KvTransferConfig, PdOptions, DEFAULT_ABORT_TIMEOUT};
+use mocker_server::pd::{
+    BootstrapOptions, KvRole, KvTransferConfig, PdOptions, PeerAllowList, DEFAULT_ABORT_TIMEOUT,
+};
 use mocker_server::{BoundServer, KvEventsOptions, ServerOptions, Tokenizer};
 
 use crate::UsageError;
@@ -170,6 +172,11 @@ pub struct ServeArgs {
     /// (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT). Needs --kv-transfer-config.
     #[arg(long, value_name = "SECONDS")]
     pub kv_abort_timeout_seconds: Option<f64>,
+    /// Networks a decode server may read KV from, comma-separated CIDRs or addresses (the
+    /// peer named by a request's kv_transfer_params.remote_host or bootstrap_host). Default:
+    /// loopback and the server's own --host. Needs a P/D role.
+    #[arg(long, value_name = "CIDR,...")]
+    pub kv_peer_allow: Option<String>,
     /// A disaggregated deployment in one process: P prefill workers (kv_producer) and
     /// --decode-workers D decode workers (kv_consumer), each on its own port (--port + 1
     /// on, listed at start), behind an OpenAI front on --port that runs each request as a
@@ -410,12 +417,20 @@ impl ServeArgs {
                 abort_timeout: DEFAULT_ABORT_TIMEOUT,
                 transfers_only: true,
                 bootstrap: Some(bootstrap),
+                peers: self.peers()?,
             }));
         }
         let config = match (&self.kv_transfer_config, implied) {
             (None, None) => {
                 if self.kv_abort_timeout_seconds.is_some() && self.prefill_workers.is_none() {
                     return Err(UsageError("--kv-abort-timeout-seconds: needs --kv-transfer-config".into()));
+                }
+                if self.kv_peer_allow.is_some() && self.prefill_workers.is_none() {
+                    return Err(UsageError(
+                        "--kv-peer-allow: needs a P/D role (--kv-transfer-config, engine-args worker_type, or \
+                         --prefill-workers)"
+                            .into(),
+                    ));
                 }
                 return Ok(None);
             }
@@ -445,7 +460,21 @@ impl ServeArgs {
             None => DEFAULT_ABORT_TIMEOUT,
             Some(s) => seconds("--kv-abort-timeout-seconds", s, true)?,
         };
-        Ok(Some(PdOptions { config, abort_timeout, transfers_only: implied.is_some(), bootstrap: None }))
+        Ok(Some(PdOptions {
+            config,
+            abort_timeout,
+            transfers_only: implied.is_some(),
+            bootstrap: None,
+            peers: self.peers()?,
+        }))
+    }
+
+    /// `--kv-peer-allow`, parsed (`None`: the default list).
+    fn peers(&self) -> Result<Option<PeerAllowList>, UsageError> {
+        self.kv_peer_allow
+            .as_deref()
+            .map(|text| PeerAllowList::parse(text).map_err(|e| UsageError(format!("--kv-peer-allow: {e}"))))
+            .transpose()
     }
 
     /// The LoRA flags, checked as vLLM checks them, plus what mocker cannot simulate.
@@ -563,6 +592,7 @@ impl ServeArgs {
             None => DEFAULT_ABORT_TIMEOUT,
             Some(s) => seconds("--kv-abort-timeout-seconds", s, true)?,
         };
+        let peers = self.peers()?;
         let role = |i: usize| match deployment {
             None => pd.clone(),
             Some(d) => {
@@ -572,6 +602,7 @@ impl ServeArgs {
                     abort_timeout,
                     transfers_only: false,
                     bootstrap: None,
+                    peers: peers.clone(),
                 })
             }
         };

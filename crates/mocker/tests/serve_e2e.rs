@@ -702,6 +702,50 @@ fn prefills_sharing_an_x_request_id_never_alias() {
     assert_eq!(status, 200, "{text}");
 }
 
+/// Issue 45 item 4: a decode server reads KV only from a host that is an address or a name
+/// (no port or path smuggled in) on an allowed network (`--kv-peer-allow`, by default
+/// loopback and its own address), and refuses before reserving anything. Every address
+/// here is loopback: nothing leaves the machine even where a check were missing.
+#[test]
+fn a_decode_server_reads_only_from_allowed_peers() {
+    let consumer = r#"{"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}"#;
+    let open = Server::start(&["--block-size", "16", "--kv-transfer-config", consumer]);
+    let narrow = Server::start(&[
+        "--block-size",
+        "16",
+        "--kv-transfer-config",
+        consumer,
+        "--kv-peer-allow",
+        "127.0.0.2/32",
+    ]);
+    let port = open.base.rsplit(':').next().unwrap().to_string();
+    let body = |host: &str| {
+        serde_json::json!({
+            "prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], "max_tokens": 2,
+            "kv_transfer_params": {"do_remote_prefill": true, "remote_engine_id": "e", "remote_block_ids": [1, 2],
+                                   "remote_host": host, "remote_port": port.parse::<u16>().unwrap()},
+        })
+        .to_string()
+    };
+    let injected = format!("127.0.0.1:{port}/injected/path?q=");
+    let (status, text) = http(&open.base, "POST", "/v1/completions", &[], &body(&injected));
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("remote_host") && text.contains("no port or path"), "{text}");
+    let (status, text) = http(&narrow.base, "POST", "/v1/completions", &[], &body("127.0.0.1"));
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("remote_host") && text.contains("--kv-peer-allow"), "{text}");
+    for server in [&open, &narrow] {
+        let (_, metrics) = http(&server.base, "GET", "/metrics", &[], "");
+        let usage = metrics.lines().find(|l| l.starts_with("vllm:kv_cache_usage_perc{")).unwrap();
+        assert!(usage.ends_with(" 0.0") || usage.ends_with(" 0"), "nothing stays reserved: {usage}");
+    }
+    assert_serve_refuses(&["--kv-peer-allow", "127.0.0.0/8"], "--kv-peer-allow");
+    assert_serve_refuses(
+        &["--kv-transfer-config", consumer, "--kv-peer-allow", "10.0.0.0/99"],
+        "--kv-peer-allow",
+    );
+}
+
 fn lines_of_stderr(stderr: std::process::ChildStderr) -> std::sync::mpsc::Receiver<String> {
     use std::io::BufRead;
     let (tx, rx) = std::sync::mpsc::channel();

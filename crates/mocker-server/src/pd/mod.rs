@@ -34,6 +34,7 @@
 //! blocks (one per prompt block, unique per server), not the core's pool indices.
 
 pub mod params;
+mod peers;
 mod rooms;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,6 +56,7 @@ use serde_json::{json, Value};
 use crate::app::AppState;
 use crate::error::ApiError;
 pub use params::{BootstrapRoom, KvRole, KvTransfer, KvTransferConfig, RemotePrefill};
+pub use peers::{check_host, PeerAllowList};
 use rooms::{Rooms, Taken, Withdraw};
 
 /// Response header of a decode request whose KV was read from a prefill server: the
@@ -76,6 +78,9 @@ pub struct PdOptions {
     pub transfers_only: bool,
     /// SGLang's bootstrap protocol instead of vLLM's `kv_transfer_params`.
     pub bootstrap: Option<BootstrapOptions>,
+    /// Peers a decode server may read KV from (`--kv-peer-allow`); `None`: loopback and the
+    /// server's own address ([`PeerAllowList::default_for`]).
+    pub peers: Option<PeerAllowList>,
 }
 
 /// SGLang's PD protocol on a server of the SGLang backend (`worker_type` prefill or decode).
@@ -120,7 +125,13 @@ pub struct PdState {
     bootstrap: bool,
     bootstrap_port: u16,
     session_timeout: Duration,
+    /// Where reads may go.
+    peers: PeerAllowList,
 }
+
+/// How long a decode server waits to connect to a prefill server: a peer that accepts no
+/// connection must not hold the reserved blocks for the whole abort timeout.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl std::fmt::Debug for PdState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -155,7 +166,10 @@ impl PdState {
         )
         .expect("valid counter");
         registry.register_collector(Box::new(recomputes.clone()));
+        let own = host.parse().unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+        let peers = options.peers.clone().unwrap_or_else(|| PeerAllowList::default_for(own));
         Self {
+            peers,
             role: options.config.role,
             transfers_only: options.transfers_only,
             abort_timeout: options.abort_timeout,
@@ -166,7 +180,10 @@ impl PdState {
             held: Mutex::default(),
             next_block_id: AtomicU64::new(1),
             recomputes,
-            client: reqwest::Client::builder().build().expect("an HTTP client without TLS builds"),
+            client: reqwest::Client::builder()
+                .connect_timeout(CONNECT_TIMEOUT)
+                .build()
+                .expect("an HTTP client without TLS builds"),
             rooms: options
                 .bootstrap
                 .filter(|_| options.config.role == KvRole::Producer)
@@ -562,6 +579,11 @@ pub async fn start_decode(
     request: CoreRequest,
     from: ReadFrom<'_>,
 ) -> Result<(LiveRequest, Option<f64>), ApiError> {
+    // The peer is checked before anything is reserved: a refused one holds no blocks.
+    let peer = match from {
+        ReadFrom::Nixl(r) => pd.peers.resolve("kv_transfer_params.remote_host", &r.host, r.port).await?,
+        ReadFrom::Room(b) => pd.peers.resolve("bootstrap_host", &b.host, b.port).await?,
+    };
     let (control, mut events) = engine.register_handoff(HandoffId(uuid::Uuid::new_v4()))?;
     let (registration, live) = engine.prepare_request(request.clone())?;
     control.reserve_destination(registration).await?;
@@ -579,13 +601,13 @@ pub async fn start_decode(
                 remote_block_ids: remote.block_ids.clone(),
                 missing_tokens: missing,
             };
-            let url = format!("http://{}:{}/mocker/kv_transfer/read", remote.host, remote.port);
+            let url = format!("http://{peer}/mocker/kv_transfer/read");
             (url, serde_json::to_value(body).expect("plain JSON"), pd.abort_timeout)
         }
         ReadFrom::Room(b) => {
             let wait_ms = pd.session_timeout.as_millis().min(u64::MAX as u128) as u64;
             let body = RoomRead { bootstrap_room: b.room, missing_tokens: missing, wait_ms };
-            let url = format!("http://{}:{}/mocker/bootstrap/read", b.host, b.port);
+            let url = format!("http://{peer}/mocker/bootstrap/read");
             // The prefill server bounds the wait for its prefill by `wait_ms`; the modelled
             // transfer follows. The client timeout only guards against a stuck peer, with
             // vLLM's abort timeout as the bound on any transfer.

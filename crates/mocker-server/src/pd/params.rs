@@ -122,7 +122,10 @@ impl BootstrapRoom {
             ));
         }
         let host = match &body["bootstrap_host"] {
-            Value::String(h) if !h.is_empty() => h.clone(),
+            Value::String(h) if !h.is_empty() => {
+                crate::pd::check_host("bootstrap_host", h)?;
+                h.clone()
+            }
             other => {
                 return Err(ApiError::invalid_field(
                     "bootstrap_host",
@@ -219,11 +222,13 @@ impl KvTransfer {
                         return Err(bad(format!("remote_request_id must be a string, got {other}")))
                     }
                 };
+                let host = string("remote_host")?;
+                crate::pd::check_host("kv_transfer_params.remote_host", &host)?;
                 Ok(Self::Decode(RemotePrefill {
                     engine_id: string("remote_engine_id")?,
                     request_id,
                     block_ids,
-                    host: string("remote_host")?,
+                    host,
                     port,
                 }))
             }
