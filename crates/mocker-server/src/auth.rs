@@ -19,8 +19,11 @@ use subtle::ConstantTimeEq;
 use crate::app::AppState;
 use crate::error::ApiError;
 
-/// Routes outside `/v1` that change state and so need the key.
-const STATE_CHANGING: &[&str] = &["/reset_prefix_cache", "/sleep", "/wake_up"];
+/// Routes outside `/v1` that change state and so need the key: the P/D side channel's
+/// reads and aborts free a held prefill's KV, so they need it too (the servers of a P/D
+/// pair share the key, and the P/D front passes the client's on).
+const STATE_CHANGING: &[&str] =
+    &["/reset_prefix_cache", "/sleep", "/wake_up", "/mocker/kv_transfer/read", "/mocker/kv_transfer/abort"];
 
 /// The key clients must present. Only its digest is kept: comparing digests of equal length
 /// in constant time tells an attacker neither the key's bytes nor its length.
@@ -63,16 +66,21 @@ pub fn is_protected(path: &str) -> bool {
 
 /// The middleware: 401 JSON when a protected route lacks the key.
 pub async fn require_api_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    if let Some(key) = &state.api_key {
-        if request.method() != Method::OPTIONS && is_protected(request.uri().path()) {
-            let ok =
-                request.headers().get(header::AUTHORIZATION).is_some_and(|v| key.authorizes(v.as_bytes()));
-            if !ok {
-                return ApiError::unauthorized().into_response();
-            }
-        }
+    if request.method() != Method::OPTIONS
+        && is_protected(request.uri().path())
+        && !authorized(&state, request.headers())
+    {
+        return ApiError::unauthorized().into_response();
     }
     next.run(request).await
+}
+
+/// Whether `headers` carry the server's key (always, on a server without one).
+pub fn authorized(state: &AppState, headers: &axum::http::HeaderMap) -> bool {
+    state
+        .api_key
+        .as_ref()
+        .is_none_or(|key| headers.get(header::AUTHORIZATION).is_some_and(|v| key.authorizes(v.as_bytes())))
 }
 
 #[cfg(test)]

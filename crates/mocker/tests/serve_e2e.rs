@@ -746,6 +746,77 @@ fn a_decode_server_reads_only_from_allowed_peers() {
     );
 }
 
+/// Issue 45 item 5: the side channel's reads and aborts need the API key, and a read whose
+/// `missing_tokens` exceeds the prompt, or whose modelled transfer outlasts the abort
+/// timeout, is refused with the prefill's KV freed at once (no panic, nothing held).
+#[test]
+fn the_kv_side_channel_needs_the_key_and_checks_its_arithmetic() {
+    let producer = r#"{"kv_connector": "NixlConnector", "kv_role": "kv_producer"}"#;
+    let server = Server::start(&[
+        "--block-size",
+        "16",
+        "--kv-transfer-config",
+        producer,
+        "--kv-abort-timeout-seconds",
+        "1",
+        "--engine-args",
+        r#"{"kv_transfer_bytes_per_token": 1000000, "kv_transfer_bandwidth": 0.001}"#,
+    ]);
+    let bearer = format!("Bearer {KEY}");
+    let auth = [("Authorization", bearer.as_str())];
+    let body = r#"{"prompt": [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], "max_tokens": 1,
+        "kv_transfer_params": {"do_remote_decode": true}}"#;
+    let prefill = || {
+        let (status, text) = http(&server.base, "POST", "/v1/completions", &auth, body);
+        assert_eq!(status, 200, "{text}");
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["kv_transfer_params"].clone()
+    };
+    let read = |p: &serde_json::Value, missing: &str| {
+        format!(
+            r#"{{"remote_engine_id": {}, "remote_request_id": {}, "remote_block_ids": {}, "missing_tokens": {missing}}}"#,
+            p["remote_engine_id"], p["remote_request_id"], p["remote_block_ids"]
+        )
+    };
+    let p = prefill();
+    let abort = format!(
+        r#"{{"remote_engine_id": {}, "remote_request_id": {}}}"#,
+        p["remote_engine_id"], p["remote_request_id"]
+    );
+    for (path, body) in [("/mocker/kv_transfer/read", read(&p, "1")), ("/mocker/kv_transfer/abort", abort)] {
+        let (status, text) = post_without_key(&server.base, path, &body);
+        assert_eq!(status, 401, "{path} without the key: {text}");
+    }
+    let (status, text) =
+        http(&server.base, "POST", "/mocker/kv_transfer/read", &auth, &read(&p, "18446744073709551615"));
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("missing_tokens"), "{text}");
+    // 17 tokens of 1 MB over 1 MB/s is 17 s, past the 1 s abort timeout.
+    let p = prefill();
+    let (status, text) = http(&server.base, "POST", "/mocker/kv_transfer/read", &auth, &read(&p, "1"));
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("abort timeout"), "{text}");
+    let (status, text) = http(&server.base, "POST", "/reset_prefix_cache", &auth, "");
+    assert_eq!(status, 200, "both refused reads freed their prefill's KV: {text}");
+}
+
+/// A POST without an `Authorization` header (`common::http` always sends the key).
+fn post_without_key(base: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(base.trim_start_matches("http://")).expect("connects");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body.as_bytes()).unwrap();
+    let mut raw = String::new();
+    let _ = s.read_to_string(&mut raw);
+    let status = raw.split(' ').nth(1).and_then(|c| c.parse().ok()).expect("a status line");
+    (status, raw)
+}
+
 fn lines_of_stderr(stderr: std::process::ChildStderr) -> std::sync::mpsc::Receiver<String> {
     use std::io::BufRead;
     let (tx, rx) = std::sync::mpsc::channel();

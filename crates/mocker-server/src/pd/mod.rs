@@ -443,7 +443,7 @@ pub async fn read_handler(
             }
         }
     };
-    Ok(transfer(held, b.missing_tokens, |_| {}).await)
+    transfer(held, b.missing_tokens, state.block_size, pd.abort_timeout, |_| {}).await
 }
 
 /// A 404 for a read that finds nothing to read.
@@ -463,16 +463,44 @@ async fn read_body<T: serde::de::DeserializeOwned>(
 /// Models the transfer of `held`'s KV to a reader that lacks `missing_tokens`: waits the
 /// modelled delay, frees the blocks, then calls `done` with the delay in ms. Spawned, so
 /// the transfer ends and the blocks are freed even if the reader goes away. The answer
-/// tells the reader the delay.
-async fn transfer(held: Held, missing_tokens: usize, done: impl FnOnce(f64) + Send + 'static) -> Response {
+/// tells the reader the delay. A reader cannot lack more than the prompt's blocks (of
+/// `block_size` tokens), and a transfer
+/// longer than `limit` (the abort timeout, past which the reader has given up) would hold
+/// the blocks for nothing: both are refused with a 400 and the blocks freed at once.
+async fn transfer(
+    held: Held,
+    missing_tokens: usize,
+    block_size: usize,
+    limit: Duration,
+    done: impl FnOnce(f64) + Send + 'static,
+) -> Result<Response, ApiError> {
+    let prompt = held.timing.full_prompt_tokens.div_ceil(block_size.max(1)) * block_size.max(1);
     let delay_ms = held.timing.delay_ms(Some(missing_tokens)).unwrap_or(0.0);
+    let delay = Duration::try_from_secs_f64(delay_ms / 1000.0).ok().filter(|d| *d <= limit);
+    let refusal = if missing_tokens > prompt {
+        Some(format!(
+            "missing_tokens: {missing_tokens} is more than the prompt's blocks hold ({prompt} tokens)"
+        ))
+    } else if delay.is_none() {
+        Some(format!(
+            "missing_tokens: the modelled transfer ({delay_ms} ms) is longer than the abort timeout ({limit:?}), \
+             past which the reader has given up"
+        ))
+    } else {
+        None
+    };
+    if let Some(message) = refusal {
+        let _ = held.control.release_source().await;
+        return Err(ApiError::invalid_field("missing_tokens", format!("read: {message}; the KV is freed")));
+    }
+    let delay = delay.unwrap_or_default();
     let transfer = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_secs_f64(delay_ms / 1000.0)).await;
+        tokio::time::sleep(delay).await;
         let _ = held.control.release_source().await;
         done(delay_ms);
     });
     let _ = transfer.await;
-    axum::Json(json!({ "transfer_ms": delay_ms })).into_response()
+    Ok(axum::Json(json!({ "transfer_ms": delay_ms })).into_response())
 }
 
 /// A decode server's read of a bootstrap room.
@@ -497,6 +525,10 @@ pub async fn bootstrap_read_handler(
     let Some(rooms) = state.pd.as_ref().and_then(|pd| pd.rooms.as_ref()) else {
         return Err(not_found("no bootstrap rooms here".into()));
     };
+    // The bootstrap port has no middleware; a room's KV is the server's to guard all the same.
+    if !crate::auth::authorized(&state, request.headers()) {
+        return Err(ApiError::unauthorized());
+    }
     let b: RoomRead = read_body(&state, request).await?;
     let taken = rooms.take(b.bootstrap_room).map_err(|m| ApiError {
         status: StatusCode::CONFLICT,
@@ -519,10 +551,11 @@ pub async fn bootstrap_read_handler(
             }
         }
     };
-    Ok(transfer(held, b.missing_tokens, move |delay_ms| {
+    let limit = state.pd.as_ref().map_or(DEFAULT_ABORT_TIMEOUT, |pd| pd.abort_timeout);
+    transfer(held, b.missing_tokens, state.block_size, limit, move |delay_ms| {
         let _ = done.send(delay_ms);
     })
-    .await)
+    .await
 }
 
 /// The side channel's abort request.
