@@ -118,6 +118,7 @@ fn read(mut npz: Npz<'_>, path: &Path) -> Result<Profile, LoadError> {
             ProfileError::DecodeShape { .. } => "decode_itl",
             ProfileError::Axis { array, .. }
             | ProfileError::NotFinite { array, .. }
+            | ProfileError::TimeRange { array, .. }
             | ProfileError::GridShape { array, .. } => array,
         };
         LoadError::array(path, array, e.to_string())

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use mocker_core::config::{LaunchConfig, WorkerType};
 use mocker_core::EngineError;
 
+use crate::limits;
 use crate::router::KvRouterConfig;
 pub use crate::router::RouterMode;
 use crate::trace::Trace;
@@ -61,7 +62,9 @@ impl Workload {
     pub fn total_requests(&self) -> usize {
         match self {
             Self::Synthetic(w) => w.total_requests(),
-            Self::Trace(t) => t.trace.sessions.iter().map(|s| s.turns.len()).sum::<usize>() * t.repeat,
+            Self::Trace(t) => {
+                t.trace.sessions.iter().map(|s| s.turns.len()).sum::<usize>().saturating_mul(t.repeat)
+            }
         }
     }
 
@@ -74,6 +77,9 @@ impl Workload {
                 }
                 if t.repeat == 0 {
                     return Err(invalid("repeat", "must be at least 1 (got 0)".into()));
+                }
+                if let Some(c) = t.concurrency {
+                    limits::count("concurrency", c, limits::MAX_CONCURRENCY)?;
                 }
                 if t.concurrency.is_none() {
                     if let Some(s) = t.trace.sessions.iter().find(|s| s.first_arrival_ms.is_none()) {
@@ -188,9 +194,7 @@ impl Cluster {
         let role = |p: &Pool| p.launch.engine.worker_type;
         match self {
             Self::Aggregated(p) => {
-                if p.workers == 0 {
-                    return Err(invalid("num_workers", "must be at least 1 (got 0)".into()));
-                }
+                limits::count("num_workers", p.workers, limits::MAX_WORKERS)?;
                 if mode != "offline" && p.launch.engine.native_host_offload.is_some() {
                     // Live engines are stepped by requests, not woken by transfer completions.
                     let msg = format!("is simulated only by offline replay (--mode offline), got {mode}");
@@ -218,9 +222,7 @@ impl Cluster {
                     ("num_prefill_workers", prefill, WorkerType::Prefill),
                     ("num_decode_workers", decode, WorkerType::Decode),
                 ] {
-                    if pool.workers == 0 {
-                        return Err(invalid(field, "must be at least 1 (got 0)".into()));
-                    }
+                    limits::count(field, pool.workers, limits::MAX_WORKERS)?;
                     if role(pool) != want {
                         let side = if want == WorkerType::Prefill { "prefill" } else { "decode" };
                         return Err(invalid(
@@ -249,6 +251,16 @@ impl Cluster {
                     ));
                 }
             }
+        }
+        // Every DP rank of every worker is an engine built up front.
+        let engines: usize = self.pools().map(|p| p.workers * p.launch.dp_size).sum();
+        if engines > limits::MAX_ENGINES {
+            let field = if self.decode().is_some() { "num_prefill_workers" } else { "num_workers" };
+            let msg = format!(
+                "workers × dp_size come to {engines} simulated engines, above the limit {}",
+                limits::MAX_ENGINES
+            );
+            return Err(invalid(field, msg));
         }
         for p in self.pools() {
             let dp = p.launch.dp_size;
@@ -326,7 +338,7 @@ pub enum ReplayError {
     Records(String),
 }
 
-fn invalid(field: &'static str, message: String) -> ReplayError {
+pub(crate) fn invalid(field: &'static str, message: String) -> ReplayError {
     ReplayError::Invalid { field, message }
 }
 
@@ -345,10 +357,32 @@ impl ReplayOptions {
         self.workload.validate()?;
         self.cluster.validate(mode)?;
         let r = self.arrival_speedup_ratio;
-        if !(r.is_finite() && r > 0.0) {
-            return Err(invalid("arrival_speedup_ratio", format!("must be a finite number > 0 (got {r})")));
+        let (lo, hi) = limits::SPEEDUP_RANGE;
+        if !(r.is_finite() && (lo..=hi).contains(&r)) {
+            return Err(invalid(
+                "arrival_speedup_ratio",
+                format!("must be finite and in [{lo:e}, {hi:e}] (got {})", limits::show(r)),
+            ));
         }
         check_ms("max_sim_time", self.max_sim_time_ms)?;
+        if let Some(ms) = self.max_sim_time_ms.filter(|&ms| ms > limits::MAX_SIM_MS) {
+            let msg =
+                format!("must be at most {:e} s (10^6 hours; got {:e})", limits::MAX_SIM_MS / 1e3, ms / 1e3);
+            return Err(invalid("max_sim_time", msg));
+        }
+        let total = self.workload.total_requests();
+        if total > limits::MAX_REQUESTS {
+            let msg = format!(
+                "the workload issues {total} requests, above the limit {} (the report keeps samples of each)",
+                limits::MAX_REQUESTS
+            );
+            let field = match &self.workload {
+                Workload::Synthetic(_) => "request_count",
+                Workload::Trace(_) => "trace_repeat",
+            };
+            return Err(invalid(field, msg));
+        }
+        limits::check_horizon(self)?;
         check_ms("sla_ttft_ms", self.sla.ttft_ms)?;
         check_ms("sla_itl_ms", self.sla.itl_ms)?;
         check_ms("sla_e2e_ms", self.sla.e2e_ms)?;

@@ -284,6 +284,9 @@ pub fn parse_trace(text: &str, format: TraceFormat, block_size: Option<usize>) -
         if line.trim().is_empty() {
             continue;
         }
+        if line.len() >= crate::trace_scan::SCAN_MIN_LINE {
+            p.check_entries(i + 1, line)?;
+        }
         if plain {
             if let Ok(row) = serde_json::from_str::<PlainRow>(line) {
                 if p.plain_row(i + 1, row)? {
@@ -435,6 +438,27 @@ impl Parser {
     pub(crate) fn next_request_ordinal(&mut self) -> u32 {
         self.requests_numbered += 1;
         self.requests_numbered
+    }
+
+    /// Refuses a long line with an array or object larger than any row needs, before it is
+    /// parsed (see [`crate::trace_scan`]).
+    fn check_entries(&self, line: usize, text: &str) -> Result<(), TraceError> {
+        // A Dynamo record embeds its own block size (possibly 1).
+        let bs = if self.format == TraceFormat::Dynamo { 1 } else { self.block_size };
+        let ids = MAX_TRACE_TOKENS.div_ceil(bs);
+        let max = ids.max(crate::limits::MAX_TURNS);
+        match crate::trace_scan::oversized(text, max) {
+            None => Ok(()),
+            Some(key) => Err(self.err(
+                line,
+                &key,
+                format!(
+                    "has more than {max} entries, more than any row needs (a prompt is at most \
+                     {MAX_TRACE_TOKENS} tokens: {ids} hash ids of {bs}; a session at most {} turns)",
+                    crate::limits::MAX_TURNS
+                ),
+            )),
+        }
     }
 
     pub(crate) fn err(&self, line: usize, field: &str, message: String) -> TraceError {

@@ -22,6 +22,11 @@ impl Parser {
             .count(row, line, &["num_turns"])?
             .ok_or_else(|| self.err(line, "num_turns", "missing (the number of tool-calling turns)".into()))?
             as usize;
+        // The turns are planned together: bounded before any list is read.
+        let max_turns = crate::limits::MAX_TURNS;
+        if n > max_turns {
+            return Err(self.err(line, "num_turns", format!("must be in 0..={max_turns} (got {n})")));
+        }
         let length = |p: &Self, name: &str| -> Result<usize, TraceError> {
             let v = p.count(row, line, &[name])?.ok_or_else(|| p.err(line, name, "missing".into()))?;
             Ok(v as usize)
@@ -61,7 +66,8 @@ impl Parser {
         // Prompts and outputs, checked before any id is allocated.
         let mut prompts = vec![prompt0];
         for i in 0..n {
-            prompts.push(prompts[i] + replies[i] as usize + tools[i] as usize);
+            // Saturating: the lists hold any finite integer; the bound below refuses it.
+            prompts.push(prompts[i].saturating_add(replies[i] as usize).saturating_add(tools[i] as usize));
         }
         let outputs: Vec<usize> = replies.iter().map(|&r| r as usize).chain([final_out]).collect();
         for (field, v) in [("input_prompt_length", prompt0), ("final_assistant_response_length", final_out)] {
@@ -79,6 +85,17 @@ impl Parser {
             return Err(self.err(line, "assistant_response_length", msg));
         }
         let bs = self.block_size;
+        // Each turn keeps its own copy of its prompt's ids (a prefix of the last turn's).
+        let session_ids: usize = prompts.iter().map(|p| p.div_ceil(bs)).sum();
+        let max_ids = crate::limits::MAX_SESSION_TOKENS;
+        if session_ids > max_ids {
+            let msg = format!(
+                "its {} turns' prompts come to {session_ids} hash ids of {bs} tokens, above the limit \
+                 {max_ids} for one session",
+                n + 1
+            );
+            return Err(self.err(line, "num_turns", msg));
+        }
         let ids: Vec<u32> = (0..prompts[n].div_ceil(bs)).map(|_| self.fresh_id()).collect();
         let mut session = None;
         for (i, (&prompt, &output)) in prompts.iter().zip(&outputs).enumerate() {

@@ -78,23 +78,48 @@ fn bad(field: &'static str, message: String) -> WorkloadError {
 impl SyntheticWorkload {
     /// Checks every parameter.
     pub fn validate(&self) -> Result<(), WorkloadError> {
-        for (field, v) in [
-            ("input_tokens", self.input_tokens),
-            ("output_tokens", self.output_tokens),
-            ("request_count", self.request_count),
-            ("turns_per_session", self.turns_per_session),
+        use crate::limits::{show, MAX_CONCURRENCY, MAX_REQUESTS, MAX_SESSION_TOKENS, MAX_TURNS};
+        use crate::trace::{MAX_DELAY_MS, MAX_TRACE_TOKENS};
+        for (field, v, max) in [
+            ("input_tokens", self.input_tokens, MAX_TRACE_TOKENS),
+            ("output_tokens", self.output_tokens, MAX_TRACE_TOKENS),
+            ("request_count", self.request_count, MAX_REQUESTS),
+            ("turns_per_session", self.turns_per_session, MAX_TURNS),
         ] {
-            if v == 0 {
-                return Err(bad(field, "must be at least 1 (got 0)".into()));
+            if !(1..=max).contains(&v) {
+                return Err(bad(field, format!("must be in 1..={max} (got {v})")));
             }
         }
+        // Both at most 2^27 here: the products cannot overflow.
+        let total = self.request_count * self.turns_per_session;
+        if total > MAX_REQUESTS {
+            let msg = format!(
+                "{} sessions of {} turns are {total} requests, above the limit {MAX_REQUESTS}",
+                self.request_count, self.turns_per_session
+            );
+            return Err(bad("turns_per_session", msg));
+        }
+        let session_tokens = self.turns_per_session * self.input_tokens;
+        if session_tokens > MAX_SESSION_TOKENS {
+            let msg = format!(
+                "{} turns of {} prompt tokens are {session_tokens} tokens a session (its prompts are \
+                 planned together), above the limit {MAX_SESSION_TOKENS}",
+                self.turns_per_session, self.input_tokens
+            );
+            return Err(bad("turns_per_session", msg));
+        }
         match self.load {
-            Load::Concurrency(0) => return Err(bad("concurrency", "must be at least 1 (got 0)".into())),
+            Load::Concurrency(c) if !(1..=MAX_CONCURRENCY).contains(&c) => {
+                return Err(bad("concurrency", format!("must be in 1..={MAX_CONCURRENCY} (got {c})")))
+            }
             Load::RequestRate(r) if !(r.is_finite() && r > 0.0) => {
                 return Err(bad("request_rate", format!("must be a finite number > 0 (got {r})")))
             }
-            Load::ArrivalIntervalMs(i) if !(i.is_finite() && i >= 0.0) => {
-                return Err(bad("arrival_interval_ms", format!("must be a finite number >= 0 (got {i})")))
+            Load::ArrivalIntervalMs(i) if !(i.is_finite() && (0.0..=MAX_DELAY_MS).contains(&i)) => {
+                return Err(bad(
+                    "arrival_interval_ms",
+                    format!("must be finite and in [0, {MAX_DELAY_MS:e}] (got {})", show(i)),
+                ))
             }
             _ => {}
         }
@@ -104,11 +129,17 @@ impl SyntheticWorkload {
                 format!("must be in [0, 1] (got {})", self.shared_prefix_ratio),
             ));
         }
-        if !(self.inter_turn_delay_ms.is_finite() && self.inter_turn_delay_ms >= 0.0) {
+        let d = self.inter_turn_delay_ms;
+        if !(d.is_finite() && (0.0..=MAX_DELAY_MS).contains(&d)) {
             return Err(bad(
                 "inter_turn_delay_ms",
-                format!("must be a finite number >= 0 (got {})", self.inter_turn_delay_ms),
+                format!("must be finite and in [0, {MAX_DELAY_MS:e}] (got {})", show(d)),
             ));
+        }
+        // Groups take the low block ids (groups × blocks per prompt, in u64).
+        if self.num_prefix_groups > MAX_REQUESTS {
+            let msg = format!("must be in 0..={MAX_REQUESTS} (got {})", self.num_prefix_groups);
+            return Err(bad("num_prefix_groups", msg));
         }
         Ok(())
     }
@@ -123,7 +154,7 @@ impl SyntheticWorkload {
 
     /// Total requests the workload will issue.
     pub fn total_requests(&self) -> usize {
-        self.request_count * self.turns_per_session
+        self.request_count.saturating_mul(self.turns_per_session)
     }
 }
 

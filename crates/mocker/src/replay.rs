@@ -386,12 +386,8 @@ impl ReplayArgs {
     pub fn options(&self) -> Result<ReplayOptions, UsageError> {
         let cluster = self.cluster()?;
         self.warn_inactive_launch_keys(&cluster);
+        // Its range is checked with the other options, by `options.validate`.
         let r = self.arrival_speedup_ratio;
-        if !(r.is_finite() && r > 0.0) {
-            return Err(UsageError(format!(
-                "--arrival-speedup-ratio: must be a finite number > 0 (got {r})"
-            )));
-        }
         for (flag, v) in [
             ("--max-sim-time-seconds", self.max_sim_time_seconds),
             ("--sla-ttft-ms", self.sla_ttft_ms),
@@ -522,6 +518,32 @@ fn cluster_error(e: ReplayError, cluster: &Cluster) -> String {
             format!("{flags}: {e}")
         }
         ReplayError::Invalid { field: "mode", message } => format!("--mode: {message}"),
+        ReplayError::Invalid { field: "max_sim_time", message } => {
+            format!("--max-sim-time-seconds: {message}")
+        }
+        // The trace's own span: the message names the file and field.
+        ReplayError::Invalid { field: "trace", message } => message,
+        ReplayError::Invalid { field: "repeat", message } => format!("--trace-repeat: {message}"),
+        // Fields the replay crate names as the flags that set them.
+        ReplayError::Invalid {
+            field:
+                field @ ("num_workers"
+                | "num_prefill_workers"
+                | "num_decode_workers"
+                | "arrival_speedup_ratio"
+                | "trace_repeat"
+                | "request_count"
+                | "concurrency"
+                | "request_rate"
+                | "arrival_interval_ms"
+                | "inter_turn_delay_ms"
+                | "turns_per_session"
+                | "sla_ttft_ms"
+                | "sla_itl_ms"
+                | "sla_e2e_ms"),
+            message,
+        } => format!("--{}: {message}", field.replace('_', "-")),
+        ReplayError::Workload(e) => format!("--{}: {}", e.field.replace('_', "-"), e.message),
         e => e.to_string(),
     }
 }

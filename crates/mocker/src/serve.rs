@@ -193,6 +193,13 @@ pub struct ServeArgs {
     pub pd_router: Option<String>,
 }
 
+/// Most workers of one `serve` process (`--num-workers`, and each pool of
+/// `--prefill-workers`/`--decode-workers`): each is an engine, a listener and its threads.
+const MAX_SERVE_WORKERS: usize = 1024;
+/// Longest `--embedding-dim` (OpenAI's largest model returns 3072): every input of a
+/// request allocates a vector of it.
+const MAX_EMBEDDING_DIM: usize = 65536;
+
 /// SGLang's default `--disaggregation-bootstrap-port`.
 const SGLANG_BOOTSTRAP_PORT: u16 = 8998;
 
@@ -530,9 +537,10 @@ impl ServeArgs {
         let (Some(prefill), Some(decode)) = (self.prefill_workers, self.decode_workers) else {
             return Ok(None);
         };
-        if prefill == 0 || decode == 0 {
+        if !(1..=MAX_SERVE_WORKERS).contains(&prefill) || !(1..=MAX_SERVE_WORKERS).contains(&decode) {
             return Err(UsageError(format!(
-                "--prefill-workers / --decode-workers: each pool needs at least 1 worker, got {prefill} and {decode}"
+                "--prefill-workers / --decode-workers: each pool needs 1..={MAX_SERVE_WORKERS} workers, got \
+                 {prefill} and {decode}"
             )));
         }
         if self.num_workers != 1 {
@@ -551,8 +559,17 @@ impl ServeArgs {
 
     /// One server's options per worker; with a deployment, its prefill workers first.
     fn options(&self) -> Result<(Vec<ServerOptions>, Option<Deployment>), UsageError> {
-        if self.num_workers == 0 {
-            return Err(UsageError("--num-workers: must be at least 1, got 0".into()));
+        if !(1..=MAX_SERVE_WORKERS).contains(&self.num_workers) {
+            return Err(UsageError(format!(
+                "--num-workers: must be in 1..={MAX_SERVE_WORKERS}, got {}",
+                self.num_workers
+            )));
+        }
+        let dim = self.embedding_dim.get();
+        if dim > MAX_EMBEDDING_DIM {
+            return Err(UsageError(format!(
+                "--embedding-dim: must be in 1..={MAX_EMBEDDING_DIM}, got {dim}"
+            )));
         }
         let deployment = self.deployment()?;
         let workers = deployment.map_or(self.num_workers, |d| d.prefill + d.decode);

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
+use mocker_replay::limits::MAX_WORKERS;
 use mocker_replay::{Cluster, ReplayOptions, RouterMode};
 use rayon::prelude::*;
 use serde_json::{Map, Value};
@@ -94,16 +95,19 @@ fn router_name(mode: RouterMode) -> &'static str {
     }
 }
 
-/// Parses `flag`'s comma list of worker counts (each ≥ 1).
+/// Most parallel sweep points (`--jobs`).
+const MAX_JOBS: usize = 1024;
+
+/// Parses `flag`'s comma list of worker counts (each in 1..=[`MAX_WORKERS`]).
 fn parse_workers(flag: &str, text: &str) -> Result<Vec<usize>, UsageError> {
     let bad = |item: &str| {
         UsageError(format!(
-            "{flag}: must be a comma list of integers >= 1, e.g. 1,2,4 (got {item:?} in {text:?})"
+            "{flag}: must be a comma list of integers in 1..={MAX_WORKERS}, e.g. 1,2,4 (got {item:?} in {text:?})"
         ))
     };
     text.split(',')
         .map(|item| match item.trim().parse::<usize>() {
-            Ok(n) if n >= 1 => Ok(n),
+            Ok(n) if (1..=MAX_WORKERS).contains(&n) => Ok(n),
             _ => Err(bad(item)),
         })
         .collect()
@@ -127,8 +131,9 @@ impl SweepArgs {
                     .into(),
             ));
         }
-        if self.jobs == Some(0) {
-            return Err(UsageError("--jobs: must be at least 1 (got 0)".into()));
+        // Each job is a thread running a whole replay.
+        if let Some(j) = self.jobs.filter(|j| !(1..=MAX_JOBS).contains(j)) {
+            return Err(UsageError(format!("--jobs: must be in 1..={MAX_JOBS} (got {j})")));
         }
         let base = b.options()?;
         let (grid, engine_args) = match &base.cluster {

@@ -51,6 +51,16 @@ pub enum ProfileError {
         /// Lengths of its axes.
         shape: Vec<usize>,
     },
+    /// A time is beyond [`MAX_PROFILE_MS`] either way.
+    #[error("{array}: value {value:e} at index {index} is outside [-{max:e}, {max:e}] ms (an hour a pass)", max = MAX_PROFILE_MS)]
+    TimeRange {
+        /// The array's name in the profile file.
+        array: &'static str,
+        /// Flat index of the value.
+        index: usize,
+        /// The value.
+        value: f64,
+    },
     /// A value is NaN or infinite.
     #[error("{array}: value {value} at index {index} is not finite")]
     NotFinite {
@@ -82,11 +92,25 @@ fn check_axis(array: &'static str, xs: &[f64]) -> Result<(), ProfileError> {
     Ok(())
 }
 
+/// A grid of times.
 fn check_grid(array: &'static str, values: &[f64], shape: Vec<usize>) -> Result<(), ProfileError> {
     if values.len() != shape.iter().product::<usize>() {
         return Err(ProfileError::GridShape { array, got: values.len(), shape });
     }
-    check_finite(array, values)
+    check_times(array, values)
+}
+
+/// Largest measured pass time a profile may give, ms (an hour, the engine args' bound of a
+/// fixed pass time): a larger one would push the simulated clock past its range.
+pub const MAX_PROFILE_MS: f64 = 3.6e6;
+
+/// Finite times within [`MAX_PROFILE_MS`] (negative ones are floored at 0 when used).
+fn check_times(array: &'static str, xs: &[f64]) -> Result<(), ProfileError> {
+    check_finite(array, xs)?;
+    match xs.iter().position(|v| v.abs() > MAX_PROFILE_MS) {
+        Some(index) => Err(ProfileError::TimeRange { array, index, value: xs[index] }),
+        None => Ok(()),
+    }
 }
 
 fn check_finite(array: &'static str, xs: &[f64]) -> Result<(), ProfileError> {
@@ -227,10 +251,10 @@ impl ProfileTable {
             });
         }
         check_axis("prefill_isl", &a.prefill_isl)?;
-        check_finite("prefill_ttft_ms", &a.prefill_ttft_ms)?;
+        check_times("prefill_ttft_ms", &a.prefill_ttft_ms)?;
         check_axis("decode_active_kv_tokens", &a.decode_active_kv_tokens)?;
         check_axis("decode_context_length", &a.decode_context_length)?;
-        check_finite("decode_itl", &a.decode_itl)?;
+        check_times("decode_itl", &a.decode_itl)?;
         let prefill_by_prefix = if a.prefill_prefix_tokens.is_empty() && a.prefill_ms.is_empty() {
             None
         } else {
