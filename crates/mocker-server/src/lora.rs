@@ -97,6 +97,28 @@ pub struct LoraRegistry {
     adapters: RwLock<Adapters>,
 }
 
+/// Longest adapter name, bytes: it is echoed in every stream chunk and `/v1/models`.
+pub const MAX_NAME_BYTES: usize = 256;
+/// Longest adapter path, bytes (Linux's `PATH_MAX`).
+pub const MAX_PATH_BYTES: usize = 4096;
+/// Most adapters registered at once: each is listed by `/v1/models` and searched per
+/// request. vLLM bounds the adapters it caches, not those it lists; a fixed cap keeps a
+/// client from growing the registry without end.
+pub const MAX_ADAPTERS: usize = 1024;
+
+/// Refuses a name or path past its bound, naming the field.
+fn check_sizes(name: &str, path: &str) -> Result<(), ApiError> {
+    for (field, value, max) in [("lora_name", name, MAX_NAME_BYTES), ("lora_path", path, MAX_PATH_BYTES)] {
+        if value.len() > max {
+            return Err(ApiError::invalid_field(
+                field,
+                format!("{field}: at most {max} bytes, got {}", value.len()),
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl LoraRegistry {
     /// A registry holding `options.modules`; a module named like the served model or twice
     /// is refused.
@@ -132,6 +154,7 @@ impl LoraRegistry {
         if name.is_empty() || path.is_empty() {
             return Err(ApiError::bad_request("Both 'lora_name' and 'lora_path' must be provided."));
         }
+        check_sizes(name, path)?;
         if name == self.base_model {
             return Err(ApiError::invalid_field(
                 "lora_name",
@@ -144,6 +167,12 @@ impl LoraRegistry {
                 "The lora adapter '{name}' has already been loaded. If you want to load the adapter in place, set 'load_inplace' to True."
             )));
         }
+        if a.loaded.len() >= MAX_ADAPTERS {
+            return Err(ApiError::invalid_field(
+                "lora_name",
+                format!("lora_name: {MAX_ADAPTERS} adapters are loaded, the most this server holds; unload one first"),
+            ));
+        }
         a.next_id += 1;
         let lora = LoraRef { id: a.next_id, name: Arc::from(name) };
         a.loaded.push(Loaded { lora, path: path.to_string(), parent });
@@ -151,6 +180,7 @@ impl LoraRegistry {
     }
 
     fn load_in_place(&self, name: &str, path: &str) -> Result<(), ApiError> {
+        check_sizes(name, path)?;
         {
             let mut a = self.adapters.write().expect("lora registry");
             if let Some(l) = a.loaded.iter_mut().find(|l| &*l.lora.name == name) {
@@ -293,6 +323,24 @@ mod tests {
         for bad in ["sql", "=/p", "sql=", r#"{"name": "x"}"#, r#"{"name": "x", "path": "p", "rank": 8}"#] {
             assert!(LoraModule::parse(bad).unwrap_err().starts_with("--lora-modules"), "{bad}");
         }
+    }
+
+    #[test]
+    fn names_paths_and_the_adapter_count_are_bounded() {
+        let options = LoraOptions { max_loras: 1, modules: Vec::new() };
+        let r = LoraRegistry::new(&options, "base").unwrap();
+        let long_name = "n".repeat(MAX_NAME_BYTES + 1);
+        assert_eq!(r.load(&long_name, "/p", None).unwrap_err().param.as_deref(), Some("lora_name"));
+        let long_path = "p".repeat(MAX_PATH_BYTES + 1);
+        assert_eq!(r.load("a", &long_path, None).unwrap_err().param.as_deref(), Some("lora_path"));
+        assert_eq!(r.load_in_place("a", &long_path).unwrap_err().param.as_deref(), Some("lora_path"));
+        for i in 0..MAX_ADAPTERS {
+            r.load(&format!("a{i}"), "/p", None).unwrap();
+        }
+        let e = r.load("one-more", "/p", None).unwrap_err();
+        assert!(e.message.contains("unload one first"), "{e:?}");
+        r.unload("a0").unwrap();
+        r.load("one-more", "/p", None).unwrap();
     }
 
     #[test]
