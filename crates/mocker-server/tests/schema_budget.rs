@@ -76,7 +76,8 @@ async fn health_answers_while_large_plans_are_built() {
     // No max_tokens: the output may fill the 32k window, so each plan is a full budget.
     let body = json!({"messages": [{"role": "user", "content": "hi"}],
         "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": nested(2_000, 2)}}});
-    let requests: Vec<_> = (0..2)
+    // More requests than async workers: planned on the workers, they would hold them all.
+    let requests: Vec<_> = (0..4)
         .map(|_| {
             let body = body.clone();
             tokio::spawn(async move { post(addr, "/v1/chat/completions", &body).await })
@@ -84,7 +85,7 @@ async fn health_answers_while_large_plans_are_built() {
         .collect();
     tokio::time::sleep(Duration::from_millis(50)).await;
     let client = reqwest::Client::new();
-    for _ in 0..5 {
+    for _ in 0..10 {
         let started = Instant::now();
         let resp = client
             .get(format!("http://{addr}/health"))
@@ -94,7 +95,7 @@ async fn health_answers_while_large_plans_are_built() {
             .expect("/health answers within a second");
         assert_eq!(resp.status(), 200);
         assert!(started.elapsed() < Duration::from_secs(1));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     for r in requests {
         let (status, v) = r.await.unwrap();
