@@ -23,7 +23,7 @@ use crate::openai::response::{
     ChoiceBody, ContentFrames, Endpoint, Finish, ResponseHeader, Usage, UsageMode,
 };
 use crate::output::logprobs::LogprobsAcc;
-use crate::output::plan::{plan_choice, ChoicePlan, Planned};
+use crate::output::plan::{plan_choices, ChoicePlan, Planned};
 use crate::output::sampler::Sampler;
 use crate::output::stop::{StopRules, StopScan};
 use crate::pd::{KvRole, KvTransfer, PrefillHandoff, ReadFrom};
@@ -98,18 +98,22 @@ pub async fn generate(
     let prompt_tokens = tokens.len();
     let max_tokens = generation.max_tokens as usize;
     // Plans first: a schema the generator cannot satisfy is a 400 before anything runs.
-    let mut plans = Vec::with_capacity(n as usize);
-    for index in 0..n {
-        let sampler = match generation.seed {
+    let samplers: Vec<Sampler> = (0..n)
+        .map(|index| match generation.seed {
             Some(seed) => Sampler::seeded(seed, &tokens, index),
             None => Sampler::random(),
-        };
-        let plan = plan_choice(
-            &state.tokenizer,
-            &sampler,
-            generation.structured.as_ref(),
-            generation.tools.as_ref(),
-        )?;
+        })
+        .collect();
+    let choice_plans = plan_choices(
+        &state,
+        &samplers,
+        generation.structured.as_ref(),
+        generation.tools.as_ref(),
+        generation.max_tokens,
+    )
+    .await?;
+    let mut plans = Vec::with_capacity(n as usize);
+    for (sampler, plan) in samplers.into_iter().zip(choice_plans) {
         // Structured output and tool calls are written from their first token: no thinking span.
         let mut req_plan = req_plan.clone();
         if plan.planned.is_some() {
@@ -535,8 +539,9 @@ impl TokenStream {
             }
             // A plan written to its end, or a drawn length reached, is the model's own end of
             // output.
-            let complete = self.plan.planned.as_ref().is_some_and(|p| self.generated >= p.len())
-                || self.req_plan.eos_at.is_some_and(|at| self.generated >= at);
+            let complete =
+                self.plan.planned.as_ref().is_some_and(|p| self.generated >= p.len() && !p.is_cut())
+                    || self.req_plan.eos_at.is_some_and(|at| self.generated >= at);
             match (complete, self.plan.tool_call.is_some()) {
                 (true, true) => self.end(signal, Finish::TOOL_CALLS, FinishReason::Stop),
                 (true, false) => self.end(signal, Finish::EOS, FinishReason::Stop),

@@ -9,6 +9,14 @@
 //! layout is Python's `json.dumps` (`", "`, `": "`), which is what guided decoding in vLLM
 //! usually produces. Every choice is a draw of the sequence's sampler: deterministic under
 //! a seed.
+//!
+//! Generation is bounded: the caller gives a byte budget (what the request's output length
+//! can hold) and the generator stops when it is spent, as a guided decoder stops at
+//! `max_tokens`; its work is bounded by a step count too, so a schema whose values write
+//! little but walk much (large objects inside long arrays) cannot run long either. The
+//! schema itself is bounded at [`MAX_SCHEMA_ELEMENTS`].
+
+use std::collections::HashSet;
 
 use serde_json::Value;
 
@@ -53,6 +61,18 @@ const SOFT_DEPTH: usize = 6;
 /// Nesting at which a schema that still requires more is refused.
 const HARD_DEPTH: usize = 24;
 
+/// Most subschemas plus `required` names one schema may hold. vLLM sets no limit (its
+/// grammar backends compile what they are given, slowly); a bound keeps checking and
+/// generation to milliseconds while staying far above real schemas (OpenAI's structured
+/// outputs allow 5,000 object properties in all).
+pub const MAX_SCHEMA_ELEMENTS: usize = 200_000;
+
+/// Steps (values written, properties and `required` names visited) a generation may take
+/// beyond [`STEPS_PER_BYTE`] per budget byte: enough to walk the largest allowed schema once.
+const BASE_STEPS: u64 = 2 * MAX_SCHEMA_ELEMENTS as u64;
+/// Steps allowed per byte of the output budget.
+const STEPS_PER_BYTE: u64 = 4;
+
 /// Why a schema cannot be generated from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchemaError {
@@ -68,15 +88,23 @@ impl std::fmt::Display for SchemaError {
     }
 }
 
-/// Refuses schemas with keywords the generator does not honour, naming them, and malformed
+/// Refuses schemas with keywords the generator does not honour, naming them, malformed
 /// ones (a subschema that is not an object or a boolean, a `$ref` outside the document's
-/// `$defs`).
+/// `$defs`, number bounds nothing lies within) and ones larger than
+/// [`MAX_SCHEMA_ELEMENTS`].
 pub fn check(schema: &Value) -> Result<(), SchemaError> {
-    check_at(schema, schema, "")
+    let mut elements = 0;
+    check_at(schema, schema, &At::ROOT, &mut elements)
 }
 
-fn check_at(root: &Value, schema: &Value, at: &str) -> Result<(), SchemaError> {
-    let err = |message: String| SchemaError { at: at.to_string(), message };
+fn check_at(root: &Value, schema: &Value, at: &At<'_>, elements: &mut usize) -> Result<(), SchemaError> {
+    let err = |message: String| SchemaError { at: at.render(), message };
+    *elements += 1;
+    if *elements > MAX_SCHEMA_ELEMENTS {
+        return Err(err(format!(
+            "the schema has more than {MAX_SCHEMA_ELEMENTS} subschemas and required names"
+        )));
+    }
     let map = match schema {
         Value::Bool(true) => return Ok(()),
         Value::Object(map) => map,
@@ -107,6 +135,10 @@ fn check_at(root: &Value, schema: &Value, at: &str) -> Result<(), SchemaError> {
             }
         }
     }
+    // Refused here rather than when generation reaches it, which a spent budget may prevent.
+    if let Some(ty @ ("integer" | "number")) = first_type(map) {
+        bounds(map, ty == "integer").map_err(err)?;
+    }
     if let Some(e) = map.get("enum") {
         if e.as_array().is_none_or(|a| a.is_empty()) {
             return Err(err("enum must be a non-empty list".into()));
@@ -119,15 +151,23 @@ fn check_at(root: &Value, schema: &Value, at: &str) -> Result<(), SchemaError> {
             return Err(err(format!("minItems {min} is larger than maxItems {max}")));
         }
     }
+    if let Some(Value::Array(required)) = map.get("required") {
+        *elements += required.len();
+        if *elements > MAX_SCHEMA_ELEMENTS {
+            return Err(err(format!(
+                "the schema has more than {MAX_SCHEMA_ELEMENTS} subschemas and required names"
+            )));
+        }
+    }
     for key in ["properties", "$defs", "definitions"] {
         if let Some(Value::Object(children)) = map.get(key) {
             for (name, child) in children {
-                check_at(root, child, &format!("{at}/{key}/{name}"))?;
+                check_at(root, child, &at.child(Seg::Named(key, name)), elements)?;
             }
         }
     }
     if let Some(items) = map.get("items") {
-        check_at(root, items, &format!("{at}/items"))?;
+        check_at(root, items, &at.child(Seg::Key("items")), elements)?;
     }
     for key in ["anyOf", "oneOf"] {
         if let Some(branches) = map.get(key) {
@@ -135,11 +175,70 @@ fn check_at(root: &Value, schema: &Value, at: &str) -> Result<(), SchemaError> {
                 return Err(err(format!("{key} must be a non-empty list")));
             };
             for (i, b) in branches.iter().enumerate() {
-                check_at(root, b, &format!("{at}/{key}/{i}"))?;
+                check_at(root, b, &at.child(Seg::Index(key, i)), elements)?;
             }
         }
     }
     Ok(())
+}
+
+/// The `type` a subschema is generated as when it names one (a list takes its first).
+fn first_type(map: &serde_json::Map<String, Value>) -> Option<&str> {
+    match map.get("type") {
+        Some(Value::String(t)) => Some(t.as_str()),
+        Some(Value::Array(a)) => a.first().and_then(Value::as_str),
+        _ => None,
+    }
+}
+
+/// One step of a JSON pointer into the schema.
+#[derive(Clone, Copy)]
+enum Seg<'a> {
+    Root,
+    /// A `$ref` followed: pointers restart at the reference.
+    Ref(&'a str),
+    Key(&'static str),
+    Named(&'static str, &'a str),
+    Index(&'static str, usize),
+}
+
+/// Where a subschema sits, as a chain to its parent: rendered only when an error names it,
+/// since building the pointer at every level would copy long property names at every level.
+#[derive(Clone, Copy)]
+struct At<'a> {
+    up: Option<&'a At<'a>>,
+    seg: Seg<'a>,
+}
+
+impl<'a> At<'a> {
+    const ROOT: At<'static> = At { up: None, seg: Seg::Root };
+
+    fn child(&'a self, seg: Seg<'a>) -> At<'a> {
+        At { up: Some(self), seg }
+    }
+
+    fn render(&self) -> String {
+        let mut out = match (self.seg, self.up) {
+            (Seg::Ref(r), _) => return r.to_string(),
+            (_, Some(up)) => up.render(),
+            (_, None) => String::new(),
+        };
+        match self.seg {
+            Seg::Root | Seg::Ref(_) => {}
+            Seg::Key(k) => {
+                out.push('/');
+                out.push_str(k);
+            }
+            Seg::Named(k, name) => {
+                out.push('/');
+                out.push_str(k);
+                out.push('/');
+                out.push_str(name);
+            }
+            Seg::Index(k, i) => out.push_str(&format!("/{k}/{i}")),
+        }
+        out
+    }
 }
 
 /// The subschema a local `$ref` names.
@@ -155,19 +254,47 @@ fn resolve<'a>(root: &'a Value, r: &str) -> Option<&'a Value> {
     root.get(section)?.get(name.replace("~1", "/").replace("~0", "~"))
 }
 
-/// Writes JSON text matching `schema` (already [`check`]ed) to `out`.
+/// How a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Generated {
+    /// The whole value was written.
+    Complete,
+    /// The budget ran out: `out` is a prefix of a matching value, at most the budget long.
+    Cut,
+}
+
+/// Writes JSON text matching `schema` (already [`check`]ed) to `out`, at most `budget`
+/// bytes of it: past that the text is cut (at a character boundary) and generation stops.
 pub fn generate(
     schema: &Value,
     sampler: &Sampler,
     pool: &OutputVocab,
+    budget: usize,
     out: &mut String,
-) -> Result<(), SchemaError> {
-    Gen { root: schema, sampler, pool, draws: 0 }.value(schema, 0, "", out)
+) -> Result<Generated, SchemaError> {
+    let start = out.len();
+    let limit = start.saturating_add(budget);
+    let steps_left = BASE_STEPS.saturating_add((budget as u64).saturating_mul(STEPS_PER_BYTE));
+    let mut g = Gen { root: schema, sampler, pool, draws: 0, limit, steps_left };
+    match g.value(schema, 0, &At::ROOT, out) {
+        Ok(()) if out.len() <= limit => Ok(Generated::Complete),
+        Ok(()) | Err(Halt::Budget) => {
+            // A `const` or `enum` value written in one piece may overshoot the budget.
+            let mut end = limit.min(out.len());
+            while !out.is_char_boundary(end) {
+                end -= 1;
+            }
+            out.truncate(end);
+            Ok(Generated::Cut)
+        }
+        Err(Halt::Bad(e)) => Err(e),
+    }
 }
 
 /// Writes a JSON object of a few word-named fields (`response_format: json_object`).
 pub fn generate_object(sampler: &Sampler, pool: &OutputVocab, out: &mut String) {
-    let mut g = Gen { root: &Value::Null, sampler, pool, draws: 0 };
+    // A handful of fields: nothing to bound.
+    let mut g = Gen { root: &Value::Null, sampler, pool, draws: 0, limit: usize::MAX, steps_left: u64::MAX };
     let fields = 2 + g.pick(3);
     out.push('{');
     for i in 0..fields {
@@ -192,9 +319,29 @@ struct Gen<'a> {
     sampler: &'a Sampler,
     pool: &'a OutputVocab,
     draws: u64,
+    /// Length of `out` at which generation stops.
+    limit: usize,
+    steps_left: u64,
+}
+
+/// Why generation stopped early.
+enum Halt {
+    /// The byte or step budget is spent (not an error: the output is cut).
+    Budget,
+    /// The schema cannot be satisfied.
+    Bad(SchemaError),
 }
 
 impl Gen<'_> {
+    /// Spends `n` steps; stops generation once the output or the steps reach their budget.
+    fn spend(&mut self, n: u64, out: &str) -> Result<(), Halt> {
+        if out.len() >= self.limit || self.steps_left < n {
+            return Err(Halt::Budget);
+        }
+        self.steps_left -= n;
+        Ok(())
+    }
+
     fn pick(&mut self, n: usize) -> usize {
         self.draws += 1;
         self.sampler.pick(5, self.draws, n.max(1))
@@ -218,8 +365,9 @@ impl Gen<'_> {
         out.push('"');
     }
 
-    fn value(&mut self, schema: &Value, depth: usize, at: &str, out: &mut String) -> Result<(), SchemaError> {
-        let err = |message: String| SchemaError { at: at.to_string(), message };
+    fn value(&mut self, schema: &Value, depth: usize, at: &At<'_>, out: &mut String) -> Result<(), Halt> {
+        self.spend(1, out)?;
+        let err = |message: String| Halt::Bad(SchemaError { at: at.render(), message });
         if depth > HARD_DEPTH {
             return Err(err(format!("the schema requires nesting deeper than {HARD_DEPTH} levels")));
         }
@@ -230,7 +378,7 @@ impl Gen<'_> {
         };
         if let Some(r) = map.get("$ref").and_then(Value::as_str) {
             let target = resolve(self.root, r).ok_or_else(|| err(format!("unresolved $ref {r:?}")))?;
-            return self.value(target, depth + 1, r, out);
+            return self.value(target, depth + 1, &at.child(Seg::Ref(r)), out);
         }
         if let Some(c) = map.get("const") {
             write_value(c, out);
@@ -243,15 +391,15 @@ impl Gen<'_> {
         }
         for key in ["anyOf", "oneOf"] {
             if let Some(first) = map.get(key).and_then(Value::as_array).and_then(|a| a.first()) {
-                return self.value(first, depth + 1, &format!("{at}/{key}/0"), out);
+                return self.value(first, depth + 1, &at.child(Seg::Index(key, 0)), out);
             }
         }
-        let ty = match map.get("type") {
-            Some(Value::String(t)) => t.as_str(),
-            Some(Value::Array(a)) => a.first().and_then(Value::as_str).unwrap_or("string"),
-            _ if map.contains_key("properties") => "object",
-            _ if map.contains_key("items") => "array",
-            _ => "string",
+        let ty = match first_type(map) {
+            Some(t) => t,
+            None if map.get("type").is_some() => "string",
+            None if map.contains_key("properties") => "object",
+            None if map.contains_key("items") => "array",
+            None => "string",
         };
         match ty {
             "object" => {
@@ -261,11 +409,16 @@ impl Gen<'_> {
                     .and_then(Value::as_array)
                     .map(|r| r.iter().filter_map(Value::as_str).collect())
                     .unwrap_or_default();
+                self.spend(required.len() as u64, out)?;
+                // A set, not the list: a list lookup per property is quadratic in the schema.
+                let wanted: HashSet<&str> = required.iter().copied().collect();
                 let mut first = true;
-                if let Some(Value::Object(props)) = map.get("properties") {
+                let declared = map.get("properties").and_then(Value::as_object);
+                if let Some(props) = declared {
                     for (name, sub) in props {
+                        self.spend(1, out)?;
                         let include =
-                            required.contains(&name.as_str()) || (depth < SOFT_DEPTH && self.pick(2) == 0);
+                            wanted.contains(name.as_str()) || (depth < SOFT_DEPTH && self.pick(2) == 0);
                         if !include {
                             continue;
                         }
@@ -273,44 +426,46 @@ impl Gen<'_> {
                             out.push_str(", ");
                         }
                         first = false;
-                        write_value(&Value::String(name.clone()), out);
+                        write_string(name, out);
                         out.push_str(": ");
-                        self.value(sub, depth + 1, &format!("{at}/properties/{name}"), out)?;
+                        self.value(sub, depth + 1, &at.child(Seg::Named("properties", name)), out)?;
                     }
                 }
                 // A required name without a declared schema still has to appear.
-                let declared = map.get("properties").and_then(Value::as_object);
                 for name in required {
                     if declared.is_some_and(|p| p.contains_key(name)) {
                         continue;
                     }
+                    self.spend(1, out)?;
                     if !first {
                         out.push_str(", ");
                     }
                     first = false;
-                    write_value(&Value::String(name.to_string()), out);
+                    write_string(name, out);
                     out.push_str(": ");
                     self.words(out);
                 }
                 out.push('}');
             }
             "array" => {
-                let min = map.get("minItems").and_then(Value::as_u64).unwrap_or(0) as usize;
-                let max = map.get("maxItems").and_then(Value::as_u64).map_or(usize::MAX, |m| m as usize);
-                let want = if depth < SOFT_DEPTH { 1 + self.pick(3) } else { 0 };
+                let min = map.get("minItems").and_then(Value::as_u64).unwrap_or(0);
+                let max = map.get("maxItems").and_then(Value::as_u64).unwrap_or(u64::MAX);
+                let want = if depth < SOFT_DEPTH { 1 + self.pick(3) as u64 } else { 0 };
+                // Up to 64 items beyond minItems; the budget, not the count, bounds the work.
                 let count = want.clamp(min, max.max(min)).min(min.max(64));
                 let items = map.get("items").unwrap_or(&Value::Bool(true));
+                let item_at = at.child(Seg::Key("items"));
                 out.push('[');
                 for i in 0..count {
                     if i > 0 {
                         out.push_str(", ");
                     }
-                    self.value(items, depth + 1, &format!("{at}/items"), out)?;
+                    self.value(items, depth + 1, &item_at, out)?;
                 }
                 out.push(']');
             }
             "integer" | "number" => {
-                let (lo, hi) = bounds(map, ty == "integer").map_err(err)?;
+                let (lo, hi) = bounds(map, ty == "integer").map_err(&err)?;
                 let span = (hi - lo).max(0.0);
                 let u = self.pick(1 << 20) as f64 / f64::from(1u32 << 20);
                 if ty == "integer" {
@@ -361,6 +516,11 @@ fn bounds(map: &serde_json::Map<String, Value>, integer: bool) -> Result<(f64, f
     Ok((lo, hi))
 }
 
+/// A JSON string literal.
+fn write_string(s: &str, out: &mut String) {
+    out.push_str(&serde_json::to_string(s).expect("strings serialize"));
+}
+
 /// A JSON value in `json.dumps` layout.
 fn write_value(v: &Value, out: &mut String) {
     match v {
@@ -395,10 +555,14 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// A budget no test schema reaches.
+    const BIG: usize = 1 << 20;
+
     fn gen(schema: &Value, seed: u64) -> Value {
         check(schema).unwrap();
         let mut out = String::new();
-        generate(schema, &Sampler::seeded(seed, &[1], 0), &OutputVocab::builtin(), &mut out).unwrap();
+        let done = generate(schema, &Sampler::seeded(seed, &[1], 0), &OutputVocab::builtin(), BIG, &mut out);
+        assert_eq!(done, Ok(Generated::Complete));
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
     }
 
@@ -469,8 +633,8 @@ mod tests {
         }
         let endless = json!({"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}, "required": ["next"]}}, "$ref": "#/$defs/n"});
         let mut out = String::new();
-        let e =
-            generate(&endless, &Sampler::seeded(1, &[], 0), &OutputVocab::builtin(), &mut out).unwrap_err();
+        let e = generate(&endless, &Sampler::seeded(1, &[], 0), &OutputVocab::builtin(), BIG, &mut out)
+            .unwrap_err();
         assert!(e.message.contains("deeper"), "{e}");
         for seed in 0..50 {
             let mut out = String::new();
@@ -493,6 +657,116 @@ mod tests {
         assert!(check(&json!(5)).is_err());
         let mut out = String::new();
         let bad = json!({"type": "integer", "minimum": 5, "maximum": 4});
-        assert!(generate(&bad, &Sampler::seeded(1, &[], 0), &OutputVocab::builtin(), &mut out).is_err());
+        assert!(generate(&bad, &Sampler::seeded(1, &[], 0), &OutputVocab::builtin(), BIG, &mut out).is_err());
+        // Bounds nothing lies within are refused up front, not when generation reaches them.
+        assert!(check(&json!({"properties": {"n": bad}})).unwrap_err().at == "/properties/n");
+    }
+
+    /// Arrays of `min` items nested `depth` deep (the issue's repro: `minItems: 100000`
+    /// twice materialised 10^10 strings).
+    fn nested_arrays(min: u64, depth: usize) -> Value {
+        let mut s = json!({"type": "string"});
+        for _ in 0..depth {
+            s = json!({"type": "array", "items": s, "minItems": min});
+        }
+        s
+    }
+
+    /// Generates under `budget`, checking the output is a prefix of JSON text.
+    fn cut(schema: &Value, budget: usize) -> (Generated, String) {
+        check(schema).unwrap();
+        let mut out = String::new();
+        let done = generate(schema, &Sampler::seeded(9, &[1], 0), &OutputVocab::builtin(), budget, &mut out)
+            .unwrap();
+        (done, out)
+    }
+
+    /// Whether `text` is a prefix of some JSON text: serde_json reports running out of
+    /// input, not a syntax error.
+    fn is_json_prefix(text: &str) -> bool {
+        match serde_json::from_str::<Value>(text) {
+            Ok(_) => true,
+            Err(e) => e.is_eof(),
+        }
+    }
+
+    #[test]
+    fn huge_min_items_stop_at_the_budget() {
+        for schema in [nested_arrays(100_000, 2), nested_arrays(100_000, 4), nested_arrays(30_000_000, 1)] {
+            let started = std::time::Instant::now();
+            let (done, out) = cut(&schema, 1600);
+            assert_eq!(done, Generated::Cut);
+            assert!(out.len() <= 1600 && out.len() > 1000, "{}", out.len());
+            assert!(out.starts_with('[') && is_json_prefix(&out), "{out}");
+            assert!(started.elapsed() < std::time::Duration::from_secs(2), "{:?}", started.elapsed());
+        }
+        // The hard ceiling a plan gets (4 MiB) is reached quickly too.
+        let (done, out) = cut(&nested_arrays(30_000_000, 1), 4 << 20);
+        assert_eq!((done, out.len() <= 4 << 20), (Generated::Cut, true));
+        assert!(out.len() > 4_000_000 && is_json_prefix(&out));
+    }
+
+    #[test]
+    fn a_cut_is_the_prefix_of_the_whole_value() {
+        // Same draws, so the cut output is where the uncut one would have been.
+        let (done, whole) = cut(&person(), BIG);
+        assert_eq!(done, Generated::Complete);
+        for budget in [1, 7, whole.len() / 2, whole.len() - 1] {
+            let (done, part) = cut(&person(), budget);
+            assert_eq!(done, Generated::Cut, "{budget}");
+            assert!(whole.starts_with(&part) && part.len() <= budget, "{budget}: {part}");
+        }
+        assert_eq!(cut(&person(), whole.len()), (Generated::Complete, whole));
+    }
+
+    #[test]
+    fn wide_objects_in_long_arrays_are_bounded_by_steps() {
+        // Deep enough that nothing optional is written: each item walks 10k properties to
+        // write "{}", so bytes alone would allow billions of steps.
+        let props: serde_json::Map<String, Value> =
+            (0..10_000).map(|i| (format!("p{i}"), json!({"type": "string"}))).collect();
+        let mut schema = json!({"type": "object", "properties": props});
+        for _ in 0..8 {
+            schema = json!({"type": "array", "items": schema, "minItems": 1_000_000});
+        }
+        let started = std::time::Instant::now();
+        let (done, out) = cut(&schema, 100_000);
+        assert_eq!(done, Generated::Cut);
+        assert!(is_json_prefix(&out), "{out}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
+    }
+
+    /// An object with `n` properties, all required.
+    fn all_required(n: usize) -> Value {
+        let names: Vec<String> = (0..n).map(|i| format!("field_{i}")).collect();
+        let props: serde_json::Map<String, Value> =
+            names.iter().map(|k| (k.clone(), json!({"type": "boolean"}))).collect();
+        json!({"type": "object", "properties": props, "required": names})
+    }
+
+    #[test]
+    fn many_required_properties_are_linear() {
+        // 50k required properties: 1.25e9 string comparisons with a list lookup per
+        // property (seconds even in release); a set makes it milliseconds.
+        let schema = all_required(50_000);
+        let started = std::time::Instant::now();
+        let (done, out) = cut(&schema, 4 << 20);
+        let took = started.elapsed();
+        assert_eq!(done, Generated::Complete);
+        assert_eq!(serde_json::from_str::<Value>(&out).unwrap().as_object().unwrap().len(), 50_000);
+        assert!(took < std::time::Duration::from_secs(3), "{took:?}");
+    }
+
+    #[test]
+    fn oversized_schemas_are_refused() {
+        let e = check(&all_required(MAX_SCHEMA_ELEMENTS / 2 + 1)).unwrap_err();
+        assert!(e.message.contains("more than 200000"), "{e}");
+        assert!(check(&all_required(MAX_SCHEMA_ELEMENTS / 2 - 1)).is_ok());
+    }
+
+    #[test]
+    fn error_pointers_name_the_path() {
+        let s = json!({"$defs": {"a": {"type": "object", "properties": {"x": {"anyOf": [{"type": "array", "items": {"format": "x"}}]}}}}, "$ref": "#/$defs/a"});
+        assert_eq!(check(&s).unwrap_err().at, "/$defs/a/properties/x/anyOf/0/items");
     }
 }
