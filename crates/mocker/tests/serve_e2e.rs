@@ -252,7 +252,7 @@ fn a_prefill_decode_deployment_serves_plain_clients_through_its_front() {
     assert_eq!(result["ok"], true, "{result}");
 
     for (args, named) in [
-        (&["--prefill-workers", "0", "--decode-workers", "1"][..], "at least 1 worker"),
+        (&["--prefill-workers", "0", "--decode-workers", "1"][..], "1..=1024 workers"),
         (&["--prefill-workers", "1"][..], "--decode-workers"),
         (&["--prefill-workers", "1", "--decode-workers", "1", "--num-workers", "2"][..], "--num-workers"),
         (
