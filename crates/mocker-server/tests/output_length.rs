@@ -4,19 +4,10 @@
 
 use std::net::SocketAddr;
 
-use mocker_core::config::LaunchConfig;
-use mocker_server::{BoundServer, ServerOptions};
 use serde_json::{json, Value};
 
-async fn server(engine_args: &str) -> SocketAddr {
-    let launch = LaunchConfig::from_json_str(engine_args).unwrap();
-    let server = BoundServer::bind(ServerOptions::new("127.0.0.1:0".parse().unwrap(), launch), Vec::new())
-        .await
-        .unwrap();
-    let addr = server.local_addr();
-    tokio::spawn(server.serve(std::future::pending()));
-    addr
-}
+mod common;
+use common::server;
 
 async fn post(addr: SocketAddr, path: &str, body: Value) -> (u16, Value) {
     let resp = reqwest::Client::new().post(format!("http://{addr}{path}")).json(&body).send().await.unwrap();

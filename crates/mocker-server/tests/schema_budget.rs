@@ -6,18 +6,12 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use mocker_core::config::LaunchConfig;
-use mocker_server::{BoundServer, ServerOptions};
 use serde_json::{json, Value};
 
+mod common;
+
 async fn server() -> SocketAddr {
-    let launch = LaunchConfig::from_json_str(r#"{"speedup_ratio": 1000000}"#).unwrap();
-    let server = BoundServer::bind(ServerOptions::new("127.0.0.1:0".parse().unwrap(), launch), Vec::new())
-        .await
-        .unwrap();
-    let addr = server.local_addr();
-    tokio::spawn(server.serve(std::future::pending()));
-    addr
+    common::server(r#"{"speedup_ratio": 1000000}"#).await
 }
 
 /// Arrays of `min` strings nested `depth` deep.
