@@ -30,6 +30,7 @@ use tokio::net::TcpListener;
 
 use mocker_router::{KvRouter, RouteId, RouteRequest};
 
+use crate::conn::{accept_loop, ConnLimits, Connections};
 use crate::error::ApiError;
 use crate::pd::TRANSFER_MS_HEADER;
 use crate::prefix::{PromptBlocks, PromptHasher};
@@ -50,6 +51,16 @@ pub struct FrontOptions {
     pub model_name: String,
     /// How a request's workers are chosen.
     pub routing: PdRouting,
+    /// A connection whose request head is not complete this long after it opened (or after
+    /// its previous response) is closed, as on the workers (`--header-timeout-seconds`).
+    pub header_timeout: Duration,
+    /// A request body not in full this long after its head is answered 408
+    /// (`--body-timeout-seconds`).
+    pub body_timeout: Duration,
+    /// Most open client connections; beyond them a new one is answered 503 and closed.
+    pub max_connections: usize,
+    /// How long open requests may run on after the shutdown signal.
+    pub shutdown_grace: Duration,
 }
 
 /// How the front picks a request's workers (`--pd-router`).
@@ -108,6 +119,7 @@ struct FrontState {
     next_prefill: AtomicUsize,
     next_decode: AtomicUsize,
     max_body_bytes: usize,
+    body_timeout: Duration,
     client: reqwest::Client,
     registry: Registry,
     handoffs: IntCounter,
@@ -122,6 +134,8 @@ const TRANSFER_BUCKETS: [f64; 14] =
 pub struct BoundFront {
     listener: TcpListener,
     state: Arc<FrontState>,
+    limits: ConnLimits,
+    grace: Duration,
 }
 
 impl BoundFront {
@@ -157,12 +171,15 @@ impl BoundFront {
             next_prefill: AtomicUsize::new(0),
             next_decode: AtomicUsize::new(0),
             max_body_bytes: options.max_body_bytes,
+            body_timeout: options.body_timeout,
             client: reqwest::Client::builder().build().expect("an HTTP client without TLS builds"),
             registry,
             handoffs,
             transfer,
         };
-        Ok(Self { listener, state: Arc::new(state) })
+        let limits =
+            ConnLimits { max_connections: options.max_connections, header_timeout: options.header_timeout };
+        Ok(Self { listener, state: Arc::new(state), limits, grace: options.shutdown_grace })
     }
 
     /// The bound address.
@@ -170,7 +187,9 @@ impl BoundFront {
         self.listener.local_addr().expect("a bound listener has an address")
     }
 
-    /// Serves until `shutdown` resolves (open streams then end with their workers).
+    /// Serves until `shutdown` resolves, through the workers' accept loop (header timeout,
+    /// connection limit); then stops accepting, lets open requests finish for the grace
+    /// period and closes what is still open.
     pub async fn serve(
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -193,7 +212,15 @@ impl BoundFront {
                 }
             })
             .with_state(self.state);
-        axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await?;
+        let connections = Connections::new(self.limits.max_connections);
+        let acceptor = tokio::spawn(accept_loop(self.listener, app, self.limits, connections.clone()));
+        shutdown.await;
+        connections.stop.cancel();
+        let _ = acceptor.await;
+        if tokio::time::timeout(self.grace, connections.all_closed()).await.is_err() {
+            connections.force.cancel();
+            let _ = tokio::time::timeout(Duration::from_millis(200), connections.all_closed()).await;
+        }
         Ok(())
     }
 }
@@ -246,9 +273,20 @@ async fn forward(State(state): State<Arc<FrontState>>, request: Request) -> Resu
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
         .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_string);
-    let bytes: Bytes = axum::body::to_bytes(request.into_body(), state.max_body_bytes)
-        .await
-        .map_err(|_| ApiError::payload_too_large(state.max_body_bytes))?;
+    let read = axum::body::to_bytes(request.into_body(), state.max_body_bytes);
+    let bytes: Bytes = match tokio::time::timeout(state.body_timeout, read).await {
+        Ok(read) => read.map_err(|_| ApiError::payload_too_large(state.max_body_bytes))?,
+        Err(_) => {
+            return Err(ApiError {
+                status: StatusCode::REQUEST_TIMEOUT,
+                message: format!(
+                    "the request body did not arrive within {} s (--body-timeout-seconds)",
+                    state.body_timeout.as_secs_f64()
+                ),
+                param: None,
+            })
+        }
+    };
     let body: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
     let Value::Object(original) = body else {

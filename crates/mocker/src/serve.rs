@@ -696,6 +696,10 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
     let front_addr = SocketAddr::new(args.host, args.port);
     let (model_name, max_body_bytes) =
         options.first().map_or((String::new(), 0), |o| (o.model_name.clone(), o.max_body_bytes));
+    // The front guards its port as the workers guard theirs. Each of its connections can
+    // hold one to a worker in this same process, so it takes half the connection limit.
+    let front_limits =
+        options.first().map(|o| (o.header_timeout, o.body_timeout, (o.max_connections / 2).max(1)));
     let routers = deployment.filter(|d| d.kv_router).zip(options.first()).map(|(d, o)| {
         let engine = &o.launch.engine;
         let config = KvRouterConfig::default();
@@ -778,6 +782,10 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
                     (Some((prefill, decode)), Some(hasher)) => PdRouting::Kv { prefill, decode, hasher },
                     _ => PdRouting::RoundRobin,
                 },
+                header_timeout: front_limits.map_or(Duration::from_secs(5), |l| l.0),
+                body_timeout: front_limits.map_or(Duration::from_secs(30), |l| l.1),
+                max_connections: front_limits.map_or(1, |l| l.2),
+                shutdown_grace: grace,
             })
             .await
             .map_err(|e| UsageError(e.to_string()))?;

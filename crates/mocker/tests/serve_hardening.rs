@@ -445,3 +445,60 @@ fn malformed_http_gets_openai_style_json_errors() {
     // The server still answers normally afterwards.
     assert_serves(&server);
 }
+
+// Issue 45 item 6: the P/D front guards its port as the workers do: a half-sent head is
+// closed within the header timeout, a half-sent body is answered 408 within the body
+// timeout, and past its connection limit (half the process's) a connection gets a 503.
+#[test]
+fn the_pd_front_has_the_workers_connection_protections() {
+    let server = Server::start(&[
+        "--prefill-workers",
+        "1",
+        "--decode-workers",
+        "1",
+        "--header-timeout-seconds",
+        "1",
+        "--body-timeout-seconds",
+        "1",
+        "--max-connections",
+        "8",
+    ]);
+    // The front passes the decode worker's body through, chunked.
+    let serves = || {
+        let r = post(&server, "/v1/completions", Some(KEY), r#"{"prompt": [5, 6, 7], "max_tokens": 4}"#);
+        let text = String::from_utf8_lossy(&r.body).to_string();
+        assert!(r.status == 200 && text.contains("\"completion_tokens\":4"), "{} {text}", r.status);
+    };
+    serves();
+    let started = Instant::now();
+    let mut head = connect(&server);
+    head.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le").unwrap();
+    let mut body = connect(&server);
+    body.write_all(
+        format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: 1000\r\n\r\n{{\"prompt\""
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = body.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "half a body: {answer}");
+    let mut rest = Vec::new();
+    let closed = head.read_to_end(&mut rest).is_ok();
+    assert!(
+        closed && started.elapsed() < Duration::from_secs(5),
+        "half a head closed after {:?}",
+        started.elapsed()
+    );
+    // The front holds 4 (8 / 2); the fifth is refused at once.
+    let idle: Vec<TcpStream> = (0..4).map(|_| connect(&server)).collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut fifth = connect(&server);
+    let mut refused = String::new();
+    let _ = fifth.read_to_string(&mut refused);
+    assert!(refused.starts_with("HTTP/1.1 503"), "past the limit: {refused}");
+    drop(idle);
+    std::thread::sleep(Duration::from_millis(100));
+    serves();
+}
