@@ -401,12 +401,13 @@ impl BoundServer {
     /// connection still open, and returns.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
         let Self { listener, state, grace, limits, bootstrap, .. } = self;
-        // The bootstrap port serves room reads only; it stops with the server.
+        // The bootstrap port serves room reads only, with the main port's header timeout
+        // and connection limit; it stops with the server.
         let bootstrap = bootstrap.map(|l| {
             let rooms = axum::Router::new()
                 .route("/mocker/bootstrap/read", axum::routing::post(crate::pd::bootstrap_read_handler))
                 .with_state(state.clone());
-            tokio::spawn(async move { axum::serve(l, rooms).await })
+            tokio::spawn(accept_loop(l, rooms, limits, Connections::new(limits.max_connections)))
         });
         let _stop_bootstrap = bootstrap.map(|task| AbortOnDrop(task.abort_handle()));
         let connections = Connections::new(limits.max_connections);
