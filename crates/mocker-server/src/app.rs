@@ -210,14 +210,7 @@ pub(crate) async fn body(state: &AppState, request: Request) -> Result<Bytes, Ap
     let request = request.map(|b| axum::body::Body::new(http_body_util::Limited::new(b, limit)));
     let read = tokio::time::timeout(state.body_timeout, Bytes::from_request(request, &()));
     let Ok(read) = read.await else {
-        return Err(ApiError {
-            status: StatusCode::REQUEST_TIMEOUT,
-            message: format!(
-                "the request body did not arrive within {} s (--body-timeout-seconds)",
-                state.body_timeout.as_secs_f64()
-            ),
-            param: None,
-        });
+        return Err(ApiError::body_timeout(state.body_timeout));
     };
     read.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {

@@ -64,6 +64,18 @@ impl ApiError {
         }
     }
 
+    /// 408: the body did not arrive in full within `timeout` (`--body-timeout-seconds`).
+    pub fn body_timeout(timeout: std::time::Duration) -> Self {
+        Self {
+            status: StatusCode::REQUEST_TIMEOUT,
+            message: format!(
+                "the request body did not arrive within {} s (--body-timeout-seconds)",
+                timeout.as_secs_f64()
+            ),
+            param: None,
+        }
+    }
+
     /// 503: the engine is not running (shutting down or failed).
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self { status: StatusCode::SERVICE_UNAVAILABLE, message: message.into(), param: None }

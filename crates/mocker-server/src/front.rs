@@ -276,16 +276,7 @@ async fn forward(State(state): State<Arc<FrontState>>, request: Request) -> Resu
     let read = axum::body::to_bytes(request.into_body(), state.max_body_bytes);
     let bytes: Bytes = match tokio::time::timeout(state.body_timeout, read).await {
         Ok(read) => read.map_err(|_| ApiError::payload_too_large(state.max_body_bytes))?,
-        Err(_) => {
-            return Err(ApiError {
-                status: StatusCode::REQUEST_TIMEOUT,
-                message: format!(
-                    "the request body did not arrive within {} s (--body-timeout-seconds)",
-                    state.body_timeout.as_secs_f64()
-                ),
-                param: None,
-            })
-        }
+        Err(_) => return Err(ApiError::body_timeout(state.body_timeout)),
     };
     let body: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
