@@ -171,7 +171,7 @@ pub fn mix_identity(acc: u64, value: u64) -> u64 {
 
 /// SplitMix64's finaliser: a cheap bijective mix of 64 bits.
 #[inline]
-fn splitmix64(x: u64) -> u64 {
+pub fn splitmix64(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

@@ -8,6 +8,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::config::ConfigError;
+use crate::hashing::splitmix64;
 
 /// Mean of the default chat distribution: LMSYS-Chat-1M's average response length, 214.5
 /// tokens (Zheng et al., "LMSYS-Chat-1M: A Large-Scale Real-World LLM Conversation Dataset",
@@ -91,7 +92,9 @@ impl OutputLengthDistribution {
     /// The length drawn for `key` (any 64-bit value; equal keys give equal lengths), or
     /// `None` when the distribution has no end-of-sequence.
     pub fn sample(&self, key: u64) -> Option<u32> {
-        let key = mix(key);
+        // Callers pass structured keys (seeds, counters), which must not map to
+        // neighbouring lengths.
+        let key = splitmix64(key);
         match *self {
             Self::None => None,
             Self::Fixed { tokens } => Some(tokens),
@@ -206,14 +209,6 @@ impl OutputLengthDistribution {
             serde_json::from_str(text).map_err(|e| ConfigError::new(path, format!("invalid JSON: {e}")))?;
         Self::from_value(&v, path)
     }
-}
-
-/// splitmix64's finaliser: callers pass structured keys (seeds, counters), which must not
-/// map to neighbouring lengths.
-fn mix(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
 }
 
 #[cfg(test)]

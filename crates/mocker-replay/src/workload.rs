@@ -2,6 +2,7 @@
 //! shared prefixes, and one load controller (closed loop, Poisson, constant interval).
 //! Requests are materialised only when dispatched, so memory follows live requests.
 
+use mocker_core::hashing::mix_identity;
 use mocker_core::output_length::OutputLengthDistribution;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -329,9 +330,7 @@ impl SyntheticSource {
         let Some(d) = &self.w.output_lengths else {
             return self.w.output_tokens;
         };
-        let key = self.w.arrival_seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            ^ (s.index as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93)
-            ^ (s.turns_issued as u64).wrapping_mul(0xA076_1D64_78BD_642F);
+        let key = mix_identity(mix_identity(self.w.arrival_seed, s.index as u64), s.turns_issued as u64);
         d.sample(key).map_or(self.w.output_tokens, |n| n as usize)
     }
 

@@ -733,12 +733,9 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
                 }
                 _ => Vec::new(),
             };
-            let o_launch = o.launch.clone();
-            let server = BoundServer::bind(o, ranks).await.map_err(|e| UsageError(e.to_string()))?;
             if i == 0 {
-                hasher = Some(server.prompt_hasher());
-                let lengths = o_launch.output_length_distribution.unwrap_or(OutputLengthDistribution::CHAT);
-                let e = &o_launch.engine;
+                let lengths = o.launch.output_length_distribution.unwrap_or(OutputLengthDistribution::CHAT);
+                let e = &o.launch.engine;
                 eprintln!(
                     "mocker: engine {}, {} KV blocks × {} tokens per rank, context {} tokens; chat outputs \
                      without max_tokens: {}",
@@ -748,6 +745,10 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
                     mocker_server::served_max_model_len(e),
                     lengths.describe()
                 );
+            }
+            let server = BoundServer::bind(o, ranks).await.map_err(|e| UsageError(e.to_string()))?;
+            if i == 0 {
+                hasher = Some(server.prompt_hasher());
             }
             let url = format!("http://{}", server.local_addr());
             match deployment {

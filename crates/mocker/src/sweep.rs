@@ -260,6 +260,14 @@ impl SweepArgs {
                     None => arg.clone(),
                 };
                 let launch = crate::engine_args::launch_config_for(&flag, Some(&merged), &b.engine)?;
+                // Every point replays the base's workload, whose output lengths are drawn
+                // before the grid: a point cannot change them.
+                if launch.output_length_distribution != pool.launch.output_length_distribution {
+                    return Err(UsageError(format!(
+                        "{flag}: output_length_distribution shapes the workload every point shares; set it in \
+                         --engine-args or with --output-length-distribution"
+                    )));
+                }
                 Ok((arg.clone(), Some(launch)))
             })
             .collect()

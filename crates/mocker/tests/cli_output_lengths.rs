@@ -91,3 +91,25 @@ fn the_flag_is_refused_where_lengths_are_already_set_or_malformed() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_sweep_point_cannot_change_the_shared_workloads_output_lengths() {
+    let point = r#"{"output_length_distribution": {"type": "fixed", "tokens": 5}}"#;
+    let args = ["sweep", "--request-count", "2", "--sweep-engine-args", "{}", "--sweep-engine-args", point];
+    let out = mocker(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--sweep-engine-args (value 2)") && err.contains("output_length_distribution"),
+        "{err}"
+    );
+    // Set for the whole sweep, it applies to every point.
+    let base = r#"{"output_length_distribution": {"type": "fixed", "tokens": 5}}"#;
+    let out = mocker(&["sweep", "--request-count", "2", "--engine-args", base, "--sweep-engine-args", "{}"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let csv = String::from_utf8_lossy(&out.stdout);
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
+    let at = |name: &str| header.iter().position(|h| *h == name).unwrap_or_else(|| panic!("{name} in {csv}"));
+    assert_eq!(row[at("completed_requests")], "2", "{csv}");
+}
