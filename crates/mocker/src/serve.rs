@@ -424,7 +424,7 @@ impl ServeArgs {
                 abort_timeout: DEFAULT_ABORT_TIMEOUT,
                 transfers_only: true,
                 bootstrap: Some(bootstrap),
-                peers: self.peers()?,
+                peers: self.peers_for(role)?,
             }));
         }
         let config = match (&self.kv_transfer_config, implied) {
@@ -472,8 +472,21 @@ impl ServeArgs {
             abort_timeout,
             transfers_only: implied.is_some(),
             bootstrap: None,
-            peers: self.peers()?,
+            peers: self.peers_for(config.role)?,
         }))
+    }
+
+    /// `--kv-peer-allow` for a server of `role`: a prefill-only server reads no KV, so the
+    /// flag would change nothing there and is refused.
+    fn peers_for(&self, role: KvRole) -> Result<Option<PeerAllowList>, UsageError> {
+        if self.kv_peer_allow.is_some() && role == KvRole::Producer {
+            return Err(UsageError(
+                "--kv-peer-allow: a prefill (kv_producer) server reads no KV; it applies to decode and kv_both \
+                 servers"
+                    .into(),
+            ));
+        }
+        self.peers()
     }
 
     /// `--kv-peer-allow`, parsed (`None`: the default list).

@@ -740,6 +740,16 @@ fn a_decode_server_reads_only_from_allowed_peers() {
         assert!(usage.ends_with(" 0.0") || usage.ends_with(" 0"), "nothing stays reserved: {usage}");
     }
     assert_serve_refuses(&["--kv-peer-allow", "127.0.0.0/8"], "--kv-peer-allow");
+    // A prefill-only server reads from nobody: the flag would change nothing there.
+    let producer = r#"{"kv_connector": "NixlConnector", "kv_role": "kv_producer"}"#;
+    assert_serve_refuses(
+        &["--kv-transfer-config", producer, "--kv-peer-allow", "127.0.0.0/8"],
+        "kv_producer",
+    );
+    assert_serve_refuses(
+        &["--engine-args", r#"{"worker_type": "prefill"}"#, "--kv-peer-allow", "127.0.0.0/8"],
+        "--kv-peer-allow",
+    );
     assert_serve_refuses(
         &["--kv-transfer-config", consumer, "--kv-peer-allow", "10.0.0.0/99"],
         "--kv-peer-allow",
