@@ -202,6 +202,15 @@ pub enum TimingModelConfig {
         #[serde(skip)]
         profile: Option<Arc<ProfileTable>>,
     },
+    /// Composed from a model's architecture on a GPU: set by a shell from the launch keys
+    /// `model` and `gpu`, never written in engine args.
+    Architecture {
+        /// What was modelled ("meta-llama/Llama-3.1-8B on h100, TP 1").
+        label: String,
+        /// The composed curves (the shell builds them; the core does no I/O).
+        #[serde(skip)]
+        timing: Option<Arc<crate::timing::ArchTiming>>,
+    },
 }
 
 /// SGLang-only scheduler knobs.
@@ -477,6 +486,40 @@ pub struct LaunchConfig {
     /// lengths (mocker's own key; `None`: the shell's default).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output_length_distribution: Option<crate::output_length::OutputLengthDistribution>,
+    /// The simulated model and GPU, for timing from the architecture and sizing the KV
+    /// cache from memory (mocker's keys `model`, `gpu`, ..., read by a shell).
+    #[serde(flatten)]
+    pub hardware: HardwareConfig,
+}
+
+/// Which model on which GPU a launch simulates (`--model`, `--gpu`, vLLM's
+/// `--quantization`, `--kv-cache-dtype`, `--enable-expert-parallel`) and the serving
+/// overheads beside the GPU's passes. Empty: timing comes from `engine.timing_model`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct HardwareConfig {
+    /// A model of the catalogue (Hugging Face id) or a directory holding its `config.json`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// A GPU of the catalogue (`h100`, `a100-80gb`, `l40s`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
+    /// Weight quantization as vLLM spells it (`fp8`, `awq`, `gptq`, ...); default: the
+    /// model's own `quantization_config`, else its dtype.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<String>,
+    /// KV cache precision as vLLM spells it (`auto`, `fp8`, `fp8_e4m3`, `fp8_e5m2`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_cache_dtype: Option<String>,
+    /// Shard experts across the tensor-parallel GPUs instead of slicing each expert.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub enable_expert_parallel: bool,
+    /// Fixed CPU time of every pass (scheduling, input preparation, launch), in ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pass_overhead_ms: Option<f64>,
+    /// Time a request spends in the API server before the engine sees it and after its
+    /// tokens leave (HTTP, tokenization, detokenization), in ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frontend_latency_ms: Option<f64>,
 }
 
 impl Default for LaunchConfig {
@@ -494,6 +537,7 @@ impl Default for LaunchConfig {
             cuda_graph_reserved_bytes: None,
             dynamo: RuntimeConfig::default(),
             output_length_distribution: None,
+            hardware: HardwareConfig::default(),
         }
     }
 }

@@ -21,7 +21,8 @@ const HOST_OFFLOAD_KEYS: &str = "scope num_host_blocks d2h_bandwidth_gbps h2d_ba
     shared_d2h_bandwidth_gbps shared_h2d_bandwidth_gbps latency_to_first_byte_ms kv_layout_id";
 const LAUNCH_KEYS: &str = "engine dp_size tensor_parallel_size startup_time \
     num_gpu_blocks_is_explicit gpu_memory_utilization mem_fraction_static \
-    free_gpu_memory_fraction cuda_graph_reserved_bytes output_length_distribution dynamo";
+    free_gpu_memory_fraction cuda_graph_reserved_bytes output_length_distribution model gpu \
+    quantization kv_cache_dtype enable_expert_parallel pass_overhead_ms frontend_latency_ms dynamo";
 const RUNTIME_KEYS: &str = "enable_local_indexer bootstrap_port handoff_session_timeout_ms \
     reasoning response_replay_trace_path zmq_kv_events_port zmq_replay_port router_queue_policy";
 const SGLANG_KEYS: &str = "schedule_policy max_prefill_tokens chunked_prefill_size \
@@ -248,6 +249,14 @@ fn parse_launch(v: &Value) -> Result<LaunchConfig> {
     set_opt!(o, c.free_gpu_memory_fraction, to_f64);
     set_opt!(o, c.cuda_graph_reserved_bytes, to_uint);
     set_opt!(o, c.output_length_distribution, crate::output_length::OutputLengthDistribution::from_value);
+    let h = &mut c.hardware;
+    set_opt!(o, h.model, to_string);
+    set_opt!(o, h.gpu, to_string);
+    set_opt!(o, h.quantization, to_string);
+    set_opt!(o, h.kv_cache_dtype, to_string);
+    set!(o, h.enable_expert_parallel, to_bool);
+    set_opt!(o, h.pass_overhead_ms, to_f64);
+    set_opt!(o, h.frontend_latency_ms, to_f64);
     set!(o, c.dynamo, parse_runtime);
     Ok(c)
 }

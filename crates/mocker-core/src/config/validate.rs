@@ -59,6 +59,12 @@ impl LaunchConfig {
         if let Some(t) = self.startup_time {
             float_range("startup_time", t, 0.0, MAX_STARTUP_S)?;
         }
+        if let Some(ms) = self.hardware.pass_overhead_ms {
+            float_range("pass_overhead_ms", ms, 0.0, MAX_PASS_MS)?;
+        }
+        if let Some(ms) = self.hardware.frontend_latency_ms {
+            float_range("frontend_latency_ms", ms, 0.0, MAX_PASS_MS)?;
+        }
         for (key, frac) in [
             ("gpu_memory_utilization", self.gpu_memory_utilization),
             ("mem_fraction_static", self.mem_fraction_static),
@@ -227,7 +233,7 @@ impl EngineConfig {
 
 fn validate_timing(t: &TimingModelConfig, path: &str) -> Result<()> {
     match t {
-        TimingModelConfig::Polynomial => Ok(()),
+        TimingModelConfig::Polynomial | TimingModelConfig::Architecture { .. } => Ok(()),
         TimingModelConfig::Fixed { prefill_ms, decode_ms } => {
             float_range(join(path, "prefill_ms"), *prefill_ms, 0.0, MAX_PASS_MS)?;
             float_range(join(path, "decode_ms"), *decode_ms, 0.0, MAX_PASS_MS)

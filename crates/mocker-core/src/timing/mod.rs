@@ -4,8 +4,10 @@ use std::sync::Arc;
 
 use crate::config::{EngineConfig, TimingModelConfig};
 
+mod arch;
 mod profile;
 
+pub use arch::{ArchTiming, Curve, Grid, GridError};
 pub use profile::{ProfileArrays, ProfileError, ProfileTable};
 
 /// What a timing model sees of one pass's prefill work.
@@ -156,6 +158,22 @@ impl TimingModel for Arc<ProfileTable> {
     }
 }
 
+/// Architecture timing shared by every rank and worker built from one configuration.
+impl TimingModel for Arc<ArchTiming> {
+    #[inline]
+    fn prefill_ms(&self, s: PrefillShape) -> f64 {
+        self.as_ref().prefill_ms(s)
+    }
+    #[inline]
+    fn decode_ms(&self, s: DecodeShape) -> f64 {
+        self.as_ref().decode_ms(s)
+    }
+    #[inline]
+    fn mixed_ms(&self, p: PrefillShape, d: DecodeShape) -> (f64, f64) {
+        self.as_ref().mixed_ms(p, d)
+    }
+}
+
 /// Error building a timing model from configuration.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("engine.timing_model: {0}")]
@@ -171,6 +189,10 @@ pub fn build_timing_model(config: &EngineConfig) -> Result<Box<dyn TimingModel>,
         TimingModelConfig::External { provider, profile: Some(table), .. } if provider == "dynamo_profile" => {
             Ok(Box::new(Arc::clone(table)))
         }
+        TimingModelConfig::Architecture { timing: Some(t), .. } => Ok(Box::new(Arc::clone(t))),
+        TimingModelConfig::Architecture { label, timing: None } => Err(TimingModelError(format!(
+            "the architecture timing of {label} has not been built; resolve the launch's model and gpu first"
+        ))),
         TimingModelConfig::External { provider, config, .. } if provider == "dynamo_profile" => {
             Err(TimingModelError(format!(
                 "the dynamo_profile table {} has not been read; load it before building the engine",
