@@ -129,6 +129,12 @@ pub fn use_profile(launch: &mut LaunchConfig, label: &str, profile: Profile) -> 
     capacity::apply(launch, profile.meta.as_ref())
 }
 
+/// Sizes the launch's KV cache from memory facts that did not come from a profile file
+/// (a model's architecture on a catalogue GPU), by the same rules and keys as a profile's.
+pub fn size_from_memory(launch: &mut LaunchConfig, meta: &ProfileMeta) -> Result<(), ResolveError> {
+    capacity::apply(launch, Some(meta))
+}
+
 /// Reads the profile the launch configuration's engine names (if any) into it, and sizes
 /// the KV cache from the profile where the configuration leaves that to memory; memory
 /// keys without a profile that can size anything are refused.

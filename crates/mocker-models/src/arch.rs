@@ -1,0 +1,490 @@
+//! A model's architecture facts, read from a Hugging Face `config.json`.
+//!
+//! One reader serves the bundled catalogue and a user's own directory, so a model read
+//! from a path equals its catalogue entry. It knows the layouts of the dense decoder
+//! families (Llama, Mistral, Qwen2/3, Yi, Gemma 2/3), the MoE ones (Mixtral, Qwen3-MoE,
+//! Llama 4, gpt-oss, DeepSeek V2/V3 with MLA) and nested `text_config`s of multimodal
+//! wrappers; anything else is refused by name rather than guessed.
+
+use serde_json::{Map, Value};
+
+/// Numeric precision of weights or KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// 32-bit float.
+    Fp32,
+    /// 16-bit (bf16 or fp16).
+    Bf16,
+    /// 8-bit float or integer.
+    Fp8,
+    /// 4-bit weights with group scales (AWQ, GPTQ, MXFP4, NVFP4): weight-only on the
+    /// matmul side, computed at 16 bits.
+    Int4,
+}
+
+impl Precision {
+    /// Bytes one element takes in memory (4-bit formats with their group scales).
+    pub fn bytes(self) -> f64 {
+        match self {
+            Self::Fp32 => 4.0,
+            Self::Bf16 => 2.0,
+            Self::Fp8 => 1.0,
+            Self::Int4 => 0.5 + 2.0 / 64.0,
+        }
+    }
+
+    /// The name reports use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fp32 => "fp32",
+            Self::Bf16 => "bf16",
+            Self::Fp8 => "fp8",
+            Self::Int4 => "int4",
+        }
+    }
+}
+
+/// The mixture-of-experts part of a model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Moe {
+    /// Routed experts.
+    pub experts: usize,
+    /// Experts each token is routed to.
+    pub top_k: usize,
+    /// Intermediate size of one routed expert.
+    pub intermediate_size: usize,
+    /// Intermediate size of the always-on shared expert(s) together (0: none).
+    pub shared_intermediate_size: usize,
+    /// Layers whose MLP is a mixture of experts; the others are dense.
+    pub moe_layers: usize,
+    /// Precision of the experts' weights, where it differs from the rest of the model.
+    pub expert_precision: Option<Precision>,
+}
+
+/// Multi-head latent attention (DeepSeek V2/V3): the KV cache holds one compressed
+/// latent per token and layer instead of per-head keys and values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mla {
+    /// Rank of the compressed KV latent.
+    pub kv_lora_rank: usize,
+    /// Rank of the compressed query (0: queries are projected directly).
+    pub q_lora_rank: usize,
+    /// Per-head query/key size without rotary embedding.
+    pub qk_nope_head_dim: usize,
+    /// Per-head rotary query/key size (shared key part cached beside the latent).
+    pub qk_rope_head_dim: usize,
+    /// Per-head value size.
+    pub v_head_dim: usize,
+}
+
+/// What the simulator needs to know of a decoder-only model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelArch {
+    /// `architectures[0]` (e.g. `LlamaForCausalLM`).
+    pub architecture: String,
+    /// `model_type` of the text model.
+    pub model_type: String,
+    /// Decoder layers.
+    pub num_layers: usize,
+    /// Residual stream width.
+    pub hidden_size: usize,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads (grouped-query attention; equals `num_heads` for MHA).
+    pub num_kv_heads: usize,
+    /// Size of one attention head.
+    pub head_dim: usize,
+    /// Intermediate size of a dense MLP layer.
+    pub intermediate_size: usize,
+    /// Vocabulary (embedding and LM head rows).
+    pub vocab_size: usize,
+    /// Whether the LM head shares the embedding's weights.
+    pub tie_word_embeddings: bool,
+    /// Longest context the model was trained for.
+    pub max_position_embeddings: usize,
+    /// Precision of the weights as published.
+    pub weight_precision: Precision,
+    /// Sliding attention window, for the layers that use one.
+    pub sliding_window: Option<usize>,
+    /// Layers that attend within `sliding_window` only (the rest attend to everything).
+    pub sliding_layers: usize,
+    /// The experts, for MoE models.
+    pub moe: Option<Moe>,
+    /// Latent attention, for DeepSeek-style models.
+    pub mla: Option<Mla>,
+}
+
+/// Why a `config.json` could not be read as a model.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("config.json: {0}")]
+pub struct ArchError(pub String);
+
+struct Cfg<'a> {
+    text: &'a Map<String, Value>,
+}
+
+impl Cfg<'_> {
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.text.get(key).filter(|v| !v.is_null())
+    }
+    fn uint(&self, key: &str) -> Result<Option<usize>, ArchError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .filter(|&n| n > 0 && n <= 1 << 40)
+                .map(|n| Some(n as usize))
+                .ok_or_else(|| ArchError(format!("{key}: expected a positive integer, got {v}"))),
+        }
+    }
+    fn need(&self, key: &str) -> Result<usize, ArchError> {
+        self.uint(key)?.ok_or_else(|| ArchError(format!("{key}: missing")))
+    }
+    fn first(&self, keys: &[&str]) -> Result<Option<usize>, ArchError> {
+        for k in keys {
+            if let Some(v) = self.uint(k)? {
+                return Ok(Some(v));
+            }
+        }
+        Ok(None)
+    }
+    fn flag(&self, key: &str) -> Option<bool> {
+        self.get(key).and_then(Value::as_bool)
+    }
+    fn str(&self, key: &str) -> Option<&str> {
+        self.get(key).and_then(Value::as_str)
+    }
+}
+
+/// Architectures the reader knows how to lay out.
+pub const KNOWN_ARCHITECTURES: &[&str] = &[
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "Gemma3ForConditionalGeneration",
+    "Llama4ForCausalLM",
+    "Llama4ForConditionalGeneration",
+    "GptOssForCausalLM",
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+];
+
+fn precision_of_dtype(s: Option<&str>) -> Precision {
+    match s {
+        Some("float32") => Precision::Fp32,
+        _ => Precision::Bf16,
+    }
+}
+
+/// The precision a `quantization_config` (or vLLM's `--quantization` name) gives weights.
+pub fn precision_of_quant(method: &str, bits: Option<u64>) -> Option<Precision> {
+    match method {
+        "fp8" | "fbgemm_fp8" | "modelopt" | "ptpc_fp8" | "fp8_e4m3" => Some(Precision::Fp8),
+        "awq" | "gptq" | "awq_marlin" | "gptq_marlin" | "mxfp4" | "modelopt_fp4" | "nvfp4"
+        | "bitsandbytes" => match bits {
+            Some(8) => Some(Precision::Fp8),
+            _ => Some(Precision::Int4),
+        },
+        "compressed-tensors" | "compressed_tensors" => Some(match bits {
+            Some(4) => Precision::Int4,
+            _ => Precision::Fp8,
+        }),
+        _ => None,
+    }
+}
+
+/// Reads a model from the text of its `config.json`.
+pub fn parse_config(text: &str) -> Result<ModelArch, ArchError> {
+    let root: Value = serde_json::from_str(text).map_err(|e| ArchError(format!("not JSON: {e}")))?;
+    let Value::Object(root) = root else {
+        return Err(ArchError("must be a JSON object".into()));
+    };
+    let architecture = root
+        .get("architectures")
+        .and_then(|a| a.get(0))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    if !KNOWN_ARCHITECTURES.contains(&architecture.as_str()) {
+        return Err(ArchError(format!(
+            "architectures: {architecture:?} is not a layout mocker knows; known: {}",
+            KNOWN_ARCHITECTURES.join(", ")
+        )));
+    }
+    // Multimodal wrappers keep the language model under `text_config`.
+    let text = match root.get("text_config") {
+        Some(Value::Object(t)) => t,
+        _ => &root,
+    };
+    let c = Cfg { text };
+    let top = Cfg { text: &root };
+    let model_type = c.str("model_type").or(top.str("model_type")).unwrap_or_default().to_string();
+    let num_layers = c.need("num_hidden_layers")?;
+    let hidden_size = c.need("hidden_size")?;
+    let num_heads = c.need("num_attention_heads")?;
+    let num_kv_heads = c.uint("num_key_value_heads")?.unwrap_or(num_heads);
+    if num_heads % num_kv_heads != 0 {
+        return Err(ArchError(format!(
+            "num_key_value_heads: {num_kv_heads} does not divide num_attention_heads {num_heads}"
+        )));
+    }
+    let head_dim = c.uint("head_dim")?.unwrap_or(hidden_size / num_heads);
+    let vocab_size = c.need("vocab_size")?;
+    let max_position_embeddings = c.uint("max_position_embeddings")?.unwrap_or(4096);
+    // Transformers' default where the file is silent: Gemma ties its LM head, others do not.
+    let tie_word_embeddings = c
+        .flag("tie_word_embeddings")
+        .or(top.flag("tie_word_embeddings"))
+        .unwrap_or(model_type.starts_with("gemma"));
+    let dtype = c.str("torch_dtype").or(c.str("dtype")).or(top.str("torch_dtype")).or(top.str("dtype"));
+    let mut weight_precision = precision_of_dtype(dtype);
+    let mut expert_precision = None;
+    if let Some(Value::Object(q)) = root.get("quantization_config").or(text.get("quantization_config")) {
+        let method = q.get("quant_method").and_then(Value::as_str).unwrap_or_default();
+        let bits = q.get("bits").or(q.get("w_bit")).and_then(Value::as_u64);
+        match precision_of_quant(method, bits) {
+            // gpt-oss quantizes only its experts (attention, router, embeddings stay 16-bit).
+            Some(p) if method == "mxfp4" => expert_precision = Some(p),
+            Some(p) => weight_precision = p,
+            None => {
+                return Err(ArchError(format!(
+                    "quantization_config.quant_method: {method:?} is not modelled; known: fp8, awq, gptq, \
+                     mxfp4, modelopt, modelopt_fp4, compressed-tensors, bitsandbytes"
+                )))
+            }
+        }
+    }
+
+    let (sliding_window, sliding_layers) = sliding(&c, num_layers)?;
+    let moe = moe(&c, num_layers, expert_precision)?;
+    let intermediate_size = match model_type.as_str() {
+        // Llama 4's dense layers use `intermediate_size_mlp`; `intermediate_size` is an expert's.
+        "llama4_text" | "llama4" => c.first(&["intermediate_size_mlp", "intermediate_size"])?,
+        _ => c.uint("intermediate_size")?,
+    }
+    .unwrap_or(4 * hidden_size);
+    let mla = match c.uint("kv_lora_rank")? {
+        None => None,
+        Some(kv_lora_rank) => Some(Mla {
+            kv_lora_rank,
+            q_lora_rank: c.uint("q_lora_rank")?.unwrap_or(0),
+            qk_nope_head_dim: c.need("qk_nope_head_dim")?,
+            qk_rope_head_dim: c.need("qk_rope_head_dim")?,
+            v_head_dim: c.need("v_head_dim")?,
+        }),
+    };
+    Ok(ModelArch {
+        architecture,
+        model_type,
+        num_layers,
+        hidden_size,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        intermediate_size,
+        vocab_size,
+        tie_word_embeddings,
+        max_position_embeddings,
+        weight_precision,
+        sliding_window,
+        sliding_layers,
+        moe,
+        mla,
+    })
+}
+
+/// The sliding window and how many layers use it: `layer_types` where given, Gemma's
+/// patterns otherwise, every layer for Mistral-style configs with a window, none when
+/// `use_sliding_window` is false (Qwen2.5).
+fn sliding(c: &Cfg<'_>, layers: usize) -> Result<(Option<usize>, usize), ArchError> {
+    let Some(window) = c.uint("sliding_window")? else {
+        return Ok((None, 0));
+    };
+    if c.flag("use_sliding_window") == Some(false) {
+        return Ok((None, 0));
+    }
+    if let Some(Value::Array(types)) = c.get("layer_types") {
+        let n = types.iter().filter(|t| t.as_str() == Some("sliding_attention")).count();
+        return Ok((Some(window).filter(|_| n > 0), n));
+    }
+    let n = match c.str("model_type") {
+        // Gemma 2 alternates local and global layers.
+        Some("gemma2") => layers / 2,
+        // Gemma 3: five local layers for every global one (`sliding_window_pattern` 6).
+        Some("gemma3_text") | Some("gemma3") => {
+            let pattern = c.uint("sliding_window_pattern")?.unwrap_or(6);
+            layers - layers / pattern
+        }
+        _ => layers,
+    };
+    Ok((Some(window), n))
+}
+
+fn moe(c: &Cfg<'_>, layers: usize, expert_precision: Option<Precision>) -> Result<Option<Moe>, ArchError> {
+    let Some(experts) = c.first(&["num_local_experts", "num_experts", "n_routed_experts"])? else {
+        return Ok(None);
+    };
+    let top_k = c.need("num_experts_per_tok")?;
+    if top_k > experts {
+        return Err(ArchError(format!("num_experts_per_tok: {top_k} exceeds the {experts} experts")));
+    }
+    let intermediate_size = c
+        .first(&["moe_intermediate_size", "intermediate_size"])?
+        .ok_or_else(|| ArchError("moe_intermediate_size: missing".into()))?;
+    let model_type = c.str("model_type").unwrap_or_default();
+    let shared_intermediate_size = if let Some(n) = c.uint("n_shared_experts")? {
+        n * intermediate_size
+    } else if let Some(s) = c.uint("shared_expert_intermediate_size")? {
+        s
+    } else if model_type.starts_with("llama4") {
+        // Llama 4 adds one shared expert the size of a routed one.
+        intermediate_size
+    } else {
+        0
+    };
+    let dense_first = c.uint("first_k_dense_replace")?.unwrap_or(0).min(layers);
+    let step = c.first(&["interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq"])?.unwrap_or(1);
+    let mlp_only = match c.get("mlp_only_layers") {
+        Some(Value::Array(a)) => a.len(),
+        _ => 0,
+    };
+    let moe_layers = ((layers - dense_first) / step).saturating_sub(mlp_only).max(1);
+    Ok(Some(Moe {
+        experts,
+        top_k,
+        intermediate_size,
+        shared_intermediate_size,
+        moe_layers,
+        expert_precision,
+    }))
+}
+
+impl ModelArch {
+    /// Attention layers (every decoder layer attends).
+    pub fn attention_layers(&self) -> usize {
+        self.num_layers
+    }
+
+    /// Parameters of the model (embedding, LM head if untied, attention, MLPs, experts).
+    pub fn parameters(&self) -> f64 {
+        let (h, l) = (self.hidden_size as f64, self.num_layers as f64);
+        let embed = self.vocab_size as f64 * h * if self.tie_word_embeddings { 1.0 } else { 2.0 };
+        l * self.attention_params()
+            + self.dense_mlp_layers() as f64 * self.dense_mlp_params()
+            + self.expert_params_per_layer() * self.moe_layers() as f64
+            + embed
+    }
+
+    /// Parameters of one layer's attention projections.
+    pub fn attention_params(&self) -> f64 {
+        let h = self.hidden_size as f64;
+        match &self.mla {
+            Some(m) => {
+                let heads = self.num_heads as f64;
+                let qk = (m.qk_nope_head_dim + m.qk_rope_head_dim) as f64;
+                let q = if m.q_lora_rank > 0 {
+                    h * m.q_lora_rank as f64 + m.q_lora_rank as f64 * heads * qk
+                } else {
+                    h * heads * qk
+                };
+                let kv_a = h * (m.kv_lora_rank + m.qk_rope_head_dim) as f64;
+                let kv_b = m.kv_lora_rank as f64 * heads * (m.qk_nope_head_dim + m.v_head_dim) as f64;
+                q + kv_a + kv_b + heads * m.v_head_dim as f64 * h
+            }
+            None => {
+                let d = self.head_dim as f64;
+                h * (self.num_heads + 2 * self.num_kv_heads) as f64 * d + self.num_heads as f64 * d * h
+            }
+        }
+    }
+
+    /// Layers with a dense MLP.
+    pub fn dense_mlp_layers(&self) -> usize {
+        self.num_layers - self.moe_layers()
+    }
+
+    /// Layers with experts.
+    pub fn moe_layers(&self) -> usize {
+        self.moe.as_ref().map_or(0, |m| m.moe_layers)
+    }
+
+    /// Parameters of one dense (gated) MLP.
+    pub fn dense_mlp_params(&self) -> f64 {
+        3.0 * self.hidden_size as f64 * self.intermediate_size as f64
+    }
+
+    /// Parameters of one MoE layer: router, routed and shared experts.
+    pub fn expert_params_per_layer(&self) -> f64 {
+        self.moe.as_ref().map_or(0.0, |m| {
+            let h = self.hidden_size as f64;
+            h * m.experts as f64
+                + 3.0 * h * (m.experts * m.intermediate_size + m.shared_intermediate_size) as f64
+        })
+    }
+
+    /// Parameters a token touches (total for dense models).
+    pub fn active_parameters(&self) -> f64 {
+        match &self.moe {
+            None => self.parameters(),
+            Some(m) => {
+                let h = self.hidden_size as f64;
+                let routed = 3.0 * h * (m.experts * m.intermediate_size) as f64;
+                let active = 3.0 * h * (m.top_k * m.intermediate_size) as f64;
+                self.parameters() - (routed - active) * m.moe_layers as f64
+            }
+        }
+    }
+
+    /// KV-cache elements one token stores in one full-attention layer, over the whole model
+    /// (before tensor parallelism).
+    pub fn kv_elements_per_token_layer(&self) -> usize {
+        match &self.mla {
+            Some(m) => m.kv_lora_rank + m.qk_rope_head_dim,
+            None => 2 * self.num_kv_heads * self.head_dim,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_llama_config_reads_its_facts() {
+        let text = r#"{"architectures":["LlamaForCausalLM"],"model_type":"llama","hidden_size":4096,
+            "intermediate_size":14336,"num_hidden_layers":32,"num_attention_heads":32,
+            "num_key_value_heads":8,"vocab_size":128256,"max_position_embeddings":131072,
+            "torch_dtype":"bfloat16","tie_word_embeddings":false}"#;
+        let m = parse_config(text).unwrap();
+        assert_eq!((m.num_layers, m.head_dim, m.num_kv_heads), (32, 128, 8));
+        // Llama-3.1-8B has 8.03 B parameters.
+        assert!((m.parameters() / 1e9 - 8.03).abs() < 0.01, "{}", m.parameters());
+        assert_eq!(m.kv_elements_per_token_layer(), 2048);
+        assert!(m.moe.is_none() && m.mla.is_none() && m.sliding_window.is_none());
+    }
+
+    #[test]
+    fn unknown_layouts_and_bad_values_are_refused_by_name() {
+        let e = parse_config(r#"{"architectures":["BertModel"]}"#).unwrap_err();
+        assert!(e.0.contains("BertModel") && e.0.contains("LlamaForCausalLM"), "{e}");
+        let e = parse_config(
+            r#"{"architectures":["LlamaForCausalLM"],"hidden_size":-4,"num_hidden_layers":2,
+            "num_attention_heads":2,"vocab_size":10}"#,
+        )
+        .unwrap_err();
+        assert!(e.0.starts_with("hidden_size"), "{e}");
+        let e = parse_config(
+            r#"{"architectures":["LlamaForCausalLM"],"hidden_size":64,"num_hidden_layers":2,
+            "num_attention_heads":6,"num_key_value_heads":4,"vocab_size":10}"#,
+        )
+        .unwrap_err();
+        assert!(e.0.starts_with("num_key_value_heads"), "{e}");
+        assert!(parse_config("[1]").is_err() && parse_config("{").is_err());
+    }
+}
