@@ -129,13 +129,13 @@ def flag_outliers(rows: list[dict]) -> None:
                 r["outlier"] = ratio < 0.5 or ratio > 1.5
 
 
-def predict(mocker: str, rows: list[dict], profile: str, engine_args: dict) -> list[float]:
+def predict(mocker: str, rows: list[dict], timing: list[str], engine_args: dict) -> list[float]:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(SHAPE)
     for r in rows:
         w.writerow([r[k] for k in SHAPE])
-    out = run([mocker, "profiles", "predict", "--timing-profile", profile,
+    out = run([mocker, "profiles", "predict", *timing,
                "--engine-args", json.dumps(engine_args)], stdin=buf.getvalue())
     preds = [float(row["pass_ms"]) for row in csv.DictReader(io.StringIO(out))]
     if len(preds) != len(rows):
@@ -154,7 +154,7 @@ def read_requests(folder: Path) -> list[dict]:
     return rows
 
 
-def replay(mocker: str, requests: list[dict], profile: str, engine_args: dict, concurrency: int,
+def replay(mocker: str, requests: list[dict], timing: list[str], engine_args: dict, concurrency: int,
            scratch: Path) -> list[float]:
     """Simulated E2E ms per request (in order). Prompts get unique hash ids: the run's prompts
     are random tokens, so no request shares a prefix with another."""
@@ -169,7 +169,7 @@ def replay(mocker: str, requests: list[dict], profile: str, engine_args: dict, c
             f.write("\n")
             next_id += n
     run([mocker, "replay", str(trace), "--trace-format", "mooncake", "--trace-block-size", str(block),
-         "--concurrency", str(concurrency), "--timing-profile", profile,
+         "--concurrency", str(concurrency), *timing,
          "--engine-args", json.dumps(engine_args), "--report-jsonl", str(report),
          "--report-json", str(scratch / "summary.json")])
     e2e = [None] * len(requests)
@@ -187,12 +187,24 @@ def replay(mocker: str, requests: list[dict], profile: str, engine_args: dict, c
 
 # --- one TP -------------------------------------------------------------------------------
 
-def evaluate(mocker: str, folder: Path, tp: int, run_cfg: dict, engine_args: dict, scratch: Path) -> dict:
+def timing_args(run_cfg: dict, tp: int, architecture: bool) -> tuple[str, list[str]]:
+    """The timing source's label and its mocker flags: the run's bundled profile at `tp`, or
+    the model's architecture on the run's GPU."""
+    if architecture:
+        gpu = run_cfg.get("gpu", "b300")
+        return (f"{run_cfg['model']} on {gpu} TP{tp}",
+                ["--model", run_cfg["model"], "--gpu", gpu, "--tensor-parallel-size", str(tp)])
     profile = run_cfg["profile"].format(tp=tp)
+    return profile, ["--timing-profile", profile]
+
+
+def evaluate(mocker: str, folder: Path, tp: int, run_cfg: dict, engine_args: dict, scratch: Path,
+             architecture: bool = False) -> dict:
+    profile, timing = timing_args(run_cfg, tp, architecture)
     passes = read_passes(folder)
     flag_outliers(passes)
-    preds = predict(mocker, passes, profile, engine_args)
-    result: dict = {"tp": tp, "profile": profile, "passes": {}, "ratios": {},
+    preds = predict(mocker, passes, timing, engine_args)
+    result: dict = {"tp": tp, "profile": profile, "passes": {}, "ratios": {}, "residuals": {},
                     "outliers": [(r, p) for r, p in zip(passes, preds) if r["outlier"]]}
     for kind in KINDS:
         pairs = [(p, r) for p, r in zip(preds, passes) if r["phase"] == kind]
@@ -204,9 +216,11 @@ def evaluate(mocker: str, folder: Path, tp: int, run_cfg: dict, engine_args: dic
             "simulated_mean": statistics.fmean(p for p, _ in pairs) if pairs else 0.0,
         }
         result["ratios"][kind] = [p / r["latency_ms"] for p, r in pairs if not r["outlier"]]
+        result["residuals"][kind] = [r["latency_ms"] - p for p, r in pairs if not r["outlier"]]
     requests = [r for r in read_requests(folder) if r["e2e_ms"] is not None]
-    sim = replay(mocker, requests, profile, engine_args, run_cfg["concurrency"], scratch)
+    sim = replay(mocker, requests, timing, engine_args, run_cfg["concurrency"], scratch)
     meas = [r["e2e_ms"] for r in requests]
+    result["e2e_residuals"] = [m - s for s, m in zip(sim, meas)]
     result["e2e"] = spread([(s - m) / m for s, m in zip(sim, meas)])
     result["e2e"]["measured_mean"] = statistics.fmean(meas)
     result["e2e"]["simulated_mean"] = statistics.fmean(sim)
@@ -267,6 +281,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--mocker", help="mocker binary (default: $MOCKER_BIN, target/release, target/debug, PATH)")
     ap.add_argument("--fit-on-tp", type=int, metavar="N",
                     help="also report with prefill/decode speedup ratios fitted on TP N's passes")
+    ap.add_argument("--architecture", action="store_true",
+                    help="time passes from the model's architecture on the run's GPU (--model, --gpu, --tp) "
+                         "instead of the bundled profile")
+    ap.add_argument("--fit-overheads-on-tp", type=int, metavar="N",
+                    help="with --architecture: fit pass_overhead_ms (median measured - predicted decode pass) "
+                         "and frontend_latency_ms (median measured - simulated request E2E) on TP N, then "
+                         "report every TP with them")
     ap.add_argument("--list-outliers", action="store_true", help="print every pass the outlier rule flags")
     ap.add_argument("--markdown", action="store_true", help="also print the summary as a Markdown table")
     args = ap.parse_args(argv)
@@ -284,7 +305,12 @@ def main(argv: list[str]) -> int:
         base_args = dict(run_cfg["engine_args"])
         with tempfile.TemporaryDirectory(prefix="mocker-calibrate-") as tmp:
             scratch = Path(tmp)
-            results = [evaluate(mocker, args.data / f"tp{tp}", tp, run_cfg, base_args, scratch) for tp in tps]
+            arch = args.architecture
+            if arch:
+                # Nothing beside the operations unless fitted: the defaults are what is tested.
+                base_args.setdefault("pass_overhead_ms", 0.0)
+                base_args.setdefault("frontend_latency_ms", 0.0)
+            results = [evaluate(mocker, args.data / f"tp{tp}", tp, run_cfg, base_args, scratch, arch) for tp in tps]
             print(f"mocker {' '.join(run([mocker, '--version']).split()[1:])}; data {args.data}; "
                   f"profile {run_cfg['profile']}; engine args {json.dumps(base_args)}")
             print_results("uncorrected (nothing fitted)", results, {})
@@ -292,17 +318,36 @@ def main(argv: list[str]) -> int:
                 markdown(results)
             if args.list_outliers:
                 list_outliers(results)
+            if args.fit_overheads_on_tp:
+                if not arch:
+                    raise Failure("--fit-overheads-on-tp needs --architecture")
+                n = args.fit_overheads_on_tp
+                fit = next((r for r in results if r["tp"] == n), None) or evaluate(
+                    mocker, args.data / f"tp{n}", n, run_cfg, base_args, scratch, arch)
+                corrected = dict(base_args)
+                corrected["pass_overhead_ms"] = round(max(0.0, statistics.median(fit["residuals"]["decode"])), 3)
+                again = evaluate(mocker, args.data / f"tp{n}", n, run_cfg, corrected, scratch, arch)
+                corrected["frontend_latency_ms"] = round(max(0.0, statistics.median(again["e2e_residuals"])), 1)
+                fitted = [evaluate(mocker, args.data / f"tp{tp}", tp, run_cfg, corrected, scratch, arch)
+                          for tp in tps]
+                print()
+                print_results(f"overheads fitted on TP{n}: pass_overhead_ms {corrected['pass_overhead_ms']}, "
+                              f"frontend_latency_ms {corrected['frontend_latency_ms']}", fitted,
+                              {n: "  [in sample]"})
+                if args.markdown:
+                    markdown(fitted)
             if args.fit_on_tp:
                 fit = next((r for r in results if r["tp"] == args.fit_on_tp), None)
                 if fit is None:
                     fit = evaluate(mocker, args.data / f"tp{args.fit_on_tp}", args.fit_on_tp, run_cfg,
-                                   base_args, scratch)
+                                   base_args, scratch, arch)
                 corrected = dict(base_args)
                 corrected["speedup_ratio"] = round(statistics.median(fit["ratios"]["context"]), 4)
                 # The engine divides decode time by speedup_ratio x decode_speedup_ratio.
                 decode = statistics.median(fit["ratios"]["decode"])
                 corrected["decode_speedup_ratio"] = round(decode / corrected["speedup_ratio"], 4)
-                fitted = [evaluate(mocker, args.data / f"tp{tp}", tp, run_cfg, corrected, scratch) for tp in tps]
+                fitted = [evaluate(mocker, args.data / f"tp{tp}", tp, run_cfg, corrected, scratch, arch)
+                          for tp in tps]
                 print()
                 print_results(f"corrected: speedup_ratio {corrected['speedup_ratio']}, decode_speedup_ratio "
                               f"{corrected['decode_speedup_ratio']} (fitted on TP{args.fit_on_tp})", fitted,

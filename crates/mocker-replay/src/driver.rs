@@ -158,6 +158,11 @@ struct Sim {
     /// Whether some engine has a host tier (`native_host_offload`), whose transfers wake
     /// an idle engine: without one, no event loop needs to ask every worker per event.
     wakes: bool,
+    /// API-server time of every request (`frontend_latency_ms`): a turn reaches the router
+    /// this long after it arrives, and its latencies count from its arrival.
+    frontend_ns: u64,
+    /// Turns in the API server: (due at the router, session, record, turn), by due time.
+    ingress: VecDeque<(u64, SessionId, RecordId, PlannedTurn)>,
 }
 
 /// Started sessions and their remaining turns.
@@ -339,6 +344,11 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
         waves: if dp > 1 { vec![Waves::new(dp); entry.workers] } else { Vec::new() },
         pass_log: hooks.pass_ended.is_some().then(Vec::new),
         wakes: engines().any(|e| e.native_host_offload.is_some()),
+        frontend_ns: {
+            let ms = entry.launch.hardware.frontend_latency_ms.unwrap_or(0.0);
+            mocker_core::timing::scaled_nanos(ms, entry.launch.engine.speedup_ratio)
+        },
+        ingress: VecDeque::new(),
     };
     let total = options.workload.total_requests();
     let cap = options.max_sim_time_ms.map(ms_to_ns);
@@ -434,7 +444,11 @@ impl Sim {
             let next_pass = self.next_pass_end();
             let next_handoff = self.disagg.as_ref().and_then(Disagg::next_due);
             let next_wake = self.next_wake();
-            match [next_arrival, next_delayed, next_pass, next_handoff, next_wake].into_iter().flatten().min()
+            let next_ingress = self.ingress.front().map(|e| e.0);
+            match [next_arrival, next_delayed, next_pass, next_handoff, next_wake, next_ingress]
+                .into_iter()
+                .flatten()
+                .min()
             {
                 Some(t) if cap.is_some_and(|c| t > c) => return Ok(()),
                 Some(t) => now = t.max(now),
@@ -804,6 +818,11 @@ impl Sim {
     /// Releases every turn due at `now`; returns whether any was dispatched.
     fn release_arrivals(&mut self, now: u64) -> Result<bool, ReplayError> {
         let mut any = false;
+        while self.ingress.front().is_some_and(|e| e.0 <= now) {
+            let (due, sid, rec, turn) = self.ingress.pop_front().expect("peeked");
+            self.route(sid, rec, turn, due);
+            any = true;
+        }
         while let Some(&Reverse((t, _, _))) = self.delayed.peek() {
             if t > now {
                 break;
@@ -840,7 +859,7 @@ impl Sim {
 
     /// The session's next turn arrives: route it (or queue it) and submit it.
     fn dispatch(&mut self, sid: SessionId, arrival_ns: u64) -> Result<(), ReplayError> {
-        let Some(mut turn) = self.sessions.next_turn(sid) else {
+        let Some(turn) = self.sessions.next_turn(sid) else {
             self.sessions.end(sid);
             return Ok(());
         };
@@ -859,19 +878,31 @@ impl Sim {
             })
             .into());
         }
+        if self.frontend_ns > 0 {
+            let due = arrival_ns + self.frontend_ns;
+            // Arrivals come in time order, so this is almost always the back.
+            let at = self.ingress.partition_point(|e| e.0 <= due);
+            self.ingress.insert(at, (due, sid, rec, turn));
+            return Ok(());
+        }
+        self.route(sid, rec, turn, arrival_ns);
+        Ok(())
+    }
+
+    /// A turn reaches the router at `now`: queue it (KV router with a queue) or place it.
+    fn route(&mut self, sid: SessionId, rec: RecordId, mut turn: PlannedTurn, now: u64) {
         if let (Router::Kv(r), Some(q)) = (&mut self.router, self.queue.as_mut()) {
             if !q.is_empty() || r.all_busy() {
                 let bs = self.block_size;
                 let hashes = turn.block_hashes.get_or_insert_with(|| PromptHashes::of(&turn.tokens, bs));
                 let best = r.best_cached_tokens(&hashes.sequence);
                 let isl = turn.input_length;
-                self.collector.on_queued(rec, arrival_ns);
-                q.push(Queued { sid, record: rec, turn }, arrival_ns as f64 / 1e9, isl, best);
-                return Ok(());
+                self.collector.on_queued(rec, now);
+                q.push(Queued { sid, record: rec, turn }, now as f64 / 1e9, isl, best);
+                return;
             }
         }
-        self.place(sid, rec, turn, arrival_ns);
-        Ok(())
+        self.place(sid, rec, turn, now);
     }
 
     /// Routes and submits a turn whose record exists, at `now`.

@@ -113,6 +113,9 @@ pub struct AppState {
     /// Disaggregated prefill/decode (`--kv-transfer-config`); `None` refuses
     /// `kv_transfer_params`.
     pub pd: Option<Arc<crate::pd::PdState>>,
+    /// API-server time a request spends before the engine sees it (`frontend_latency_ms`,
+    /// divided by the speedup ratio like the engine's passes).
+    pub frontend_delay: Duration,
 }
 
 impl AppState {

@@ -130,6 +130,11 @@ pub async fn generate(
     // children: the first computes the prompt's KV and the others, admitted in the same
     // pass or later, find its full blocks in the prefix cache.
     let submitted = Instant::now();
+    // The API server's own time (HTTP, tokenization, detokenization) as the configuration
+    // models it, before the engine sees the request.
+    if !state.frontend_delay.is_zero() {
+        tokio::time::sleep(state.frontend_delay).await;
+    }
     let mut lives = Vec::with_capacity(n as usize);
     let mut prefill: Option<PrefillHandoff> = None;
     // A decode whose prompt KV was transferred counts the whole prompt as computed.

@@ -349,6 +349,10 @@ impl BoundServer {
             model_name,
             tokenizer,
             ranks: Ranks(engines),
+            frontend_delay: Duration::from_nanos(mocker_core::timing::scaled_nanos(
+                launch.hardware.frontend_latency_ms.unwrap_or(0.0),
+                engine.speedup_ratio,
+            )),
             metrics,
             max_model_len: max_model_len(&engine),
             served_max_model_len: served_max_model_len(&engine),

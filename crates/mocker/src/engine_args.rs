@@ -48,6 +48,50 @@ pub struct EngineFlags {
     /// facts (`gpu_memory_utilization`, `mem_fraction_static`, `free_gpu_memory_fraction`).
     #[arg(long, value_name = "NAME")]
     pub timing_profile: Option<String>,
+    /// Time passes from this model's architecture: a Hugging Face id of the catalogue
+    /// (`mocker profiles` lists them) or a directory with its `config.json` (engine-args
+    /// key `model`). The KV cache is sized from the GPU's memory unless `num_gpu_blocks` is given.
+    #[arg(long, value_name = "HF_ID_OR_PATH")]
+    pub model: Option<String>,
+    /// The GPU the model runs on (`h100`, `a100-80gb`, `l40s`, ...; default h100 with --model).
+    #[arg(long, value_name = "NAME")]
+    pub gpu: Option<String>,
+    /// GPUs each engine spans (engine-args key `tensor_parallel_size`).
+    #[arg(long, visible_alias = "tp", value_name = "N")]
+    pub tensor_parallel_size: Option<usize>,
+    /// Weight quantization, as vLLM spells it (fp8, awq, gptq, mxfp4, ...); default: the
+    /// model's own.
+    #[arg(long, value_name = "METHOD")]
+    pub quantization: Option<String>,
+    /// KV cache precision, as vLLM spells it (auto, fp8, fp8_e4m3, fp8_e5m2).
+    #[arg(long, value_name = "DTYPE")]
+    pub kv_cache_dtype: Option<String>,
+    /// Spread whole experts across the tensor-parallel GPUs (MoE models), as vLLM's flag.
+    #[arg(long)]
+    pub enable_expert_parallel: bool,
+}
+
+impl EngineFlags {
+    /// Lays the model and GPU flags over the engine args' keys.
+    fn apply_hardware(&self, launch: &mut LaunchConfig) {
+        let h = &mut launch.hardware;
+        for (flag, key) in [
+            (&self.model, &mut h.model),
+            (&self.gpu, &mut h.gpu),
+            (&self.quantization, &mut h.quantization),
+            (&self.kv_cache_dtype, &mut h.kv_cache_dtype),
+        ] {
+            if flag.is_some() {
+                key.clone_from(flag);
+            }
+        }
+        if self.enable_expert_parallel {
+            h.enable_expert_parallel = true;
+        }
+        if let Some(tp) = self.tensor_parallel_size {
+            launch.tensor_parallel_size = tp;
+        }
+    }
 }
 
 /// Builds the launch config from `--engine-args` (JSON or @file, flat or nested) with
@@ -64,6 +108,7 @@ fn load_timing(flag: &str, launch: &mut LaunchConfig, flags: &EngineFlags) -> Re
     let given = [
         ("--planner-profile-data", flags.planner_profile_data.is_some()),
         ("--timing-profile", flags.timing_profile.is_some()),
+        ("--model", launch.hardware.model.is_some()),
     ];
     let mut sources: Vec<&str> = given.iter().filter(|(_, g)| *g).map(|(f, _)| *f).collect();
     if launch.engine.timing_model != TimingModelConfig::Polynomial {
@@ -75,6 +120,26 @@ fn load_timing(flag: &str, launch: &mut LaunchConfig, flags: &EngineFlags) -> Re
         return Err(UsageError(format!("{}: give one timing source", named.collect::<Vec<_>>().join(", "))));
     }
     let source = sources.first().copied().unwrap_or(flag);
+    // An error names the flag when one set the key, else the engine args' key.
+    let model_err = |e: mocker_models::ModelError| {
+        let by_flag = match e.key {
+            "model" => flags.model.is_some(),
+            "gpu" => flags.gpu.is_some(),
+            "quantization" => flags.quantization.is_some(),
+            "kv_cache_dtype" => flags.kv_cache_dtype.is_some(),
+            "enable_expert_parallel" => flags.enable_expert_parallel,
+            "tensor_parallel_size" => flags.tensor_parallel_size.is_some(),
+            _ => false,
+        };
+        match by_flag {
+            true => UsageError(format!("--{}: {}", e.key.replace('_', "-"), e.reason)),
+            false => UsageError(format!("{flag}: {e}")),
+        }
+    };
+    if launch.hardware.model.is_some() {
+        return mocker_models::resolve_launch(launch).map(|_| ()).map_err(model_err);
+    }
+    mocker_models::resolve_launch(launch).map_err(model_err)?;
     let err = |e: mocker_profiles::ResolveError| UsageError(format!("{source}: {e}"));
     if let Some(path) = &flags.planner_profile_data {
         launch.engine.timing_model = mocker_profiles::timing_model_for(path);
@@ -159,6 +224,8 @@ pub fn launch_config_for(
     flags: &EngineFlags,
 ) -> Result<LaunchConfig, UsageError> {
     let mut launch = parse_launch(flag, engine_args, flags.engine_type)?;
+    flags.apply_hardware(&mut launch);
+    launch.validate().map_err(|e| UsageError(format!("{flag}: {e}")))?;
     load_timing(flag, &mut launch, flags)?;
     Ok(launch)
 }

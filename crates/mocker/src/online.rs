@@ -129,6 +129,10 @@ pub async fn replay_online(options: &ReplayOptions) -> Result<ReplayOutcome, Onl
         due_seq: 0,
         pending: FuturesUnordered::new(),
         acks: FuturesUnordered::new(),
+        frontend: Duration::from_nanos(mocker_core::timing::scaled_nanos(
+            pool.launch.hardware.frontend_latency_ms.unwrap_or(0.0),
+            engine_config.speedup_ratio,
+        )),
     };
     let result = d.run(&offsets, &mut adm_rx).await;
     let mut committed = 0;
@@ -174,6 +178,8 @@ struct Driver<'a> {
     /// Submissions sent but not yet acknowledged: turns due together are all sent before
     /// the driver yields, so the engine applies them at one boundary, as offline replay.
     acks: FuturesUnordered<Ack>,
+    /// API-server time before a request reaches its engine (`frontend_latency_ms`).
+    frontend: Duration,
 }
 
 impl Driver<'_> {
@@ -302,7 +308,13 @@ impl Driver<'_> {
             lora: None,
         })?;
         let engine = self.workers[worker].clone();
-        self.acks.push(Box::pin(async move { engine.submit_prepared(registration).await }));
+        let frontend = self.frontend;
+        self.acks.push(Box::pin(async move {
+            if !frontend.is_zero() {
+                tokio::time::sleep(frontend).await;
+            }
+            engine.submit_prepared(registration).await
+        }));
         self.records.insert(stream.id().as_u128(), record);
         self.pending.push(next(InFlight { stream, record, session: sid, worker, last_ns: 0 }));
         Ok(())

@@ -22,7 +22,13 @@ pub struct ProfilesArgs {
 enum ProfilesAction {
     /// Read forward passes (CSV) and print the time the configured engine's timing model
     /// gives each, priced exactly as the vLLM/TRT-LLM scheduler prices a pass.
-    Predict(PredictArgs),
+    Predict(Box<PredictArgs>),
+    /// List the models of the catalogue (for `--model HF_ID`): id, architecture, layers,
+    /// hidden size, heads, KV heads, experts, parameters, and the ids that name the same entry.
+    Models,
+    /// List the GPUs of the catalogue (for `--gpu NAME`): memory, bandwidth, bf16/fp8 peak,
+    /// interconnect, and whose measured operator data times them.
+    Gpus,
 }
 
 /// `mocker profiles predict`.
@@ -48,7 +54,9 @@ pub struct PredictArgs {
 pub fn run(args: ProfilesArgs) -> Result<(), UsageError> {
     match args.action {
         None => list(),
-        Some(ProfilesAction::Predict(p)) => predict(p),
+        Some(ProfilesAction::Predict(p)) => predict(*p),
+        Some(ProfilesAction::Models) => list_models(),
+        Some(ProfilesAction::Gpus) => list_gpus(),
     }
 }
 
@@ -69,9 +77,70 @@ fn list() -> Result<(), UsageError> {
     print_all(&text)?;
     eprintln!(
         "mocker: predict latency under load with `mocker replay --timing-profile NAME` (or `mocker serve \
-         --timing-profile NAME`); `mocker profiles predict` prices recorded forward passes"
+         --timing-profile NAME`); `mocker profiles predict` prices recorded forward passes; any other model \
+         on any GPU: `--model HF_ID --gpu NAME` (`mocker profiles models`, `mocker profiles gpus`)"
     );
     Ok(())
+}
+
+/// Prints the model catalogue, one tab-separated line per entry under a header.
+fn list_models() -> Result<(), UsageError> {
+    let mut text =
+        String::from("model\tarchitecture\tlayers\thidden\theads\tkv_heads\texperts\tparams_b\taliases\n");
+    for e in mocker_models::models() {
+        let m = e.arch().map_err(|err| UsageError(err.to_string()))?;
+        let experts = m.moe.as_ref().map_or("-".to_string(), |x| format!("{}x top-{}", x.experts, x.top_k));
+        writeln!(
+            text,
+            "{}\t{}\t{}\t{}\t{}\t{}\t{experts}\t{:.1}\t{}",
+            e.id,
+            m.architecture,
+            m.num_layers,
+            m.hidden_size,
+            m.num_heads,
+            m.num_kv_heads,
+            m.parameters() / 1e9,
+            e.aliases.join(",")
+        )
+        .expect("writing to a String");
+    }
+    print_all(&text)?;
+    eprintln!(
+        "mocker: time any of these (or a directory with a config.json) on a GPU with `--model ID --gpu NAME \
+         --tensor-parallel-size N`; `mocker profiles gpus` lists the GPUs"
+    );
+    Ok(())
+}
+
+/// Prints the GPU catalogue, one tab-separated line per GPU under a header.
+fn list_gpus() -> Result<(), UsageError> {
+    let mut text = String::from(
+        "gpu\tdescription\tmemory_gb\tbandwidth_tb_s\tbf16_tflops\tfp8_tflops\tinterconnect\ttimed_by\n",
+    );
+    for g in mocker_models::gpus() {
+        let tflops = |k: &str| g.flops.get(k).map_or("-".to_string(), |f| format!("{:.0}", f / 1e12));
+        let timed_by = match (&g.aic_system, &g.proxy) {
+            (Some(s), _) if mocker_models::catalogue::op_systems().contains(&s.as_str()) => {
+                format!("{s} (measured)")
+            }
+            (_, Some(p)) => format!("{p} (scaled by the roofline)"),
+            _ => "-".into(),
+        };
+        writeln!(
+            text,
+            "{}\t{}\t{:.0}\t{:.2}\t{}\t{}\t{} {:.0} GB/s\t{timed_by}",
+            g.name,
+            g.description,
+            g.memory_bytes / 1e9,
+            g.memory_bandwidth / 1e12,
+            tflops("bf16"),
+            tflops("fp8"),
+            g.interconnect.kind,
+            g.interconnect.bandwidth / 1e9,
+        )
+        .expect("writing to a String");
+    }
+    print_all(&text)
 }
 
 /// Writes `text` to stdout; a reader that stopped early (`| head`) is not an error.

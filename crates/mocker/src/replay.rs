@@ -493,7 +493,8 @@ fn serve_only_keys(launch: &mocker_core::config::LaunchConfig) -> Vec<&'static s
 pub(crate) fn warn_transfer_keys(flag: &str, launch: &mocker_core::config::LaunchConfig, applies: &str) {
     let e = &launch.engine;
     let mut keys = Vec::new();
-    if e.kv_transfer_bytes_per_token.is_some() {
+    // With a model, the size is the model's own KV per token (mocker_models sets it).
+    if e.kv_transfer_bytes_per_token.is_some() && launch.hardware.model.is_none() {
         keys.push("kv_transfer_bytes_per_token");
     }
     if e.kv_transfer_bandwidth.is_some() {

@@ -48,9 +48,13 @@ fn pool_facts(pool: &Pool, flags: &EngineFlags) -> PoolFacts {
     let (timing, meta) = timing(launch, flags);
     // The profile sized the cache exactly when it states memory and num_gpu_blocks was not
     // explicit (mocker_profiles' capacity rules); otherwise the count is as given or default.
-    let source = if meta.is_some() && !launch.num_gpu_blocks_is_explicit {
+    let by_model = matches!(timing, TimingSource::Architecture { .. });
+    let source = if (meta.is_some() || by_model) && !launch.num_gpu_blocks_is_explicit {
         let (key, fraction) = mocker_profiles::memory_fraction(launch);
-        KvSource::ProfileMemory { key: key.to_string(), fraction }
+        match by_model {
+            true => KvSource::ModelMemory { key: key.to_string(), fraction },
+            false => KvSource::ProfileMemory { key: key.to_string(), fraction },
+        }
     } else if launch.num_gpu_blocks_given {
         KvSource::EngineArgs
     } else {
@@ -99,6 +103,9 @@ fn timing(
         }
         TimingModelConfig::External { provider, .. } => {
             (TimingSource::External { provider: provider.clone() }, None)
+        }
+        TimingModelConfig::Architecture { label, .. } => {
+            (TimingSource::Architecture { label: label.clone() }, None)
         }
     }
 }

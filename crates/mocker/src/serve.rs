@@ -32,9 +32,9 @@ pub struct ServeArgs {
     /// Port of the first worker (worker i listens on port + i; 0 picks free ports).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Model name clients use and `/v1/models` lists.
-    #[arg(long, default_value = "mocker", visible_alias = "served-model-name")]
-    pub model_name: String,
+    /// Model name clients use and `/v1/models` lists (default: `--model`'s, else "mocker").
+    #[arg(long, visible_alias = "served-model-name")]
+    pub model_name: Option<String>,
     /// Engine configuration as JSON (flat or {"engine": {...}}) or @file; the flags below
     /// override it.
     #[arg(long, visible_alias = "extra-engine-args")]
@@ -240,6 +240,12 @@ fn seconds(flag: &str, value: f64, positive: bool) -> Result<Duration, UsageErro
 }
 
 impl ServeArgs {
+    /// The name clients use: `--served-model-name`, else `--model` as given (as vLLM
+    /// serves a model under its path or id), else "mocker".
+    fn served_model_name(&self) -> String {
+        self.model_name.clone().or_else(|| self.engine.model.clone()).unwrap_or_else(|| "mocker".into())
+    }
+
     fn launch_config(&self) -> Result<LaunchConfig, UsageError> {
         let mut launch = crate::engine_args::launch_config(self.engine_args.as_deref(), &self.engine)?;
         let engine = &mut launch.engine;
@@ -285,7 +291,7 @@ impl ServeArgs {
                  --prefill-engine-args",
             );
         }
-        if launch.tensor_parallel_size != 1 {
+        if launch.tensor_parallel_size != 1 && launch.hardware.model.is_none() {
             eprintln!(
                 "warning: --engine-args: tensor_parallel_size not used by serve (no figure here is per GPU); \
                  it applies to replay's per-GPU figures (gpu_hours, decode_gpus_per_worker) and must match a \
@@ -541,7 +547,7 @@ impl ServeArgs {
             .map_err(UsageError)?;
         let options = LoraOptions { max_loras, modules };
         // Names clash with each other or the served model: the same check the server makes.
-        LoraRegistry::new(&options, &self.model_name).map_err(UsageError)?;
+        LoraRegistry::new(&options, &self.served_model_name()).map_err(UsageError)?;
         Ok(Some(options))
     }
 
@@ -666,7 +672,7 @@ impl ServeArgs {
                     })?
                 };
                 let mut options = ServerOptions::new(SocketAddr::new(self.host, port), launch.clone());
-                options.model_name = self.model_name.clone();
+                options.model_name = self.served_model_name();
                 options.tokenizer = tokenizer.clone();
                 options.api_key = self.api_key.clone();
                 options.shutdown_grace = grace;
@@ -758,6 +764,14 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
                     mocker_server::served_max_model_len(e),
                     lengths.describe()
                 );
+                if let mocker_core::config::TimingModelConfig::Architecture { label, .. } = &e.timing_model {
+                    let h = &o.launch.hardware;
+                    eprintln!(
+                        "mocker: timing {label} from its architecture; {} ms a pass, {} ms API server a request",
+                        h.pass_overhead_ms.unwrap_or(0.0),
+                        h.frontend_latency_ms.unwrap_or(0.0)
+                    );
+                }
             }
             let server = BoundServer::bind(o, ranks).await.map_err(|e| UsageError(e.to_string()))?;
             if i == 0 {

@@ -940,3 +940,28 @@ fn bad_flags_exit_2_naming_the_field() {
         assert_serve_refuses(args, needle);
     }
 }
+
+#[test]
+fn frontend_latency_delays_every_first_token() {
+    // A one-token completion takes one modelled prefill pass (tens of ms); the API
+    // server's modelled time comes before it, so no answer can come back sooner.
+    let body = r#"{"model": "mocker-test", "prompt": "hello there", "max_tokens": 1}"#;
+    let timed = |server: &Server| {
+        let start = Instant::now();
+        let (status, text) = http(&server.base, "POST", "/v1/completions", &[], body);
+        assert_eq!(status, 200, "{text}");
+        start.elapsed()
+    };
+    let slow = Server::start(&["--speedup-ratio", "1", "--engine-args", r#"{"frontend_latency_ms": 1500}"#]);
+    assert!(timed(&slow) >= Duration::from_millis(1500));
+    let plain = Server::start(&["--speedup-ratio", "1"]);
+    assert!(timed(&plain) < Duration::from_millis(1500), "without the key nothing waits");
+    // A model on a GPU serves with the architecture's timing and its KV capacity.
+    let modelled =
+        Server::start(&["--speedup-ratio", "1", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "l40s"]);
+    let start = modelled.stderr.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+    timed(&modelled);
+    let (status, models) = http(&modelled.base, "GET", "/v1/models", &[], "");
+    assert_eq!(status, 200, "{start}");
+    assert!(models.contains("\"max_model_len\""), "{models}");
+}

@@ -53,6 +53,11 @@ pub enum TimingSource {
         /// What it was measured for, if it says (Dynamo's own tables do not).
         profile: Option<ProfileFacts>,
     },
+    /// Composed from a model's architecture on a GPU (`--model`, `--gpu`).
+    Architecture {
+        /// What was modelled ("meta-llama/Llama-3.1-8B on h100, TP 1").
+        label: String,
+    },
     /// Another external provider, by name.
     External {
         /// The provider's name.
@@ -70,6 +75,13 @@ pub enum KvSource {
     /// Derived from GPU memory by the timing profile's memory facts.
     ProfileMemory {
         /// The memory-fraction key the backend reads (`gpu_memory_utilization`, ...).
+        key: String,
+        /// Its value (given or the backend's default).
+        fraction: f64,
+    },
+    /// Derived from GPU memory by the model's weights and KV size (`--model`, `--gpu`).
+    ModelMemory {
+        /// The memory-fraction key the backend reads.
         key: String,
         /// Its value (given or the backend's default).
         fraction: f64,
@@ -166,6 +178,7 @@ impl TimingSource {
             Self::ProfileFile { path, given_by, profile } => {
                 with(format!("Dynamo profile {path} ({given_by})"), profile)
             }
+            Self::Architecture { label } => format!("architecture: {label} (--model, --gpu)"),
             Self::External { provider } => format!("external provider {provider}"),
         }
     }
@@ -180,6 +193,7 @@ impl TimingSource {
                 let trimmed = path.trim_end_matches('/');
                 format!("profile {}", trimmed.rsplit('/').next().unwrap_or(trimmed))
             }
+            Self::Architecture { label } => label.clone(),
             Self::External { provider } => provider.clone(),
         }
     }
@@ -209,6 +223,10 @@ impl TimingSource {
                 profile(&mut m, p);
                 "profile_file"
             }
+            Self::Architecture { label } => {
+                m.insert("label".into(), json!(label));
+                "architecture"
+            }
             Self::External { provider } => {
                 m.insert("provider".into(), json!(provider));
                 "external"
@@ -233,6 +251,9 @@ impl KvCapacity {
             KvSource::ProfileMemory { key, fraction } => {
                 format!("derived from GPU memory by the profile, {key} {fraction}")
             }
+            KvSource::ModelMemory { key, fraction } => {
+                format!("derived from GPU memory by the model's size, {key} {fraction}")
+            }
         };
         format!(
             "{} blocks × {} tokens = {} tokens ({source})",
@@ -255,6 +276,11 @@ impl KvCapacity {
                 v["memory_fraction_key"] = json!(key);
                 v["memory_fraction"] = json!(fraction);
                 "profile_memory"
+            }
+            KvSource::ModelMemory { key, fraction } => {
+                v["memory_fraction_key"] = json!(key);
+                v["memory_fraction"] = json!(fraction);
+                "model_memory"
             }
         };
         v["source"] = json!(source);
