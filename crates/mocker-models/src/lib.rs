@@ -177,6 +177,7 @@ pub fn resolve_launch(launch: &mut LaunchConfig) -> Result<Option<Resolved>, Mod
         err("gpu", format!("{gpu_name:?} is not a GPU of the catalogue; known: {}", gpu_names().join(", ")))
     })?;
     let place = placement(launch, &model.arch)?;
+    apply_vllm_batch_defaults(launch, gpu);
     let (system, scaled_from) = ops_system(gpu)?;
     let tables = catalogue::op_tables(&system)
         .ok_or_else(|| err("gpu", format!("no operator tables bundled for {system}")))?
@@ -236,6 +237,32 @@ pub fn resolve_launch(launch: &mut LaunchConfig) -> Result<Option<Resolved>, Mod
         weight_bytes_per_gpu: weights,
         kv_bytes_per_token_per_gpu: kv_per_token,
     }))
+}
+
+/// vLLM's OpenAI server sizes its batch by the GPU when the user does not: 8192 tokens and
+/// 1024 sequences a pass on parts with 70 GiB or more (A100 excepted), 2048 and 256 on the
+/// rest (`EngineArgs._set_default_args` in vLLM's V1 engine).
+pub fn vllm_batch_defaults(gpu: &GpuSpec) -> (usize, usize) {
+    let gib = 1024.0 * 1024.0 * 1024.0;
+    if gpu.memory_bytes >= 70.0 * gib && !gpu.name.starts_with("a100") {
+        (1024, 8192)
+    } else {
+        (256, 2048)
+    }
+}
+
+fn apply_vllm_batch_defaults(launch: &mut LaunchConfig, gpu: &GpuSpec) {
+    if launch.engine.backend != mocker_core::config::Backend::Vllm {
+        return;
+    }
+    let (seqs, tokens) = vllm_batch_defaults(gpu);
+    let (seqs_given, tokens_given) = launch.batch_limits_given;
+    if !seqs_given {
+        launch.engine.max_num_seqs = seqs;
+    }
+    if !tokens_given {
+        launch.engine.max_num_batched_tokens = tokens;
+    }
 }
 
 /// The operator data that times `gpu`: its own system's, or its proxy's (named).

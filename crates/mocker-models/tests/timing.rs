@@ -18,18 +18,19 @@ fn launch(model: &str, gpu: &str, tp: usize) -> LaunchConfig {
 #[test]
 fn kv_capacity_equals_a_hand_computation() {
     // Llama-3.1-8B, one H100 (80 GiB), vLLM, gpu_memory_utilization 0.9, 16-token blocks,
-    // 8192 batched tokens, 256 sequences:
-    //   usable      0.9 x 85,899,345,920                                  = 77,309,411,328
-    //   weights     8,029,995,008 parameters x 2 bytes                    = 16,059,990,016
-    //   activations 8192 x (3 x 14336 + 4 x 4096) x 2 + 256 x 128256 x 8 =  1,235,746,816
-    //   runtime     1 GiB                                                 =  1,073,741,824
-    //   KV          58,939,932,672 bytes / (131,072 bytes a token x 16)   = 28,104 blocks
+    // vLLM's H100 defaults of 8192 batched tokens and 1024 sequences:
+    //   usable      0.9 x 85,899,345,920                                   = 77,309,411,328
+    //   weights     8,029,995,008 parameters x 2 bytes                     = 16,059,990,016
+    //   activations 8192 x (3 x 14336 + 4 x 4096) x 2 + 1024 x 128256 x 8 =  2,023,751,680
+    //   runtime     1 GiB                                                  =  1,073,741,824
+    //   KV          58,151,927,808 bytes / (131,072 bytes a token x 16)    = 27,729 blocks
     let mut l = launch("meta-llama/Llama-3.1-8B-Instruct", "h100", 1);
     l.engine.block_size = 16;
     let r = resolve_launch(&mut l).unwrap().unwrap();
     assert_eq!(r.weight_bytes_per_gpu, 16_059_990_016.0);
     assert_eq!(r.kv_bytes_per_token_per_gpu, 131_072.0);
-    assert_eq!(l.engine.num_gpu_blocks, 28_104);
+    assert_eq!((l.engine.max_num_seqs, l.engine.max_num_batched_tokens), (1024, 8192));
+    assert_eq!(l.engine.num_gpu_blocks, 27_729);
     // The P/D transfer size follows from it: every GPU's shard of a token's KV.
     assert_eq!(l.engine.kv_transfer_bytes_per_token, Some(131_072.0));
     // Two GPUs: half the weights and half of each token's KV on each.
@@ -43,6 +44,14 @@ fn kv_capacity_equals_a_hand_computation() {
     fp8.engine.block_size = 16;
     fp8.hardware.kv_cache_dtype = Some("fp8".into());
     assert_eq!(resolve_launch(&mut fp8).unwrap().unwrap().kv_bytes_per_token_per_gpu, 65_536.0);
+    // Smaller parts and A100s get vLLM's smaller batch; limits given in engine args stay.
+    let mut a100 = launch("meta-llama/Llama-3.1-8B-Instruct", "a100-80gb", 1);
+    resolve_launch(&mut a100).unwrap();
+    assert_eq!((a100.engine.max_num_seqs, a100.engine.max_num_batched_tokens), (256, 2048));
+    let mut kept =
+        LaunchConfig::from_json_str(r#"{"max_num_seqs": 7, "model": "meta-llama/Llama-3.1-8B"}"#).unwrap();
+    resolve_launch(&mut kept).unwrap();
+    assert_eq!((kept.engine.max_num_seqs, kept.engine.max_num_batched_tokens), (7, 8192));
     // Given blocks win.
     let mut given = launch("meta-llama/Llama-3.1-8B-Instruct", "h100", 1);
     given.engine.num_gpu_blocks = 77;

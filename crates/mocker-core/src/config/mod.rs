@@ -472,6 +472,10 @@ pub struct LaunchConfig {
     /// Not part of the canonical form: it is a fact about the input, not a setting.
     #[serde(skip)]
     pub num_gpu_blocks_given: bool,
+    /// Whether the engine args gave `max_num_seqs` / `max_num_batched_tokens`: without
+    /// them a model on a GPU takes vLLM's defaults for that GPU. Facts about the input.
+    #[serde(skip)]
+    pub batch_limits_given: (bool, bool),
     /// vLLM-style memory fraction.
     pub gpu_memory_utilization: Option<f64>,
     /// SGLang-style memory fraction.
@@ -531,6 +535,7 @@ impl Default for LaunchConfig {
             startup_time: None,
             num_gpu_blocks_is_explicit: false,
             num_gpu_blocks_given: false,
+            batch_limits_given: (false, false),
             gpu_memory_utilization: None,
             mem_fraction_static: None,
             free_gpu_memory_fraction: None,

@@ -1,0 +1,143 @@
+//! `--model`, `--gpu` and `--tensor-parallel-size` through the real binary: unknown names
+//! exit 2 listing what exists, the catalogue lists, a sweep over GPUs and TP, and
+//! `profiles predict` pricing passes from the architecture.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_mocker");
+const WORKLOAD: [&str; 8] =
+    ["--input-tokens", "2000", "--output-tokens", "64", "--request-count", "24", "--request-rate", "4"];
+
+fn mocker(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("mocker-cli-models-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn unknown_models_and_gpus_exit_2_listing_the_known_ones() {
+    let cases: [(&[&str], &[&str]); 5] = [
+        (
+            &["--model", "acme/NoSuch-7B"],
+            &["--model", "acme/NoSuch-7B", "meta-llama/Llama-3.1-8B", "openai/gpt-oss-20b"],
+        ),
+        (
+            &["--model", "meta-llama/Llama-3.1-8B", "--gpu", "v100"],
+            &["--gpu", "v100", "h100", "l40s", "mi300x"],
+        ),
+        (&["--gpu", "h100"], &["--gpu", "--model"]),
+        (
+            &["--model", "meta-llama/Llama-3.1-8B", "--kv-cache-dtype", "int2"],
+            &["--kv-cache-dtype", "fp8_e4m3"],
+        ),
+        (
+            &["--model", "meta-llama/Llama-3.1-8B", "--timing-profile", "h100-llama3.1-8b-vllm-tp1"],
+            &["--model", "--timing-profile", "one timing source"],
+        ),
+    ];
+    for (flags, words) in cases {
+        for cmd in ["replay", "serve"] {
+            let mut args = vec![cmd];
+            if cmd == "replay" {
+                args.extend_from_slice(&WORKLOAD);
+            } else {
+                args.extend_from_slice(&["--port", "0"]);
+            }
+            args.extend_from_slice(flags);
+            let out = mocker(&args);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+            for w in words {
+                assert!(stderr(&out).contains(w), "{args:?}: {w:?} missing from {}", stderr(&out));
+            }
+        }
+    }
+}
+
+#[test]
+fn the_catalogue_lists_its_models_and_gpus() {
+    let models = mocker(&["profiles", "models"]);
+    assert!(models.status.success());
+    let text = String::from_utf8_lossy(&models.stdout);
+    assert!(text.starts_with("model\tarchitecture\t"));
+    let mixtral =
+        text.lines().find(|l| l.starts_with("mistralai/Mixtral-8x7B-v0.1\t")).expect("Mixtral listed");
+    assert!(mixtral.contains("8x top-2") && mixtral.contains("46.7"), "{mixtral}");
+    assert!(text.lines().count() > 30);
+    let gpus = mocker(&["profiles", "gpus"]);
+    let text = String::from_utf8_lossy(&gpus.stdout);
+    assert!(text.lines().any(|l| l.starts_with("l40s\t") && l.contains("(measured)")), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("l4\t") && l.contains("scaled")), "{text}");
+}
+
+#[test]
+fn a_sweep_crosses_gpus_and_tensor_parallel_sizes() {
+    let dir = scratch("sweep");
+    let json_path = dir.join("sweep.json");
+    let mut args = vec!["sweep"];
+    args.extend_from_slice(&WORKLOAD);
+    args.extend_from_slice(&[
+        "--engine-args",
+        r#"{"model": "Qwen/Qwen3-14B"}"#,
+        "--sweep-engine-args",
+        r#"{"gpu": "l40s", "tensor_parallel_size": 1}"#,
+        "--sweep-engine-args",
+        r#"{"gpu": "l40s", "tensor_parallel_size": 2}"#,
+        "--sweep-engine-args",
+        r#"{"gpu": "h100", "tensor_parallel_size": 1}"#,
+        "--output-json",
+        json_path.to_str().unwrap(),
+    ]);
+    let out = mocker(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    let ttft: Vec<f64> =
+        json["points"].as_array().unwrap().iter().map(|p| p["mean_ttft_ms"].as_f64().unwrap()).collect();
+    // Two L40S prefill faster than one; an H100 faster than either.
+    assert!(ttft[1] < ttft[0] && ttft[2] < ttft[1], "{ttft:?}");
+}
+
+#[test]
+fn predict_prices_passes_from_the_architecture() {
+    let dir = scratch("predict");
+    let input = dir.join("passes.csv");
+    std::fs::write(
+        &input,
+        "ctx_tokens,ctx_requests,ctx_kv_tokens,decode_requests,decode_kv_tokens\n1024,1,0,0,0\n0,0,0,32,65536\n",
+    )
+    .unwrap();
+    let price = |gpu: &str, tp: &str| -> Vec<f64> {
+        let out = mocker(&[
+            "profiles",
+            "predict",
+            "--input",
+            input.to_str().unwrap(),
+            "--model",
+            "meta-llama/Llama-3.1-70B",
+            "--gpu",
+            gpu,
+            "--tensor-parallel-size",
+            tp,
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines().skip(1).map(|l| l.rsplit(',').next().unwrap().parse().unwrap()).collect()
+    };
+    let (h100x4, h100x8, a100x4) = (price("h100", "4"), price("h100", "8"), price("a100", "4"));
+    for i in 0..2 {
+        assert!(h100x8[i] < h100x4[i] && h100x4[i] < a100x4[i], "{h100x4:?} {h100x8:?} {a100x4:?}");
+    }
+    // 70 B at TP4 on H100s: one decode step of 32 requests reads ~35 GB of weights per GPU
+    // at 3.35 TB/s, about 11 ms plus attention and all-reduces.
+    assert!((10.0..30.0).contains(&h100x4[1]), "{h100x4:?}");
+}
