@@ -284,10 +284,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--architecture", action="store_true",
                     help="time passes from the model's architecture on the run's GPU (--model, --gpu, --tp) "
                          "instead of the bundled profile")
+    ap.add_argument("--no-overheads", action="store_true",
+                    help="with --architecture: price the operations alone (pass_overhead_ms and "
+                         "frontend_latency_ms 0) instead of mocker's defaults")
     ap.add_argument("--fit-overheads-on-tp", type=int, metavar="N",
-                    help="with --architecture: fit pass_overhead_ms (median measured - predicted decode pass) "
-                         "and frontend_latency_ms (median measured - simulated request E2E) on TP N, then "
-                         "report every TP with them")
+                    help="with --architecture: fit pass_overhead_ms on TP N (median measured - predicted "
+                         "decode pass, operations alone), then report every TP with it")
     ap.add_argument("--list-outliers", action="store_true", help="print every pass the outlier rule flags")
     ap.add_argument("--markdown", action="store_true", help="also print the summary as a Markdown table")
     args = ap.parse_args(argv)
@@ -306,8 +308,7 @@ def main(argv: list[str]) -> int:
         with tempfile.TemporaryDirectory(prefix="mocker-calibrate-") as tmp:
             scratch = Path(tmp)
             arch = args.architecture
-            if arch:
-                # Nothing beside the operations unless fitted: the defaults are what is tested.
+            if arch and args.no_overheads:
                 base_args.setdefault("pass_overhead_ms", 0.0)
                 base_args.setdefault("frontend_latency_ms", 0.0)
             results = [evaluate(mocker, args.data / f"tp{tp}", tp, run_cfg, base_args, scratch, arch) for tp in tps]
@@ -324,15 +325,19 @@ def main(argv: list[str]) -> int:
                 n = args.fit_overheads_on_tp
                 fit = next((r for r in results if r["tp"] == n), None) or evaluate(
                     mocker, args.data / f"tp{n}", n, run_cfg, base_args, scratch, arch)
+                bare = dict(base_args, pass_overhead_ms=0.0)
+                if "pass_overhead_ms" in base_args and base_args["pass_overhead_ms"] == 0.0:
+                    bare_fit = fit
+                else:
+                    bare_fit = evaluate(mocker, args.data / f"tp{n}", n, run_cfg, bare, scratch, arch)
+                # The client's E2E includes the API server's time, which these unstreamed
+                # requests cannot separate from decode: it stays at its default.
                 corrected = dict(base_args)
-                corrected["pass_overhead_ms"] = round(max(0.0, statistics.median(fit["residuals"]["decode"])), 3)
-                again = evaluate(mocker, args.data / f"tp{n}", n, run_cfg, corrected, scratch, arch)
-                corrected["frontend_latency_ms"] = round(max(0.0, statistics.median(again["e2e_residuals"])), 1)
+                corrected["pass_overhead_ms"] = round(max(0.0, statistics.median(bare_fit["residuals"]["decode"])), 3)
                 fitted = [evaluate(mocker, args.data / f"tp{tp}", tp, run_cfg, corrected, scratch, arch)
                           for tp in tps]
                 print()
-                print_results(f"overheads fitted on TP{n}: pass_overhead_ms {corrected['pass_overhead_ms']}, "
-                              f"frontend_latency_ms {corrected['frontend_latency_ms']}", fitted,
+                print_results(f"pass_overhead_ms fitted on TP{n}: {corrected['pass_overhead_ms']}", fitted,
                               {n: "  [in sample]"})
                 if args.markdown:
                     markdown(fitted)

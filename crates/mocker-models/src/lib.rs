@@ -171,17 +171,9 @@ pub fn resolve_launch(launch: &mut LaunchConfig) -> Result<Option<Resolved>, Mod
              timing_model / --timing-profile / --planner-profile-data)",
         ));
     }
-    let model = load_model(model_spec)?;
-    let gpu_name = h.gpu.as_deref().unwrap_or(DEFAULT_GPU);
-    let gpu = find_gpu(gpu_name).ok_or_else(|| {
-        err("gpu", format!("{gpu_name:?} is not a GPU of the catalogue; known: {}", gpu_names().join(", ")))
-    })?;
-    let place = placement(launch, &model.arch)?;
+    let Setup { model, gpu, place, tables, scaled_from } = setup(launch, model_spec)?;
     apply_vllm_batch_defaults(launch, gpu);
-    let (system, scaled_from) = ops_system(gpu)?;
-    let tables = catalogue::op_tables(&system)
-        .ok_or_else(|| err("gpu", format!("no operator tables bundled for {system}")))?
-        .map_err(|e| err("gpu", e.to_string()))?;
+    let system = tables.system.clone();
     let overhead = h.pass_overhead_ms.unwrap_or(DEFAULT_PASS_OVERHEAD_MS);
     let label = format!("{} on {}, TP {}", model.name, gpu.name, place.tp);
     let timing = Pricer::new(&model.arch, gpu, &tables, place)
@@ -237,6 +229,38 @@ pub fn resolve_launch(launch: &mut LaunchConfig) -> Result<Option<Resolved>, Mod
         weight_bytes_per_gpu: weights,
         kv_bytes_per_token_per_gpu: kv_per_token,
     }))
+}
+
+/// A model placed on a GPU with the tables that price it.
+struct Setup {
+    model: NamedModel,
+    gpu: &'static GpuSpec,
+    place: Placement,
+    tables: ops::OpTables,
+    scaled_from: Option<String>,
+}
+
+fn setup(launch: &LaunchConfig, model_spec: &str) -> Result<Setup, ModelError> {
+    let model = load_model(model_spec)?;
+    let gpu_name = launch.hardware.gpu.as_deref().unwrap_or(DEFAULT_GPU);
+    let gpu = find_gpu(gpu_name).ok_or_else(|| {
+        err("gpu", format!("{gpu_name:?} is not a GPU of the catalogue; known: {}", gpu_names().join(", ")))
+    })?;
+    let place = placement(launch, &model.arch)?;
+    let (system, scaled_from) = ops_system(gpu)?;
+    let tables = catalogue::op_tables(&system)
+        .ok_or_else(|| err("gpu", format!("no operator tables bundled for {system}")))?
+        .map_err(|e| err("gpu", e.to_string()))?;
+    Ok(Setup { model, gpu, place, tables, scaled_from })
+}
+
+/// The launch's model on its GPU: each token-proportional operation of one layer at each
+/// of `tokens`, for listing what a pass is made of (`mocker profiles ops`).
+pub fn layer_operations(launch: &LaunchConfig, tokens: &[f64]) -> Result<Vec<pricing::LayerOps>, ModelError> {
+    let spec = launch.hardware.model.as_deref().ok_or_else(|| err("model", "is required"))?;
+    let s = setup(launch, spec)?;
+    let pricer = Pricer::new(&s.model.arch, s.gpu, &s.tables, s.place);
+    Ok(tokens.iter().map(|&t| pricer.layer_ops(t)).collect())
 }
 
 /// vLLM's OpenAI server sizes its batch by the GPU when the user does not: 8192 tokens and

@@ -37,6 +37,25 @@ fn token_axis(max: f64) -> Vec<f64> {
     xs
 }
 
+/// ms of one layer's token-proportional operations at some token count, on one GPU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerOps {
+    /// Query/key/value projection (MLA: the query and latent projections).
+    pub qkv_proj: f64,
+    /// Attention output projection.
+    pub o_proj: f64,
+    /// Dense MLP gate and up projections (one GEMM).
+    pub mlp_gate_up: f64,
+    /// Dense MLP down projection.
+    pub mlp_down: f64,
+    /// A MoE layer's router, experts and shared experts (0 for dense models).
+    pub moe: f64,
+    /// Norms, residual adds, rotary embedding, activation.
+    pub elementwise: f64,
+    /// One all-reduce of the layer's hidden states (two per layer; 0 at TP 1).
+    pub allreduce: f64,
+}
+
 /// A model placed on GPUs, with the tables that time its operations.
 pub struct Pricer<'a> {
     model: &'a ModelArch,
@@ -233,14 +252,13 @@ impl<'a> Pricer<'a> {
         router + shared + experts + exchange
     }
 
-    /// ms of one layer's non-attention work for `t` tokens (projections, MLP or experts
-    /// without the MoE part, norms, all-reduces).
-    fn layer_linear(&self, t: f64) -> f64 {
+    /// ms of each token-proportional operation of one layer for `t` tokens.
+    pub fn layer_ops(&self, t: f64) -> LayerOps {
         let m = self.model;
         let h = m.hidden_size as f64;
         let (heads, kv, d) = self.heads();
         let p = self.place.weights;
-        let projections = match &m.mla {
+        let (qkv_proj, o_proj) = match &m.mla {
             Some(mla) => {
                 let q_lora = mla.q_lora_rank as f64;
                 let latent = (mla.kv_lora_rank + mla.qk_rope_head_dim) as f64;
@@ -255,25 +273,34 @@ impl<'a> Pricer<'a> {
                     mla.kv_lora_rank as f64,
                     p,
                 );
-                q + kv_b + self.gemm(t, h, heads * mla.v_head_dim as f64, p)
+                (q + kv_b, self.gemm(t, h, heads * mla.v_head_dim as f64, p))
             }
-            None => self.gemm(t, (heads + 2.0 * kv) * d, h, p) + self.gemm(t, h, heads * d, p),
+            None => (self.gemm(t, (heads + 2.0 * kv) * d, h, p), self.gemm(t, h, heads * d, p)),
         };
+        let i = m.intermediate_size as f64 / self.place.tp as f64;
         let bytes = t * h * ELEMENTWISE_ELEMENTS_PER_TOKEN * 2.0;
-        let elementwise = bytes / (self.gpu.memory_bandwidth * ELEMENTWISE_BW_FRACTION) * 1e3
-            + ELEMENTWISE_KERNELS * KERNEL_LATENCY_MS;
-        projections + elementwise + 2.0 * self.allreduce(t * h)
+        LayerOps {
+            qkv_proj,
+            o_proj,
+            mlp_gate_up: self.gemm(t, 2.0 * i, h, p),
+            mlp_down: self.gemm(t, h, i, p),
+            moe: self.moe(t),
+            elementwise: bytes / (self.gpu.memory_bandwidth * ELEMENTWISE_BW_FRACTION) * 1e3
+                + ELEMENTWISE_KERNELS * KERNEL_LATENCY_MS,
+            allreduce: self.allreduce(t * h),
+        }
     }
 
     /// ms of the token-proportional work of a whole pass of `t` tokens.
     pub fn linear(&self, t: f64) -> f64 {
         let m = self.model;
         let h = m.hidden_size as f64;
-        let layers = m.num_layers as f64;
-        let dense = m.dense_mlp_layers() as f64 * self.mlp(t, m.intermediate_size as f64, self.place.weights);
-        let moe = m.moe_layers() as f64 * self.moe(t);
+        let ops = self.layer_ops(t);
+        let every_layer = ops.qkv_proj + ops.o_proj + ops.elementwise + 2.0 * ops.allreduce;
+        let dense = m.dense_mlp_layers() as f64 * (ops.mlp_gate_up + ops.mlp_down);
+        let moe = m.moe_layers() as f64 * ops.moe;
         // The vocabulary-parallel embedding ends in one all-reduce.
-        layers * self.layer_linear(t) + dense + moe + self.allreduce(t * h)
+        m.num_layers as f64 * every_layer + dense + moe + self.allreduce(t * h)
     }
 
     /// ms of the LM head and sampling for `s` sequences.

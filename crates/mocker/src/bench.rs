@@ -35,6 +35,9 @@ struct Case {
     engine: Value,
     shared_prefix_ratio: f64,
     num_prefix_groups: usize,
+    /// Launch-level keys beside the engine's (`model`, `gpu`): mocker-only cases, which
+    /// `scripts/bench_vs_reference.py` skips.
+    launch_keys: Option<Value>,
     /// Disaggregated: (prefill, decode) workers, `engine` on both with their worker type,
     /// the prefill side transferring 128 KiB per token at 64 GB/s.
     pools: Option<(usize, usize)>,
@@ -54,6 +57,7 @@ fn suite() -> Vec<Case> {
         engine,
         shared_prefix_ratio: 0.0,
         num_prefix_groups: 0,
+        launch_keys: None,
         pools: None,
     };
     vec![
@@ -93,6 +97,19 @@ fn suite() -> Vec<Case> {
             json!({"timing_model": h200_table()}),
         ),
         c("H-poly-3k-300-c128", 3000, 300, 2000, Load::Concurrency(128), json!({})),
+        // The same workload and KV cache timed from the architecture (the curves' lookups
+        // against the table's).
+        Case {
+            launch_keys: Some(json!({"model": "meta-llama/Llama-3.1-8B", "gpu": "h200"})),
+            ..c(
+                "H-arch-3k-300-c128",
+                3000,
+                300,
+                2000,
+                Load::Concurrency(128),
+                json!({"num_gpu_blocks": 16384, "max_num_seqs": 256, "max_num_batched_tokens": 8192}),
+            )
+        },
         // SGLang's radix cache at its two common page sizes (issue 23's speed targets).
         c(
             "S-sglang-page64-1k-100-50k",
@@ -133,6 +150,7 @@ fn case_json(c: &Case) -> Value {
         "name": c.name, "input_tokens": c.isl, "output_tokens": c.osl, "request_count": c.n,
         "load": load_json(c.load), "engine": c.engine,
         "shared_prefix_ratio": c.shared_prefix_ratio, "num_prefix_groups": c.num_prefix_groups,
+        "launch": c.launch_keys,
         "pools": c.pools.map(|(p, d)| json!({
             "num_prefill_workers": p, "num_decode_workers": d,
             "kv_transfer_bytes_per_token": TRANSFER.0, "kv_transfer_bandwidth": TRANSFER.1,
@@ -161,11 +179,19 @@ pub fn run(args: BenchArgs) -> Result<(), UsageError> {
                 .as_object_mut()
                 .expect("engine args are an object")
                 .extend(extra.as_object().cloned().unwrap());
-            let mut launch = LaunchConfig::from_value(json!({ "engine": engine }))
-                .map_err(|e| UsageError(e.to_string()))?;
-            mocker_profiles::resolve_launch(&mut launch).map_err(|e| {
-                UsageError(format!("{}: {e} (run mocker bench from the repository root)", c.name))
-            })?;
+            let mut doc = json!({ "engine": engine });
+            if let Some(Value::Object(keys)) = &c.launch_keys {
+                doc.as_object_mut().expect("an object").extend(keys.clone());
+            }
+            let mut launch = LaunchConfig::from_value(doc).map_err(|e| UsageError(e.to_string()))?;
+            let modelled = mocker_models::resolve_launch(&mut launch)
+                .map_err(|e| UsageError(format!("{}: {e}", c.name)))?
+                .is_some();
+            if !modelled {
+                mocker_profiles::resolve_launch(&mut launch).map_err(|e| {
+                    UsageError(format!("{}: {e} (run mocker bench from the repository root)", c.name))
+                })?;
+            }
             Ok::<_, UsageError>(launch)
         };
         let cluster = match c.pools {

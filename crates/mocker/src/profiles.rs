@@ -29,6 +29,22 @@ enum ProfilesAction {
     /// List the GPUs of the catalogue (for `--gpu NAME`): memory, bandwidth, bf16/fp8 peak,
     /// interconnect, and whose measured operator data times them.
     Gpus,
+    /// Print what one layer's token-proportional operations cost for a model on a GPU at
+    /// some token counts (CSV, ms on one GPU): what `--model`/`--gpu` timing is made of.
+    Ops(Box<OpsArgs>),
+}
+
+/// `mocker profiles ops`.
+#[derive(Debug, clap::Args)]
+pub struct OpsArgs {
+    /// Tokens in the pass, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,128,1024,8192")]
+    tokens: Vec<u32>,
+    /// Engine configuration as JSON (inline or @file), for the launch keys.
+    #[arg(long)]
+    engine_args: Option<String>,
+    #[command(flatten)]
+    engine: EngineFlags,
 }
 
 /// `mocker profiles predict`.
@@ -57,6 +73,7 @@ pub fn run(args: ProfilesArgs) -> Result<(), UsageError> {
         Some(ProfilesAction::Predict(p)) => predict(*p),
         Some(ProfilesAction::Models) => list_models(),
         Some(ProfilesAction::Gpus) => list_gpus(),
+        Some(ProfilesAction::Ops(a)) => ops(*a),
     }
 }
 
@@ -137,6 +154,33 @@ fn list_gpus() -> Result<(), UsageError> {
             tflops("fp8"),
             g.interconnect.kind,
             g.interconnect.bandwidth / 1e9,
+        )
+        .expect("writing to a String");
+    }
+    print_all(&text)
+}
+
+/// Prints each layer operation's time at each token count.
+fn ops(args: OpsArgs) -> Result<(), UsageError> {
+    if args.engine.model.is_none() {
+        return Err(UsageError(
+            "--model: required (a catalogue id or a directory with a config.json)".into(),
+        ));
+    }
+    if args.tokens.contains(&0) {
+        return Err(UsageError("--tokens: every count must be at least 1".into()));
+    }
+    let launch = launch_config(args.engine_args.as_deref(), &args.engine)?;
+    let tokens: Vec<f64> = args.tokens.iter().map(|&t| f64::from(t)).collect();
+    let rows = mocker_models::layer_operations(&launch, &tokens).map_err(|e| UsageError(e.to_string()))?;
+    let mut text = String::from(
+        "tokens,qkv_proj_ms,o_proj_ms,mlp_gate_up_ms,mlp_down_ms,moe_ms,elementwise_ms,allreduce_ms\n",
+    );
+    for (t, o) in args.tokens.iter().zip(rows) {
+        writeln!(
+            text,
+            "{t},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6}",
+            o.qkv_proj, o.o_proj, o.mlp_gate_up, o.mlp_down, o.moe, o.elementwise, o.allreduce
         )
         .expect("writing to a String");
     }
