@@ -280,11 +280,11 @@ fn apply_vllm_batch_defaults(launch: &mut LaunchConfig, gpu: &GpuSpec) {
         return;
     }
     let (seqs, tokens) = vllm_batch_defaults(gpu);
-    let (seqs_given, tokens_given) = launch.batch_limits_given;
-    if !seqs_given {
+    let given = launch.batch_limits_given;
+    if !given.max_num_seqs {
         launch.engine.max_num_seqs = seqs;
     }
-    if !tokens_given {
+    if !given.max_num_batched_tokens {
         launch.engine.max_num_batched_tokens = tokens;
     }
 }

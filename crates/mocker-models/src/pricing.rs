@@ -13,15 +13,16 @@ use crate::gpu::GpuSpec;
 use crate::memory::Placement;
 use crate::ops::{ContextAttention, GenerationAttention, OpTables};
 
-/// Memory traffic beyond the matmuls each token costs a layer, in residual-width
-/// elements (two norms, residual adds, rotary embedding, activation).
-const ELEMENTWISE_ELEMENTS_PER_TOKEN: f64 = 12.0;
+/// Elements each token reads and writes in one fused residual-add + RMSNorm, in
+/// residual widths (AIConfigurator's `add_norm`; two per layer).
+const ADD_NORM_ELEMENTS: f64 = 4.0;
+/// Elements each token reads and writes in the gated activation, in MLP widths (two in,
+/// one out: AIConfigurator's `act_gate`).
+const ACTIVATION_ELEMENTS: f64 = 3.0;
 /// Fraction of peak memory bandwidth elementwise kernels reach (AIConfigurator's figure).
 const ELEMENTWISE_BW_FRACTION: f64 = 0.8;
 /// Fixed cost of one small kernel, ms (AIConfigurator's 3 µs).
 const KERNEL_LATENCY_MS: f64 = 0.003;
-/// Elementwise kernels per layer.
-const ELEMENTWISE_KERNELS: f64 = 4.0;
 
 /// Token-count axis of the folded curves: 1, 2, 3, 4, 6, 8, 12, ... (steps of 1.5x and 4/3x).
 fn token_axis(max: f64) -> Vec<f64> {
@@ -50,8 +51,10 @@ pub struct LayerOps {
     pub mlp_down: f64,
     /// A MoE layer's router, experts and shared experts (0 for dense models).
     pub moe: f64,
-    /// Norms, residual adds, rotary embedding, activation.
+    /// The two residual-add + RMSNorm kernels.
     pub elementwise: f64,
+    /// The dense MLP's gated activation (SiLU and multiply).
+    pub activation: f64,
     /// One all-reduce of the layer's hidden states (two per layer; 0 at TP 1).
     pub allreduce: f64,
 }
@@ -278,15 +281,14 @@ impl<'a> Pricer<'a> {
             None => (self.gemm(t, (heads + 2.0 * kv) * d, h, p), self.gemm(t, h, heads * d, p)),
         };
         let i = m.intermediate_size as f64 / self.place.tp as f64;
-        let bytes = t * h * ELEMENTWISE_ELEMENTS_PER_TOKEN * 2.0;
         LayerOps {
             qkv_proj,
             o_proj,
             mlp_gate_up: self.gemm(t, 2.0 * i, h, p),
             mlp_down: self.gemm(t, h, i, p),
             moe: self.moe(t),
-            elementwise: bytes / (self.gpu.memory_bandwidth * ELEMENTWISE_BW_FRACTION) * 1e3
-                + ELEMENTWISE_KERNELS * KERNEL_LATENCY_MS,
+            elementwise: 2.0 * self.memory_op(t * ADD_NORM_ELEMENTS * h * 2.0),
+            activation: self.memory_op(t * ACTIVATION_ELEMENTS * i * 2.0),
             allreduce: self.allreduce(t * h),
         }
     }
@@ -297,10 +299,16 @@ impl<'a> Pricer<'a> {
         let h = m.hidden_size as f64;
         let ops = self.layer_ops(t);
         let every_layer = ops.qkv_proj + ops.o_proj + ops.elementwise + 2.0 * ops.allreduce;
-        let dense = m.dense_mlp_layers() as f64 * (ops.mlp_gate_up + ops.mlp_down);
+        let dense = m.dense_mlp_layers() as f64 * (ops.mlp_gate_up + ops.activation + ops.mlp_down);
         let moe = m.moe_layers() as f64 * ops.moe;
-        // The vocabulary-parallel embedding ends in one all-reduce.
-        m.num_layers as f64 * every_layer + dense + moe + self.allreduce(t * h)
+        // The embedding gathers a row a token; vocabulary-parallel, it ends in an all-reduce.
+        let embedding = self.memory_op(t * h * 2.0) + self.allreduce(t * h);
+        m.num_layers as f64 * every_layer + dense + moe + embedding
+    }
+
+    /// ms of a memory-bound kernel moving `bytes`, as AIConfigurator prices one.
+    fn memory_op(&self, bytes: f64) -> f64 {
+        bytes / (self.gpu.memory_bandwidth * ELEMENTWISE_BW_FRACTION) * 1e3 + KERNEL_LATENCY_MS
     }
 
     /// ms of the LM head and sampling for `s` sequences.

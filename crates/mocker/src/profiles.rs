@@ -174,13 +174,13 @@ fn ops(args: OpsArgs) -> Result<(), UsageError> {
     let tokens: Vec<f64> = args.tokens.iter().map(|&t| f64::from(t)).collect();
     let rows = mocker_models::layer_operations(&launch, &tokens).map_err(|e| UsageError(e.to_string()))?;
     let mut text = String::from(
-        "tokens,qkv_proj_ms,o_proj_ms,mlp_gate_up_ms,mlp_down_ms,moe_ms,elementwise_ms,allreduce_ms\n",
+        "tokens,qkv_proj_ms,o_proj_ms,mlp_gate_up_ms,mlp_down_ms,moe_ms,elementwise_ms,activation_ms,allreduce_ms\n",
     );
     for (t, o) in args.tokens.iter().zip(rows) {
         writeln!(
             text,
-            "{t},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6}",
-            o.qkv_proj, o.o_proj, o.mlp_gate_up, o.mlp_down, o.moe, o.elementwise, o.allreduce
+            "{t},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6}",
+            o.qkv_proj, o.o_proj, o.mlp_gate_up, o.mlp_down, o.moe, o.elementwise, o.activation, o.allreduce
         )
         .expect("writing to a String");
     }

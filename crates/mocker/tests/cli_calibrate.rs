@@ -177,3 +177,45 @@ fn the_calibration_script_refuses_a_missing_tp() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--tp 3"));
 }
+
+#[test]
+fn the_architecture_timing_is_calibrated_against_measured_passes_and_operators() {
+    // Qwen3-32B's measured B300 passes at TP 4, priced from the architecture: every pass
+    // kind within the accuracy docs/calibration.md reports (nothing fitted).
+    let out = Command::new(python())
+        .arg(repo().join("scripts/calibrate.py"))
+        .args(["--tp", "4", "--mocker", BIN, "--architecture"])
+        .output()
+        .expect("run python");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let mape = |metric: &str| -> f64 {
+        let line = text.lines().find(|l| l.starts_with("  4  ") && l.contains(metric)).unwrap();
+        let cell = line.split_whitespace().find(|w| w.ends_with('%')).unwrap();
+        cell.trim_end_matches('%').parse().unwrap()
+    };
+    for (metric, bound) in [("context pass", 10.0), ("decode pass", 10.0), ("request e2e", 12.0)] {
+        assert!(mape(metric) < bound, "{metric}: {} % MAPE\n{text}", mape(metric));
+    }
+    // Vidur's measured GEMMs on A100 (MIT, calibration/vidur-ops): the four projections of
+    // five models at TP 1-8 within 15% pooled.
+    let out = Command::new(python())
+        .arg(repo().join("scripts/vidur_ops_check.py"))
+        .args(["--mocker", BIN, "--max-tokens", "4096"])
+        .output()
+        .expect("run python");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let line = text
+        .lines()
+        .find(|l| l.contains("a100-80gb") && l.contains("4 GEMMs"))
+        .unwrap_or_else(|| panic!("no pooled A100 GEMM line:\n{text}"));
+    let mape: f64 = line
+        .split_whitespace()
+        .find(|w| w.ends_with('%'))
+        .unwrap()
+        .trim_end_matches('%')
+        .parse()
+        .unwrap();
+    assert!(mape < 15.0, "{line}");
+}

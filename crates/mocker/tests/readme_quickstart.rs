@@ -108,10 +108,16 @@ fn the_quick_start_runs_as_written() {
         status.success(),
         "quick start failed ({status}):\n{script}\n--- stdout\n{out}\n--- stderr\n{err}"
     );
-    for want in ["\"object\":\"chat.completion\"", "\"object\":\"text_completion\"", "name\tmodel\tgpu"] {
+    for want in [
+        "\"object\":\"chat.completion\"",
+        "\"object\":\"text_completion\"",
+        "model\tarchitecture\t",
+        "gpu\tdescription\t",
+        "Timing: architecture: Qwen/Qwen3-14B on l40s, TP 2",
+    ] {
         assert!(out.contains(want), "{want:?} missing from the quick start's output:\n{out}");
     }
-    assert_eq!(out.matches("mocker | LLM Metrics").count(), 3, "three replays print their table:\n{out}");
+    assert_eq!(out.matches("mocker | LLM Metrics").count(), 4, "four replays print their table:\n{out}");
     if python.is_some() {
         let line =
             out.lines().find(|l| l.starts_with("stop ") || l.starts_with("length ")).unwrap_or_else(|| {

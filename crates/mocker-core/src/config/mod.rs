@@ -473,9 +473,9 @@ pub struct LaunchConfig {
     #[serde(skip)]
     pub num_gpu_blocks_given: bool,
     /// Whether the engine args gave `max_num_seqs` / `max_num_batched_tokens`: without
-    /// them a model on a GPU takes vLLM's defaults for that GPU. Facts about the input.
+    /// them a model on a GPU takes vLLM's defaults for that GPU.
     #[serde(skip)]
-    pub batch_limits_given: (bool, bool),
+    pub batch_limits_given: BatchLimitsGiven,
     /// vLLM-style memory fraction.
     pub gpu_memory_utilization: Option<f64>,
     /// SGLang-style memory fraction.
@@ -494,6 +494,23 @@ pub struct LaunchConfig {
     /// cache from memory (mocker's keys `model`, `gpu`, ..., read by a shell).
     #[serde(flatten)]
     pub hardware: HardwareConfig,
+}
+
+/// Which batch limits the engine args gave. A fact about the input, not a setting: it takes
+/// no part in comparing configurations (a canonical form, which writes every key, equals
+/// the configuration it came from).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BatchLimitsGiven {
+    /// `max_num_seqs` was given.
+    pub max_num_seqs: bool,
+    /// `max_num_batched_tokens` was given.
+    pub max_num_batched_tokens: bool,
+}
+
+impl PartialEq for BatchLimitsGiven {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 /// Which model on which GPU a launch simulates (`--model`, `--gpu`, vLLM's
@@ -535,7 +552,7 @@ impl Default for LaunchConfig {
             startup_time: None,
             num_gpu_blocks_is_explicit: false,
             num_gpu_blocks_given: false,
-            batch_limits_given: (false, false),
+            batch_limits_given: BatchLimitsGiven::default(),
             gpu_memory_utilization: None,
             mem_fraction_static: None,
             free_gpu_memory_fraction: None,
