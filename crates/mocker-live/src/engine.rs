@@ -65,7 +65,6 @@ pub(crate) struct Rank {
     cancel: mpsc::Sender<CancelMsg>,
     metrics: watch::Receiver<EngineMetrics>,
     lora: Option<watch::Receiver<LoraActivity>>,
-    buffering: OutputBuffering,
     shutdown: OnceCell<Result<(), LiveError>>,
 }
 
@@ -91,6 +90,9 @@ impl Drop for Rank {
 #[derive(Clone)]
 pub struct LiveEngine {
     inner: Arc<Rank>,
+    /// How the streams this handle hands out are buffered (the rank's option, unless
+    /// [`LiveEngine::with_buffering`] chose another).
+    buffering: OutputBuffering,
 }
 
 impl std::fmt::Debug for LiveEngine {
@@ -175,11 +177,18 @@ impl LiveEngine {
                     cancel: cancel_tx.clone(),
                     metrics,
                     lora,
-                    buffering,
                     shutdown: OnceCell::new(),
                 }),
+                buffering,
             })
             .collect())
+    }
+
+    /// A handle to the same rank whose requests are buffered as `buffering` says: a
+    /// server reading a whole response itself (not streamed) must not be shed as a slow
+    /// reader.
+    pub fn with_buffering(&self, buffering: OutputBuffering) -> LiveEngine {
+        LiveEngine { inner: Arc::clone(&self.inner), buffering }
     }
 
     /// Whether the engine still runs (not shut down, its actor not failed).
@@ -191,8 +200,9 @@ impl LiveEngine {
         &self.inner
     }
 
+    /// A handle for commands on requests already prepared (their buffering is fixed).
     pub(crate) fn from_rank(inner: Arc<Rank>) -> Self {
-        Self { inner }
+        Self { inner, buffering: OutputBuffering::default() }
     }
 
     pub(crate) async fn command(&self, cmd: Command) -> Result<(), LiveError> {
@@ -273,7 +283,7 @@ impl LiveEngine {
         let client_id = if request.uuid == 0 { Uuid::new_v4() } else { Uuid::from_u128(request.uuid) };
         let sched_id = Uuid::new_v4().as_u128();
         request.uuid = sched_id;
-        let cap = match self.inner.buffering {
+        let cap = match self.buffering {
             OutputBuffering::CancelOnOverflow { capacity } => len.min(capacity.get()),
             OutputBuffering::FullResponse => len,
         };

@@ -181,6 +181,31 @@ async fn p09_slow_consumer_is_shed_at_the_same_pass_boundary() {
     e.shutdown().await.unwrap();
 }
 
+// A shedding rank still buffers whole the requests submitted through a full-response
+// handle (a server reading a non-streamed response itself): they never overflow.
+#[tokio::test(start_paused = true)]
+async fn p09b_a_full_response_handle_is_never_shed_on_a_shedding_rank() {
+    let options = LiveOptions {
+        buffering: OutputBuffering::CancelOnOverflow { capacity: NonZeroUsize::new(1).unwrap() },
+        ..Default::default()
+    };
+    let e = LiveEngine::start(test_config(), options).unwrap();
+    let whole = e.with_buffering(OutputBuffering::FullResponse);
+    let mut kept = whole.submit(planned(0, 8, &[1, 2, 3])).await.unwrap();
+    let mut shed = e.submit(planned(0, 8, &[4, 5, 6])).await.unwrap();
+    timeout(Duration::from_secs(3), wait_idle(&e)).await.unwrap();
+    let mut got = Vec::new();
+    while let Some(o) = kept.recv().await {
+        got.push(o.token_id.unwrap());
+    }
+    assert_eq!(got, [1, 2, 3]);
+    assert!(!kept.overflowed());
+    while shed.recv().await.is_some() {}
+    assert!(shed.overflowed(), "the rank's own policy still sheds");
+    assert_eq!(e.overflow_cancellations(), 1);
+    e.shutdown().await.unwrap();
+}
+
 // Property 40: a closed receiver cancels the request at the first boundary (1 pass).
 #[tokio::test(start_paused = true)]
 async fn p40_closed_receiver_is_cancelled_at_the_first_boundary() {

@@ -10,7 +10,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use mocker_live::{LiveEngine, LiveError, LiveRequest};
+use mocker_live::{LiveEngine, LiveError, LiveRequest, OutputBuffering};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -36,18 +36,26 @@ use crate::tokenizer::Tokenizer;
 pub struct Ranks(pub Vec<LiveEngine>);
 
 impl Ranks {
-    /// The least-loaded rank and its position.
-    pub fn pick(&self) -> Result<(usize, &LiveEngine), ApiError> {
-        self.0
+    /// The least-loaded rank and its position. A response the server reads whole itself
+    /// (`streamed` false) is buffered whole: the server is its reader, never a slow client.
+    pub fn pick(&self, streamed: bool) -> Result<(usize, LiveEngine), ApiError> {
+        let (position, rank) = self
+            .0
             .iter()
             .enumerate()
             .min_by_key(|(_, e)| e.active_request_count())
-            .ok_or_else(|| ApiError::unavailable("no engine ranks"))
+            .ok_or_else(|| ApiError::unavailable("no engine ranks"))?;
+        let engine = if streamed { rank.clone() } else { rank.with_buffering(OutputBuffering::FullResponse) };
+        Ok((position, engine))
     }
 
     /// Submits to the least-loaded rank; also says which (its position).
-    pub async fn submit(&self, request: mocker_core::Request) -> Result<(LiveRequest, usize), ApiError> {
-        let (position, rank) = self.pick()?;
+    pub async fn submit(
+        &self,
+        request: mocker_core::Request,
+        streamed: bool,
+    ) -> Result<(LiveRequest, usize), ApiError> {
+        let (position, rank) = self.pick(streamed)?;
         Ok((rank.submit(request).await?, position))
     }
 }
@@ -113,6 +121,8 @@ pub struct AppState {
     /// Disaggregated prefill/decode (`--kv-transfer-config`); `None` refuses
     /// `kv_transfer_params`.
     pub pd: Option<Arc<crate::pd::PdState>>,
+    /// Most log-probability alternatives a request may ask for (`--max-logprobs`).
+    pub max_logprobs: u32,
     /// API-server time a request spends before the engine sees it (`frontend_latency_ms`,
     /// divided by the speedup ratio like the engine's passes).
     pub frontend_delay: Duration,

@@ -22,6 +22,9 @@ use crate::error::ApiError;
 /// Fields of an embeddings request; anything else is refused by name.
 const FIELDS: &[&str] = &["input", "model", "encoding_format", "dimensions", "user", "add_special_tokens"];
 
+/// Most inputs one request may embed (OpenAI's limit): each is an engine request.
+pub const MAX_INPUTS: usize = 2048;
+
 /// One input as the client gave it.
 enum Input {
     Text(String),
@@ -62,6 +65,13 @@ fn parse(body: &[u8], max_dim: usize) -> Result<Parsed, ApiError> {
     }
     let shapes = "a string, a list of strings, a list of token ids, or a list of token-id lists";
     let bad = |what: String| ApiError::invalid_field("input", format!("input: {what}; expected {shapes}"));
+    if let Some(n) = value["input"].as_array().map(Vec::len).filter(|&n| n > MAX_INPUTS) {
+        // Only a list of lists or strings can be many inputs; a long id list is one input.
+        if !value["input"].as_array().is_some_and(|a| a.iter().all(Value::is_number)) {
+            let msg = format!("input: at most {MAX_INPUTS} inputs in one request (as OpenAI's API), got {n}");
+            return Err(ApiError::invalid_field("input", msg));
+        }
+    }
     let inputs = match &value["input"] {
         Value::Null => return Err(ApiError::invalid_field("input", "input is required")),
         Value::String(s) => vec![Input::Text(s.clone())],
@@ -169,7 +179,7 @@ async fn prefill(state: &AppState, tokens: Vec<u32>) -> Result<(), ApiError> {
     if !state.frontend_delay.is_zero() {
         tokio::time::sleep(state.frontend_delay).await;
     }
-    let (mut live, _) = state.ranks.submit(request).await?;
+    let (mut live, _) = state.ranks.submit(request, false).await?;
     loop {
         match live.recv().await {
             Some(s) if s.rejected => return Err(state.rejection(prompt + 1)),
@@ -191,23 +201,31 @@ pub async fn embeddings(State(state): State<Arc<AppState>>, request: Request) ->
             return Err(ApiError::model_not_found(model));
         }
     }
-    let mut inputs = Vec::with_capacity(parsed.inputs.len());
-    for input in parsed.inputs {
-        let tokens = match input {
-            Input::Ids(ids) => ids,
-            Input::Text(text) => state
-                .tokenizer
-                .encode(&text, parsed.add_special_tokens)
-                .map_err(|e| ApiError::internal(e.to_string()))?,
-        };
-        if tokens.is_empty() {
-            return Err(ApiError::invalid_field(
-                "input",
-                "input must not be empty (it tokenizes to no tokens)",
-            ));
+    // Tokenizing a request's inputs is request-sized CPU work: off the async workers.
+    let tokenizing = Arc::clone(&state);
+    let (raw, special) = (parsed.inputs, parsed.add_special_tokens);
+    let inputs = tokio::task::spawn_blocking(move || {
+        let mut inputs = Vec::with_capacity(raw.len());
+        for input in raw {
+            let tokens = match input {
+                Input::Ids(ids) => ids,
+                Input::Text(text) => tokenizing
+                    .tokenizer
+                    .encode(&text, special)
+                    .map_err(|e| ApiError::internal(e.to_string()))?,
+            };
+            if tokens.is_empty() {
+                return Err(ApiError::invalid_field(
+                    "input",
+                    "input must not be empty (it tokenizes to no tokens)",
+                ));
+            }
+            inputs.push(tokens);
         }
-        inputs.push(tokens);
-    }
+        Ok(inputs)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("tokenizing the inputs: {e}")))??;
     // All inputs go to the engine at once, so they are batched as vLLM batches them.
     try_join_all(inputs.iter().map(|tokens| prefill(&state, tokens.clone()))).await?;
     let dim = state.embedding_dim;

@@ -22,7 +22,7 @@ use crate::openai::request::{Generation, PromptInput};
 use crate::openai::response::{
     ChoiceBody, ContentFrames, Endpoint, Finish, ResponseHeader, Usage, UsageMode,
 };
-use crate::output::logprobs::LogprobsAcc;
+use crate::output::logprobs::{LogprobsAcc, LogprobsShape};
 use crate::output::plan::{plan_choices, ChoicePlan, Planned};
 use crate::output::sampler::Sampler;
 use crate::output::stop::{StopRules, StopScan};
@@ -79,6 +79,7 @@ pub async fn generate(
     }
     let (tokens, echo) = prompt_tokens(&state, prompt, &generation)?;
     check_context(&state, &tokens, &mut generation)?;
+    check_output_size(&state, &generation)?;
     if matches!(transfer, KvTransfer::Bootstrap(_))
         && state.pd.as_ref().is_some_and(|pd| pd.role() == KvRole::Producer)
     {
@@ -153,33 +154,33 @@ pub async fn generate(
         };
         let (live, rank) = match (&transfer, &state.pd) {
             (KvTransfer::Prefill, Some(_)) => {
-                let (rank, engine) = state.ranks.pick()?;
+                let (rank, engine) = state.ranks.pick(generation.stream)?;
                 let (live, handoff) =
-                    crate::pd::start_prefill(engine, request, state.block_size, None).await?;
+                    crate::pd::start_prefill(&engine, request, state.block_size, None).await?;
                 prefill = Some(handoff);
                 (live, rank)
             }
             (KvTransfer::Bootstrap(b), Some(pd)) if pd.role() == KvRole::Producer => {
-                let (rank, engine) = state.ranks.pick()?;
+                let (rank, engine) = state.ranks.pick(generation.stream)?;
                 let (live, handoff) =
-                    crate::pd::start_prefill(engine, request, state.block_size, Some(b.room)).await?;
+                    crate::pd::start_prefill(&engine, request, state.block_size, Some(b.room)).await?;
                 prefill = Some(handoff);
                 (live, rank)
             }
             (KvTransfer::Decode(remote), Some(pd)) => {
-                let (rank, engine) = state.ranks.pick()?;
+                let (rank, engine) = state.ranks.pick(generation.stream)?;
                 let (live, read) =
-                    crate::pd::start_decode(pd, engine, request, ReadFrom::Nixl(remote)).await?;
+                    crate::pd::start_decode(pd, &engine, request, ReadFrom::Nixl(remote)).await?;
                 transfer_ms = read;
                 (live, rank)
             }
             (KvTransfer::Bootstrap(b), Some(pd)) => {
-                let (rank, engine) = state.ranks.pick()?;
-                let (live, read) = crate::pd::start_decode(pd, engine, request, ReadFrom::Room(b)).await?;
+                let (rank, engine) = state.ranks.pick(generation.stream)?;
+                let (live, read) = crate::pd::start_decode(pd, &engine, request, ReadFrom::Room(b)).await?;
                 transfer_ms = read;
                 (live, rank)
             }
-            _ => state.ranks.submit(request).await?,
+            _ => state.ranks.submit(request, generation.stream).await?,
         };
         lives.push((live, rank, sampler, plan, req_plan));
     }
@@ -271,6 +272,51 @@ pub async fn generate(
 /// so the same image gives the same ids and shares prefix-cache blocks as vLLM's
 /// multimodal hashing makes it.
 /// The prompt's token ids, and the text `echo` gives back (when asked for and known).
+/// Most tokens one request's choices may generate together (`n` × `max_tokens`).
+pub const MAX_REQUEST_OUTPUT_TOKENS: u64 = 1 << 24;
+/// Most log-probability entries one request's response may carry (`n` × `max_tokens` ×
+/// (1 + alternatives)): with them a response is ~100 bytes a token and alternative.
+pub const MAX_REQUEST_LOGPROB_ENTRIES: u64 = 1 << 22;
+
+/// Refuses a request whose response could not be held: `n` × `max_tokens` beyond
+/// [`MAX_REQUEST_OUTPUT_TOKENS`], alternatives beyond `--max-logprobs`, or log-probabilities
+/// beyond [`MAX_REQUEST_LOGPROB_ENTRIES`].
+fn check_output_size(state: &AppState, generation: &Generation) -> Result<(), ApiError> {
+    let tokens = u64::from(generation.n) * u64::from(generation.max_tokens);
+    if tokens > MAX_REQUEST_OUTPUT_TOKENS {
+        return Err(ApiError::invalid_field(
+            "n",
+            format!(
+                "n × max_tokens: {} × {} = {tokens} tokens exceeds {MAX_REQUEST_OUTPUT_TOKENS} a request; lower n \
+                 or max_tokens",
+                generation.n, generation.max_tokens
+            ),
+        ));
+    }
+    let Some(shape) = generation.logprobs else { return Ok(()) };
+    let (field, top) = match shape {
+        LogprobsShape::Chat { top } => ("top_logprobs", top),
+        LogprobsShape::Completion { top } => ("logprobs", top),
+    };
+    if top > state.max_logprobs {
+        return Err(ApiError::invalid_field(
+            field,
+            format!("Requested {field} of {top}, which is greater than max allowed: {}", state.max_logprobs),
+        ));
+    }
+    let entries = tokens * (1 + u64::from(top));
+    if entries > MAX_REQUEST_LOGPROB_ENTRIES {
+        return Err(ApiError::invalid_field(
+            field,
+            format!(
+                "{field}: n × max_tokens × (1 + {field}) = {entries} log-probability entries exceeds \
+                 {MAX_REQUEST_LOGPROB_ENTRIES} a request; lower n, max_tokens or {field}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 pub(crate) fn prompt_tokens(
     state: &AppState,
     prompt: PromptInput,
@@ -707,7 +753,7 @@ async fn full_response(
         .map(|(s, text)| ChoiceBody {
             text,
             finish: s.finish.take().expect("a finished choice has a finish"),
-            logprobs: s.logprobs.as_ref().map(LogprobsAcc::to_value),
+            logprobs: s.logprobs.as_ref().map(LogprobsAcc::to_raw),
             tool_call: s.plan.tool_call.clone(),
         })
         .collect();
@@ -770,14 +816,14 @@ impl SseState {
         let logprobs = stream.logprobs.as_ref();
         match &stream.plan.tool_call {
             Some(head) => {
-                let lp = logprobs.map(LogprobsAcc::to_value);
+                let lp = logprobs.map(LogprobsAcc::to_raw);
                 let head = first.then_some(head);
                 self.header.tool_frame(
                     out,
                     stream.index,
                     head,
                     &self.text,
-                    lp.as_ref(),
+                    lp.as_deref(),
                     last,
                     self.mode,
                     usage,

@@ -68,6 +68,9 @@ pub struct ServerOptions {
     pub enable_sleep_mode: bool,
     /// Length of `/v1/embeddings` vectors (`--embedding-dim`); at least 1.
     pub embedding_dim: usize,
+    /// Most log-probability alternatives a request may ask for (vLLM's `--max-logprobs`,
+    /// default 20, at most [`crate::output::sampler::MAX_TOP_LOGPROBS`]).
+    pub max_logprobs: u32,
     /// Serve LoRA adapters (`--enable-lora`); vLLM and TRT-LLM backends only.
     pub lora: Option<LoraOptions>,
     /// Take part in disaggregated prefill/decode (`--kv-transfer-config`); vLLM backend.
@@ -121,6 +124,7 @@ impl ServerOptions {
             image_tokens: DEFAULT_IMAGE_TOKENS,
             enable_sleep_mode: false,
             embedding_dim: 1024,
+            max_logprobs: crate::output::sampler::MAX_TOP_LOGPROBS,
             lora: None,
             pd: None,
         }
@@ -191,6 +195,7 @@ impl BoundServer {
             image_tokens,
             enable_sleep_mode,
             embedding_dim,
+            max_logprobs,
             lora,
             pd,
         } = options;
@@ -214,6 +219,12 @@ impl BoundServer {
         }
         if embedding_dim == 0 {
             return Err(ServerError::Options("--embedding-dim: must be at least 1, got 0".into()));
+        }
+        let most = crate::output::sampler::MAX_TOP_LOGPROBS;
+        if max_logprobs > most {
+            return Err(ServerError::Options(format!(
+                "--max-logprobs: at most {most} (the alternatives mocker's sampler ranks), got {max_logprobs}"
+            )));
         }
         let api_key_plain = api_key.clone();
         let api_key = match api_key.as_deref() {
@@ -371,6 +382,7 @@ impl BoundServer {
             image_tokens,
             sleep: enable_sleep_mode.then(SleepMode::default),
             embedding_dim,
+            max_logprobs,
             lora,
             pd,
         });

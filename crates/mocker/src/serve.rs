@@ -143,6 +143,10 @@ pub struct ServeArgs {
     /// Length of the unit-norm vectors /v1/embeddings returns (at least 1).
     #[arg(long, value_name = "N", default_value_t = NonZeroUsize::new(1024).unwrap())]
     pub embedding_dim: NonZeroUsize,
+    /// Most log-probability alternatives a request may ask for (`top_logprobs`, completions'
+    /// `logprobs`); more is a 400 naming the field, as vLLM's flag (0 to 20).
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub max_logprobs: u32,
     /// Serve LoRA adapters (vLLM's flag; vllm and trtllm backends): a request's `model`
     /// picks one, at most --max-loras adapters share a batch (requests of others wait),
     /// adapters never share cached blocks, KV events name the adapter, and
@@ -684,6 +688,7 @@ impl ServeArgs {
                 options.image_tokens = self.image_tokens as usize;
                 options.enable_sleep_mode = self.enable_sleep_mode;
                 options.embedding_dim = self.embedding_dim.get();
+                options.max_logprobs = self.max_logprobs;
                 options.lora = lora.clone();
                 options.pd = role(i);
                 if let Some(endpoint) = &kv_endpoint {

@@ -210,12 +210,7 @@ fn the_architecture_timing_is_calibrated_against_measured_passes_and_operators()
         .lines()
         .find(|l| l.contains("a100-80gb") && l.contains("4 GEMMs"))
         .unwrap_or_else(|| panic!("no pooled A100 GEMM line:\n{text}"));
-    let mape: f64 = line
-        .split_whitespace()
-        .find(|w| w.ends_with('%'))
-        .unwrap()
-        .trim_end_matches('%')
-        .parse()
-        .unwrap();
+    let mape: f64 =
+        line.split_whitespace().find(|w| w.ends_with('%')).unwrap().trim_end_matches('%').parse().unwrap();
     assert!(mape < 15.0, "{line}");
 }

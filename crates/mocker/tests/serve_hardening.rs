@@ -502,3 +502,83 @@ fn the_pd_front_has_the_workers_connection_protections() {
     std::thread::sleep(Duration::from_millis(100));
     serves();
 }
+
+/// Issue 45 items 2, 8 and 11: requests whose response or whose per-token work would be
+/// unbounded are refused by name; a response the server reads whole is never shed.
+#[test]
+fn output_size_stop_strings_and_embedding_batches_are_bounded() {
+    let server = Server::start(&["--speedup-ratio", "1000000", "--max-logprobs", "5"]);
+    let refused = |path: &str, body: String, param: &str, words: &str| {
+        let r = post(&server, path, Some(KEY), &body);
+        assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+        let e = r.json();
+        assert_eq!(e["error"]["param"], param, "{e}");
+        assert!(e["error"]["message"].as_str().unwrap().contains(words), "{e}");
+    };
+    let chat = |extra: &str| {
+        format!(r#"{{"model": "mocker-test", "messages": [{{"role": "user", "content": "hi"}}], {extra}}}"#)
+    };
+    refused(
+        "/v1/chat/completions",
+        chat(r#""logprobs": true, "top_logprobs": 6"#),
+        "top_logprobs",
+        "max allowed: 5",
+    );
+    refused(
+        "/v1/completions",
+        r#"{"model": "mocker-test", "prompt": "hi", "logprobs": 6}"#.into(),
+        "logprobs",
+        "max allowed: 5",
+    );
+    refused(
+        "/v1/chat/completions",
+        chat(r#""n": 128, "max_tokens": 6000, "logprobs": true, "top_logprobs": 5"#),
+        "top_logprobs",
+        "log-probability entries",
+    );
+    let many: Vec<String> = (0..1025).map(|i| format!("\"s{i}\"")).collect();
+    refused(
+        "/v1/chat/completions",
+        chat(&format!(r#""stop": [{}]"#, many.join(","))),
+        "stop",
+        "at most 1024",
+    );
+    refused(
+        "/v1/chat/completions",
+        chat(&format!(r#""stop": "{}""#, "x".repeat(4097))),
+        "stop",
+        "4096 bytes",
+    );
+    let wide: Vec<String> = (0..17).map(|i| format!("\"{}{i}\"", "y".repeat(4000))).collect();
+    refused("/v1/chat/completions", chat(&format!(r#""stop": [{}]"#, wide.join(","))), "stop", "together");
+    let inputs: Vec<String> = (0..2049).map(|i| format!("\"text {i}\"")).collect();
+    refused(
+        "/v1/embeddings",
+        format!(r#"{{"model": "mocker-test", "input": [{}]}}"#, inputs.join(",")),
+        "input",
+        "at most 2048",
+    );
+    // Within the bounds: a thousand stop strings scan linearly and the request completes.
+    let ok: Vec<String> = (0..1000).map(|i| format!("\"never-said-{i}\"")).collect();
+    let r = post(
+        &server,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat(&format!(r#""max_tokens": 300, "stop": [{}]"#, ok.join(","))),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["usage"]["completion_tokens"], 300);
+}
+
+#[test]
+fn a_non_streamed_response_is_never_shed_as_a_slow_reader() {
+    // A one-token stream buffer and a near-instant engine: the server, building five
+    // alternatives a token, reads slower than tokens come. Streamed, that would shed.
+    let server = Server::start(&["--speedup-ratio", "1000000", "--stream-buffer-tokens", "1"]);
+    for _ in 0..3 {
+        let body = r#"{"model": "mocker-test", "prompt": "hi", "max_tokens": 3000, "logprobs": 5, "ignore_eos": true}"#;
+        let r = post(&server, "/v1/completions", Some(KEY), body);
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body[..r.body.len().min(400)]));
+        assert_eq!(r.json()["usage"]["completion_tokens"], 3000);
+    }
+}

@@ -2,6 +2,7 @@
 //! vLLM does (unknown fields ignored, `max_tokens` and `max_completion_tokens` both taken)
 //! and validated into one [`Generation`] with errors that name the field.
 
+use crate::output::stop::{MAX_STOP_STRINGS, MAX_STOP_STRING_BYTES, MAX_STOP_TOTAL_BYTES};
 use crate::pd::KvTransfer;
 use serde::Deserialize;
 use serde_json::Value;
@@ -250,12 +251,30 @@ fn stop_strings(value: &Value) -> Result<Vec<String>, ApiError> {
     let bad = || {
         ApiError::invalid_field("stop", format!("stop: expected a string or a list of strings, got {value}"))
     };
-    match value {
-        Value::Null => Ok(Vec::new()),
-        Value::String(s) => Ok(vec![s.clone()]),
-        Value::Array(items) => items.iter().map(|v| v.as_str().map(str::to_string).ok_or_else(bad)).collect(),
-        _ => Err(bad()),
+    let strings: Vec<String> = match value {
+        Value::Null => Vec::new(),
+        Value::String(s) => vec![s.clone()],
+        Value::Array(items) if items.len() <= MAX_STOP_STRINGS => {
+            items.iter().map(|v| v.as_str().map(str::to_string).ok_or_else(bad)).collect::<Result<_, _>>()?
+        }
+        Value::Array(items) => {
+            let msg = format!("stop: at most {MAX_STOP_STRINGS} strings, got {}", items.len());
+            return Err(ApiError::invalid_field("stop", msg));
+        }
+        _ => return Err(bad()),
+    };
+    if let Some(long) = strings.iter().find(|s| s.len() > MAX_STOP_STRING_BYTES) {
+        let msg =
+            format!("stop: each string at most {MAX_STOP_STRING_BYTES} bytes, got one of {}", long.len());
+        return Err(ApiError::invalid_field("stop", msg));
     }
+    let total: usize = strings.iter().map(String::len).sum();
+    if total > MAX_STOP_TOTAL_BYTES {
+        let msg =
+            format!("stop: the strings may take at most {MAX_STOP_TOTAL_BYTES} bytes together, got {total}");
+        return Err(ApiError::invalid_field("stop", msg));
+    }
+    Ok(strings)
 }
 
 /// A field mocker does not simulate, and which of its values are harmless.

@@ -3,10 +3,9 @@
 
 use serde::Serialize;
 
-use serde_json::Value;
-
 use crate::output::logprobs::LogprobsAcc;
 use crate::output::stop::StopReason;
+use serde_json::value::RawValue;
 
 /// Which endpoint a response belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,7 +108,7 @@ impl Serialize for UsageField {
 struct TextChoice<'a> {
     index: u32,
     text: &'a str,
-    logprobs: Option<&'a Value>,
+    logprobs: Option<&'a RawValue>,
     finish_reason: Option<&'static str>,
     stop_reason: Option<&'a StopReason>,
 }
@@ -167,7 +166,7 @@ struct ChatDelta<'a> {
 struct ChatChunkChoice<'a, D: Serialize> {
     index: u32,
     delta: D,
-    logprobs: Option<&'a Value>,
+    logprobs: Option<&'a RawValue>,
     finish_reason: Option<&'static str>,
 }
 
@@ -206,7 +205,7 @@ struct ChatMessageOut<'a> {
 struct ChatChoice<'a> {
     index: u32,
     message: ChatMessageOut<'a>,
-    logprobs: Option<&'a Value>,
+    logprobs: Option<&'a RawValue>,
     finish_reason: &'static str,
     stop_reason: Option<&'a StopReason>,
 }
@@ -219,7 +218,7 @@ pub struct ChoiceBody {
     /// How it ended.
     pub finish: Finish,
     /// Its `logprobs` object, when asked.
-    pub logprobs: Option<Value>,
+    pub logprobs: Option<Box<RawValue>>,
     /// The tool call it makes, if any.
     pub tool_call: Option<ToolCallHead>,
 }
@@ -275,7 +274,7 @@ impl ResponseHeader {
         index: u32,
         head: Option<&ToolCallHead>,
         arguments: &str,
-        logprobs: Option<&Value>,
+        logprobs: Option<&RawValue>,
         last: Option<&Finish>,
         mode: UsageMode,
         usage: Usage,
@@ -360,7 +359,7 @@ impl ResponseHeader {
                     .map(|(i, c)| TextChoice {
                         index: i as u32,
                         text: &c.text,
-                        logprobs: c.logprobs.as_ref(),
+                        logprobs: c.logprobs.as_deref(),
                         finish_reason: Some(c.finish.reason),
                         stop_reason: c.finish.stop_reason.as_ref(),
                     })
@@ -397,7 +396,7 @@ impl ResponseHeader {
                                 content: if call.is_some() { None } else { Some(&c.text) },
                                 tool_calls: call.as_ref().map_or(&[][..], |c| &c[..]),
                             },
-                            logprobs: c.logprobs.as_ref(),
+                            logprobs: c.logprobs.as_deref(),
                             finish_reason: c.finish.reason,
                             stop_reason: c.finish.stop_reason.as_ref(),
                         })
@@ -491,6 +490,7 @@ pub(crate) fn write_json_str(out: &mut Vec<u8>, s: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     fn parse_frame(write: impl FnOnce(&mut Vec<u8>)) -> Value {
         let mut out = Vec::new();

@@ -181,7 +181,17 @@ impl LogprobsAcc {
         }
     }
 
-    /// The `logprobs` value as a JSON value (for bodies built with serde).
+    /// The `logprobs` value as JSON text for bodies built with serde: written once, never
+    /// expanded into a tree (a response's log-probabilities can be most of its bytes).
+    pub fn to_raw(&self) -> Box<serde_json::value::RawValue> {
+        let mut out = Vec::new();
+        self.write(&mut out);
+        let text = String::from_utf8(out).expect("log-probabilities are UTF-8");
+        serde_json::value::RawValue::from_string(text).expect("log-probabilities are valid JSON")
+    }
+
+    /// The `logprobs` value as a JSON tree.
+    #[cfg(test)]
     pub fn to_value(&self) -> serde_json::Value {
         let mut out = Vec::new();
         self.write(&mut out);

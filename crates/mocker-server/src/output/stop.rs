@@ -3,6 +3,19 @@
 //! `min_tokens`; the stopping text is left out unless `include_stop_str_in_output`. While
 //! stop strings are set, a stream holds back the last `longest - 1` bytes, which a string
 //! might still start in, as vLLM's detokenizer does.
+//!
+//! All stop strings are matched at once by one Aho–Corasick automaton over the window a
+//! new token could complete a match in, so a token costs time linear in that window, not
+//! in the number of strings times their length.
+
+use aho_corasick::{AhoCorasick, MatchKind};
+
+/// Most stop strings a request may give.
+pub const MAX_STOP_STRINGS: usize = 1024;
+/// Longest stop string, in bytes.
+pub const MAX_STOP_STRING_BYTES: usize = 4096;
+/// Most bytes all of a request's stop strings may take together.
+pub const MAX_STOP_TOTAL_BYTES: usize = 65_536;
 
 /// Why the output stopped early, as `stop_reason` reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,13 +63,25 @@ pub struct StopScan {
     /// Bytes a stop string could still begin in: the longest string's length minus one.
     hold: usize,
     tokens: u32,
+    /// The non-empty stop strings, leftmost match first and the longest among those
+    /// (the string vLLM's scan over the list would report).
+    matcher: Option<AhoCorasick>,
 }
 
 impl StopScan {
-    /// A scanner for `rules`.
+    /// A scanner for `rules` (their strings within the `MAX_STOP_*` bounds the request
+    /// parser enforces).
     pub fn new(rules: &StopRules) -> Self {
         let hold = rules.strings.iter().map(String::len).max().unwrap_or(1).saturating_sub(1);
-        Self { text: String::new(), sent: 0, hold, tokens: 0 }
+        let patterns: Vec<&str> =
+            rules.strings.iter().map(String::as_str).filter(|s| !s.is_empty()).collect();
+        let matcher = (!patterns.is_empty()).then(|| {
+            AhoCorasick::builder()
+                .match_kind(MatchKind::LeftmostLongest)
+                .build(&patterns)
+                .expect("stop strings are bounded by the request parser")
+        });
+        Self { text: String::new(), sent: 0, hold, tokens: 0, matcher }
     }
 
     /// The output so far (stopped output ends where it stopped).
@@ -76,19 +101,14 @@ impl StopScan {
         }
         let before = self.text.len();
         self.text.push_str(piece);
-        if armed {
+        if let (true, Some(matcher)) = (armed, &self.matcher) {
             // A match must end in the new piece: start the search where one could begin.
             let from = floor_boundary(&self.text, before.saturating_sub(self.hold));
-            let hit = rules
-                .strings
-                .iter()
-                .filter(|s| !s.is_empty())
-                .filter_map(|s| self.text[from..].find(s.as_str()).map(|at| (from + at, s)))
-                .min_by_key(|&(at, s)| (at, std::cmp::Reverse(s.len())));
-            if let Some((at, s)) = hit {
-                let end = if rules.include_stop { at + s.len() } else { at };
+            if let Some(m) = matcher.find(&self.text[from..]) {
+                let matched = self.text[from + m.start()..from + m.end()].to_string();
+                let end = from + if rules.include_stop { m.end() } else { m.start() };
                 self.text.truncate(end);
-                return self.finish(Some(StopReason::Text(s.clone())));
+                return self.finish(Some(StopReason::Text(matched)));
             }
         }
         let safe = floor_boundary(&self.text, self.text.len().saturating_sub(self.hold)).max(self.sent);
@@ -175,5 +195,52 @@ mod tests {
         assert_eq!(&scan.text()[step.send], "bcd");
         let step = scan.finish(None);
         assert_eq!(&scan.text()[step.send], "éé");
+    }
+
+    /// The same scan by brute force: every string searched for in the window a new piece
+    /// could complete a match in (from `hold` bytes before it), the earliest match first and
+    /// the longest of those.
+    fn naive(rules: &StopRules, pieces: &[(u32, String)]) -> (String, Option<StopReason>) {
+        let hold = rules.strings.iter().map(String::len).max().unwrap_or(1).saturating_sub(1);
+        let mut text = String::new();
+        for (i, (id, piece)) in pieces.iter().enumerate() {
+            let armed = i as u32 + 1 >= rules.min_tokens;
+            if armed && rules.token_ids.contains(id) {
+                if rules.include_stop {
+                    text.push_str(piece);
+                }
+                return (text, Some(StopReason::Token(*id)));
+            }
+            let from = floor_boundary(&text, text.len().saturating_sub(hold));
+            text.push_str(piece);
+            if armed {
+                let hit = rules
+                    .strings
+                    .iter()
+                    .filter(|s| !s.is_empty())
+                    .filter_map(|s| text[from..].find(s.as_str()).map(|at| (from + at, s)))
+                    .min_by_key(|&(at, s)| (at, std::cmp::Reverse(s.len())));
+                if let Some((at, s)) = hit {
+                    text.truncate(if rules.include_stop { at + s.len() } else { at });
+                    return (text, Some(StopReason::Text(s.clone())));
+                }
+            }
+        }
+        (text, None)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_automaton_stops_where_the_naive_scan_does(
+            strings in proptest::collection::vec("[ab]{0,4}", 0..6),
+            pieces in proptest::collection::vec((0u32..4, "[abc]{0,3}"), 0..24),
+            ids in proptest::collection::vec(0u32..4, 0..2),
+            min_tokens in 0u32..4,
+            include_stop: bool,
+        ) {
+            let r = StopRules { strings, token_ids: ids, min_tokens, include_stop };
+            let borrowed: Vec<(u32, &str)> = pieces.iter().map(|(id, p)| (*id, p.as_str())).collect();
+            proptest::prop_assert_eq!(run(&r, &borrowed), naive(&r, &pieces));
+        }
     }
 }
