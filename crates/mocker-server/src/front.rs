@@ -61,6 +61,8 @@ pub struct FrontOptions {
     pub max_connections: usize,
     /// How long open requests may run on after the shutdown signal.
     pub shutdown_grace: Duration,
+    /// The workers' side-channel secret (`--kv-transfer-secret`), sent on aborts.
+    pub kv_transfer_secret: Option<String>,
 }
 
 /// How the front picks a request's workers (`--pd-router`).
@@ -124,6 +126,7 @@ struct FrontState {
     registry: Registry,
     handoffs: IntCounter,
     transfer: Histogram,
+    kv_transfer_secret: Option<String>,
 }
 
 /// Buckets of the transfer-time histogram, in seconds (vLLM's latency buckets' low end).
@@ -176,6 +179,7 @@ impl BoundFront {
             registry,
             handoffs,
             transfer,
+            kv_transfer_secret: options.kv_transfer_secret,
         };
         let limits =
             ConnLimits { max_connections: options.max_connections, header_timeout: options.header_timeout };
@@ -384,13 +388,15 @@ async fn abort_prefill(state: &FrontState, params: &Value, headers: &reqwest::he
         "remote_engine_id": params["remote_engine_id"],
         "remote_request_id": params["remote_request_id"],
     });
-    let _ = state
+    let mut call = state
         .client
         .post(format!("http://{host}:{port}/mocker/kv_transfer/abort"))
         .headers(headers.clone())
-        .json(&body)
-        .send()
-        .await;
+        .json(&body);
+    if let Some(secret) = &state.kv_transfer_secret {
+        call = call.header(crate::pd::SECRET_HEADER, secret);
+    }
+    let _ = call.send().await;
 }
 
 async fn models(State(state): State<Arc<FrontState>>, headers: HeaderMap) -> Result<Response, ApiError> {

@@ -181,6 +181,12 @@ pub struct ServeArgs {
     /// loopback and the server's own --host. Needs a P/D role.
     #[arg(long, value_name = "CIDR,...")]
     pub kv_peer_allow: Option<String>,
+    /// A secret the servers of a P/D deployment share: side-channel reads, aborts and
+    /// bootstrap reads must carry it (x-mocker-kv-transfer-secret), and this server's reads
+    /// send it. Needs a P/D role; a --prefill-workers deployment makes a random one unless
+    /// given. Also read from MOCKER_KV_TRANSFER_SECRET.
+    #[arg(long, value_name = "SECRET", env = "MOCKER_KV_TRANSFER_SECRET", hide_env_values = true)]
+    pub kv_transfer_secret: Option<String>,
     /// A disaggregated deployment in one process: P prefill workers (kv_producer) and
     /// --decode-workers D decode workers (kv_consumer), each on its own port (--port + 1
     /// on, listed at start), behind an OpenAI front on --port that runs each request as a
@@ -435,6 +441,7 @@ impl ServeArgs {
                 transfers_only: true,
                 bootstrap: Some(bootstrap),
                 peers: self.peers_for(role)?,
+                secret: self.secret()?,
             }));
         }
         let config = match (&self.kv_transfer_config, implied) {
@@ -442,12 +449,16 @@ impl ServeArgs {
                 if self.kv_abort_timeout_seconds.is_some() && self.prefill_workers.is_none() {
                     return Err(UsageError("--kv-abort-timeout-seconds: needs --kv-transfer-config".into()));
                 }
-                if self.kv_peer_allow.is_some() && self.prefill_workers.is_none() {
-                    return Err(UsageError(
-                        "--kv-peer-allow: needs a P/D role (--kv-transfer-config, engine-args worker_type, or \
-                         --prefill-workers)"
-                            .into(),
-                    ));
+                for (given, flag) in [
+                    (self.kv_peer_allow.is_some(), "--kv-peer-allow"),
+                    (self.kv_transfer_secret.is_some(), "--kv-transfer-secret"),
+                ] {
+                    if given && self.prefill_workers.is_none() {
+                        return Err(UsageError(format!(
+                            "{flag}: needs a P/D role (--kv-transfer-config, engine-args worker_type, or \
+                             --prefill-workers)"
+                        )));
+                    }
                 }
                 return Ok(None);
             }
@@ -483,7 +494,16 @@ impl ServeArgs {
             transfers_only: implied.is_some(),
             bootstrap: None,
             peers: self.peers_for(config.role)?,
+            secret: self.secret()?,
         }))
+    }
+
+    /// `--kv-transfer-secret`, checked: an empty secret would guard nothing.
+    fn secret(&self) -> Result<Option<String>, UsageError> {
+        match self.kv_transfer_secret.as_deref() {
+            Some("") => Err(UsageError("--kv-transfer-secret: must not be empty".into())),
+            other => Ok(other.map(str::to_string)),
+        }
     }
 
     /// `--kv-peer-allow` for a server of `role`: a prefill-only server reads no KV, so the
@@ -633,6 +653,12 @@ impl ServeArgs {
             Some(s) => seconds("--kv-abort-timeout-seconds", s, true)?,
         };
         let peers = self.peers()?;
+        // The deployment's workers share a secret: the one given, or a fresh random one, so
+        // nothing outside this process can read or abort their held KV.
+        let deployment_secret = match deployment {
+            Some(_) => Some(self.secret()?.unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string())),
+            None => None,
+        };
         let role = |i: usize| match deployment {
             None => pd.clone(),
             Some(d) => {
@@ -643,6 +669,7 @@ impl ServeArgs {
                     transfers_only: false,
                     bootstrap: None,
                     peers: peers.clone(),
+                    secret: deployment_secret.clone(),
                 })
             }
         };
@@ -720,6 +747,8 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
     let front_addr = SocketAddr::new(args.host, args.port);
     let (model_name, max_body_bytes) =
         options.first().map_or((String::new(), 0), |o| (o.model_name.clone(), o.max_body_bytes));
+    // The front aborts held prefills with the secret its workers share.
+    let front_secret = options.first().and_then(|o| o.pd.as_ref()).and_then(|p| p.secret.clone());
     // The front guards its port as the workers guard theirs. Each of its connections can
     // hold one to a worker in this same process, so it takes half the connection limit.
     let front_limits =
@@ -819,6 +848,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
                 body_timeout: front_limits.map_or(Duration::from_secs(30), |l| l.1),
                 max_connections: front_limits.map_or(1, |l| l.2),
                 shutdown_grace: grace,
+                kv_transfer_secret: front_secret.clone(),
             })
             .await
             .map_err(|e| UsageError(e.to_string()))?;

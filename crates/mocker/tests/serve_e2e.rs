@@ -965,3 +965,68 @@ fn frontend_latency_delays_every_first_token() {
     assert_eq!(status, 200, "{start}");
     assert!(models.contains("\"max_model_len\""), "{models}");
 }
+
+#[test]
+fn a_silent_prefill_peer_holds_the_decodes_blocks_for_seconds_not_the_abort_timeout() {
+    // A peer that accepts the read's connection and never answers: the decode side gives
+    // up once no headers came (seconds, not vLLM's 480 s abort timeout), frees its
+    // reservation and computes the prompt itself.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let held = std::thread::spawn(move || {
+        let conns: Vec<_> = silent.incoming().take(1).flatten().collect();
+        std::thread::sleep(Duration::from_secs(40));
+        drop(conns);
+    });
+    let consumer = r#"{"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}"#;
+    let decode = Server::start(&["--block-size", "16", "--kv-transfer-config", consumer]);
+    let body = serde_json::json!({
+        "model": "mocker-test", "prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], "max_tokens": 2,
+        "kv_transfer_params": {"do_remote_prefill": true, "remote_engine_id": "e", "remote_block_ids": [1, 2],
+                               "remote_host": "127.0.0.1", "remote_port": port},
+    })
+    .to_string();
+    let start = Instant::now();
+    let (status, text) = http(&decode.base, "POST", "/v1/completions", &[], &body);
+    assert_eq!(status, 200, "{text}");
+    assert!(start.elapsed() < Duration::from_secs(30), "waited {:?}", start.elapsed());
+    let (_, metrics) = http(&decode.base, "GET", "/metrics", &[], "");
+    let usage = metrics.lines().find(|l| l.starts_with("vllm:kv_cache_usage_perc{")).unwrap();
+    assert!(usage.ends_with(" 0.0") || usage.ends_with(" 0"), "nothing stays reserved: {usage}");
+    drop(held);
+}
+
+#[test]
+fn the_side_channel_needs_the_deployments_secret() {
+    let producer = r#"{"kv_connector": "NixlConnector", "kv_role": "kv_producer"}"#;
+    let prefill = Server::start(&["--kv-transfer-config", producer, "--kv-transfer-secret", "s3cret"]);
+    let read = r#"{"remote_engine_id": "not-this-one", "remote_block_ids": [1], "missing_tokens": 16}"#;
+    let (status, text) = http(&prefill.base, "POST", "/mocker/kv_transfer/read", &[], read);
+    assert_eq!(status, 401, "{text}");
+    assert!(text.contains("x-mocker-kv-transfer-secret"), "{text}");
+    let (status, _) = http(
+        &prefill.base,
+        "POST",
+        "/mocker/kv_transfer/read",
+        &[("x-mocker-kv-transfer-secret", "guess")],
+        read,
+    );
+    assert_eq!(status, 401);
+    let abort = r#"{"remote_engine_id": "x", "remote_request_id": "y"}"#;
+    let (status, _) = http(&prefill.base, "POST", "/mocker/kv_transfer/abort", &[], abort);
+    assert_eq!(status, 401);
+    // With the secret the call gets through to the engine-id check.
+    let (status, text) = http(
+        &prefill.base,
+        "POST",
+        "/mocker/kv_transfer/read",
+        &[("x-mocker-kv-transfer-secret", "s3cret")],
+        read,
+    );
+    assert_eq!(status, 421, "{text}");
+    assert_serve_refuses(&["--kv-transfer-secret", "s3cret"], "--kv-transfer-secret");
+    assert_serve_refuses(
+        &["--kv-transfer-config", producer, "--kv-transfer-secret", ""],
+        "--kv-transfer-secret",
+    );
+}

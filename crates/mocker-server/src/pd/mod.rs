@@ -81,7 +81,14 @@ pub struct PdOptions {
     /// Peers a decode server may read KV from (`--kv-peer-allow`); `None`: loopback and the
     /// server's own address ([`PeerAllowList::default_for`]).
     pub peers: Option<PeerAllowList>,
+    /// A secret the servers of a P/D deployment share (`--kv-transfer-secret`): a side-channel
+    /// read, abort or bootstrap read must carry it in [`SECRET_HEADER`], and this server's
+    /// reads send it. `None`: only the API key (when set) guards the side channel.
+    pub secret: Option<String>,
 }
+
+/// The header a side-channel call carries the deployment's `--kv-transfer-secret` in.
+pub const SECRET_HEADER: &str = "x-mocker-kv-transfer-secret";
 
 /// SGLang's PD protocol on a server of the SGLang backend (`worker_type` prefill or decode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +134,9 @@ pub struct PdState {
     session_timeout: Duration,
     /// Where reads may go.
     peers: PeerAllowList,
+    /// The deployment's shared side-channel secret: checked (as a digest) on calls in,
+    /// sent on reads out.
+    secret: Option<(crate::auth::ApiKey, String)>,
 }
 
 /// How long a decode server waits to connect to a prefill server: a peer that accepts no
@@ -170,6 +180,10 @@ impl PdState {
         let peers = options.peers.clone().unwrap_or_else(|| PeerAllowList::default_for(own));
         Self {
             peers,
+            secret: options
+                .secret
+                .as_deref()
+                .and_then(|s| crate::auth::ApiKey::new(s).map(|k| (k, s.to_string()))),
             role: options.config.role,
             transfers_only: options.transfers_only,
             abort_timeout: options.abort_timeout,
@@ -191,6 +205,27 @@ impl PdState {
             bootstrap: options.bootstrap.is_some(),
             bootstrap_port,
             session_timeout: options.bootstrap.map_or(options.abort_timeout, |b| b.session_timeout),
+        }
+    }
+
+    /// Whether a side-channel call carries the deployment's secret (always, without one).
+    pub fn secret_matches(&self, headers: &axum::http::HeaderMap) -> bool {
+        match &self.secret {
+            None => true,
+            Some((key, _)) => headers.get(SECRET_HEADER).is_some_and(|v| key.matches(v.as_bytes())),
+        }
+    }
+
+    /// 401 unless the call carries the deployment's secret.
+    fn check_secret(&self, headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
+        if self.secret_matches(headers) {
+            Ok(())
+        } else {
+            Err(ApiError {
+                status: StatusCode::UNAUTHORIZED,
+                message: format!("side channel: missing or wrong {SECRET_HEADER} (--kv-transfer-secret)"),
+                param: None,
+            })
         }
     }
 
@@ -409,6 +444,7 @@ pub async fn read_handler(
     let Some(pd) = state.pd.clone() else {
         return Err(not_found("no KV connector here (start the server with --kv-transfer-config)".into()));
     };
+    pd.check_secret(request.headers())?;
     let b: ReadBody = read_body(&state, request).await?;
     if b.remote_engine_id != pd.engine_id {
         // 421 Misdirected Request: the decode side reports a bad remote_engine_id as a 400.
@@ -499,8 +535,31 @@ async fn transfer(
         let _ = held.control.release_source().await;
         done(delay_ms);
     });
-    let _ = transfer.await;
-    Ok(axum::Json(json!({ "transfer_ms": delay_ms })).into_response())
+    // The headers go at once and name the modelled time; the body follows when the
+    // transfer is over. A reader thus bounds its wait by the transfer it was promised,
+    // and a peer that answers no headers is given up on quickly.
+    let body = futures_util::stream::once(async move {
+        let _ = transfer.await;
+        Ok::<_, std::convert::Infallible>(json!({ "transfer_ms": delay_ms }).to_string())
+    });
+    let mut response = axum::body::Body::from_stream(body).into_response();
+    let headers = response.headers_mut();
+    headers
+        .insert(axum::http::header::CONTENT_TYPE, axum::http::HeaderValue::from_static("application/json"));
+    if let Ok(v) = axum::http::HeaderValue::from_str(&format!("{delay_ms}")) {
+        headers.insert(TRANSFER_MS_HEADER, v);
+    }
+    Ok(response)
+}
+
+/// How long a reader waits for a side-channel answer's headers beyond the prefill it
+/// waits for: a peer that accepted the connection but sends nothing is given up on then.
+const READ_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a reader allows beyond the promised transfer time for the body to arrive.
+fn read_body_timeout(transfer_ms: f64) -> Duration {
+    let promised = Duration::try_from_secs_f64(transfer_ms.max(0.0) / 1000.0).unwrap_or(Duration::MAX);
+    promised.saturating_add(promised / 10).saturating_add(Duration::from_secs(2))
 }
 
 /// A decode server's read of a bootstrap room.
@@ -528,6 +587,9 @@ pub async fn bootstrap_read_handler(
     // The bootstrap port has no middleware; a room's KV is the server's to guard all the same.
     if !crate::auth::authorized(&state, request.headers()) {
         return Err(ApiError::unauthorized());
+    }
+    if let Some(pd) = &state.pd {
+        pd.check_secret(request.headers())?;
     }
     let b: RoomRead = read_body(&state, request).await?;
     let taken = rooms.take(b.bootstrap_room).map_err(|m| ApiError {
@@ -577,6 +639,7 @@ pub async fn abort_handler(
     let Some(pd) = state.pd.clone() else {
         return Err(not_found("no KV connector here (start the server with --kv-transfer-config)".into()));
     };
+    pd.check_secret(request.headers())?;
     let bytes = crate::app::body(&state, request).await?;
     let b: AbortBody =
         serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("abort: {e}")))?;
@@ -635,26 +698,44 @@ pub async fn start_decode(
                 missing_tokens: missing,
             };
             let url = format!("http://{peer}/mocker/kv_transfer/read");
-            (url, serde_json::to_value(body).expect("plain JSON"), pd.abort_timeout)
+            (url, serde_json::to_value(body).expect("plain JSON"), READ_HEADER_TIMEOUT)
         }
         ReadFrom::Room(b) => {
             let wait_ms = pd.session_timeout.as_millis().min(u64::MAX as u128) as u64;
             let body = RoomRead { bootstrap_room: b.room, missing_tokens: missing, wait_ms };
             let url = format!("http://{peer}/mocker/bootstrap/read");
-            // The prefill server bounds the wait for its prefill by `wait_ms`; the modelled
-            // transfer follows. The client timeout only guards against a stuck peer, with
-            // vLLM's abort timeout as the bound on any transfer.
-            (url, serde_json::to_value(body).expect("plain JSON"), pd.session_timeout + pd.abort_timeout)
+            // The prefill server bounds the wait for its prefill by `wait_ms`; its answer's
+            // headers follow, then the modelled transfer.
+            (url, serde_json::to_value(body).expect("plain JSON"), pd.session_timeout + READ_HEADER_TIMEOUT)
         }
     };
-    let mut call = pd.client.post(&url).json(&body).timeout(timeout);
+    let mut call = pd.client.post(&url).json(&body);
     if let Some(key) = &pd.api_key {
         call = call.bearer_auth(key);
     }
-    let read: Result<f64, String> = match call.send().await {
+    if let Some((_, secret)) = &pd.secret {
+        call = call.header(SECRET_HEADER, secret);
+    }
+    let sent = match tokio::time::timeout(timeout, call.send()).await {
+        Ok(answer) => answer.map_err(|e| format!("{url}: {e}")),
+        Err(_) => Err(format!("{url}: no answer within {timeout:?}")),
+    };
+    let read: Result<f64, String> = match sent {
         Ok(r) if r.status().is_success() => {
-            let answer: Value = r.json().await.unwrap_or(Value::Null);
-            Ok(answer["transfer_ms"].as_f64().unwrap_or(0.0))
+            let promised = r
+                .headers()
+                .get(TRANSFER_MS_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<f64>().ok())
+                .filter(|ms| ms.is_finite() && *ms >= 0.0);
+            match promised {
+                None => Err(format!("{url} answered without a {TRANSFER_MS_HEADER} header")),
+                Some(ms) => match tokio::time::timeout(read_body_timeout(ms), r.json::<Value>()).await {
+                    Ok(Ok(answer)) => Ok(answer["transfer_ms"].as_f64().unwrap_or(ms)),
+                    Ok(Err(e)) => Err(format!("{url}: {e}")),
+                    Err(_) => Err(format!("{url}: the promised {ms} ms transfer did not end in time")),
+                },
+            }
         }
         Ok(r) if r.status() == StatusCode::MISDIRECTED_REQUEST => {
             let _ = control.cancel_destination().await;
@@ -671,9 +752,10 @@ pub async fn start_decode(
         }
         Ok(r) => {
             let status = r.status();
-            Err(format!("{url} answered {status}: {}", r.text().await.unwrap_or_default()))
+            let text = tokio::time::timeout(READ_HEADER_TIMEOUT, r.text()).await;
+            Err(format!("{url} answered {status}: {}", text.ok().and_then(Result::ok).unwrap_or_default()))
         }
-        Err(e) => Err(format!("{url}: {e}")),
+        Err(e) => Err(e),
     };
     match read {
         Ok(transfer_ms) => {
