@@ -31,13 +31,17 @@
 //!   clients served at once (further requests are ignored), and a client that takes
 //!   nothing for 10 s loses its pending replays (see `replay.rs`).
 //!
-//! Not bounded: connections (a peer can open them until the process runs out of file
-//! descriptors, as with any TCP listener) and the number of frames in one message (libzmq
-//! buffers an unfinished multipart message whole, about 64 bytes per frame however small
-//! its frames are). There is no authentication either: keep these ports on trusted networks.
+//! * on TCP, the port is a guard's ([`guard`]), relaying each peer to libzmq on loopback:
+//!   an inbound message of more than 4 frames or of more bytes than the caps above (an
+//!   endless run of MORE frames, which libzmq would buffer whole) disconnects its peer, at
+//!   most 256 peers are connected at once, and a peer more than 32 MiB behind on what
+//!   libzmq sends it is disconnected as a slow reader.
+//!
+//! There is no authentication: keep these ports on trusted networks.
 
 #![warn(missing_docs)]
 
+mod guard;
 mod options;
 mod publisher;
 mod replay;

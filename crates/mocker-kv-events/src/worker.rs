@@ -10,12 +10,30 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
+use crate::guard;
 use crate::publisher::{BatchPool, PublishError, Stats};
 use crate::replay::{ReplayBuffer, ReplayService, SharedBuffer, REPLAY_SNDHWM};
 use crate::wire::PendingBatch;
 
 /// Messages queued per subscriber before PUB drops for it: vLLM's high-water mark.
 const PUB_SNDHWM: i32 = 100_000;
+
+/// What the TCP guard in front of the PUB port allows a peer: subscriptions are small, one
+/// frame each; a subscriber more than 32 MiB behind is disconnected.
+const PUB_GUARD: guard::Limits = guard::Limits {
+    max_message_bytes: PUB_MAX_INBOUND_BYTES as u64,
+    max_frames: 4,
+    outbound: guard::Outbound::Disconnect(32 << 20),
+    max_peers: 256,
+};
+
+/// The replay port's guard: a request is an empty delimiter and an 8-byte sequence number.
+const REPLAY_GUARD: guard::Limits = guard::Limits {
+    max_message_bytes: REPLAY_MAX_INBOUND_BYTES as u64,
+    max_frames: 4,
+    outbound: guard::Outbound::Backpressure(1 << 20),
+    max_peers: 256,
+};
 
 /// Largest inbound message a PUB peer may send (subscriptions are topic prefixes); a peer
 /// that announces a bigger one is disconnected before anything is allocated for it.
@@ -67,10 +85,12 @@ type Ready = std::sync::mpsc::SyncSender<Result<Bound, PublishError>>;
 struct Replay {
     stop: zmq::Socket,
     thread: JoinHandle<()>,
+    guard: Option<guard::Guard>,
 }
 
 impl Replay {
     fn stop(self) {
+        drop(self.guard);
         // The thread is parked in poll on the stop socket, so this wakes it at once.
         let _ = self.stop.send(&b""[..], zmq::DONTWAIT);
         let _ = self.thread.join();
@@ -85,7 +105,7 @@ pub(crate) fn run(
     ready: Ready,
 ) {
     let context = zmq::Context::new();
-    let (pub_socket, endpoint) = match bind_pub(&context, &cfg.endpoint) {
+    let (pub_socket, endpoint, pub_guard) = match bind_pub(&context, &cfg.endpoint) {
         Ok(bound) => bound,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -123,6 +143,7 @@ pub(crate) fn run(
         pool,
     };
     drain(rx, &mut out);
+    drop(pub_guard);
     if let Some(r) = replay {
         r.stop();
     }
@@ -189,7 +210,10 @@ fn bind(socket: &zmq::Socket, endpoint: &str) -> Result<String, PublishError> {
     }
 }
 
-fn bind_pub(context: &zmq::Context, endpoint: &str) -> Result<(zmq::Socket, String), PublishError> {
+fn bind_pub(
+    context: &zmq::Context,
+    endpoint: &str,
+) -> Result<(zmq::Socket, String, Option<guard::Guard>), PublishError> {
     let setup = || -> zmq::Result<zmq::Socket> {
         let socket = context.socket(zmq::PUB)?;
         harden(&socket, PUB_MAX_INBOUND_BYTES)?;
@@ -198,8 +222,29 @@ fn bind_pub(context: &zmq::Context, endpoint: &str) -> Result<(zmq::Socket, Stri
         Ok(socket)
     };
     let socket = setup().map_err(|e| bind_error(endpoint, e))?;
-    let bound = bind(&socket, endpoint)?;
-    Ok((socket, bound))
+    let (bound, guard) = bind_guarded(&socket, endpoint, PUB_GUARD, "kv-pub")?;
+    Ok((socket, bound, guard))
+}
+
+/// Binds `socket` behind a [`guard`] when `endpoint` is TCP (libzmq on loopback, the guard
+/// on the endpoint), else directly. Returns the public endpoint as bound.
+fn bind_guarded(
+    socket: &zmq::Socket,
+    endpoint: &str,
+    limits: guard::Limits,
+    name: &str,
+) -> Result<(String, Option<guard::Guard>), PublishError> {
+    let Some(public) = guard::tcp_address(endpoint) else {
+        return Ok((bind(socket, endpoint)?, None));
+    };
+    let internal = bind(socket, "tcp://127.0.0.1:0")?;
+    let internal: std::net::SocketAddr = internal
+        .trim_start_matches("tcp://")
+        .parse()
+        .map_err(|_| bind_error(endpoint, zmq::Error::EINVAL))?;
+    let guard = guard::start(&public, internal, limits, name)
+        .map_err(|e| PublishError::Bind { endpoint: endpoint.to_string(), message: e.to_string() })?;
+    Ok((guard.endpoint(), Some(guard)))
 }
 
 /// Binds the ROUTER and starts the replay thread on it.
@@ -226,13 +271,13 @@ fn start_replay(
         Ok((router, stop_rx, stop_tx))
     };
     let (router, stop_rx, stop_tx) = setup().map_err(|e| bind_error(endpoint, e))?;
-    let bound = bind(&router, endpoint)?;
+    let (bound, guard) = bind_guarded(&router, endpoint, REPLAY_GUARD, "kv-replay")?;
     let service = ReplayService::new(router, stop_rx, buffer);
     let thread = std::thread::Builder::new()
         .name(format!("kv-replay-dp{dp_rank}"))
         .spawn(move || service.run())
         .map_err(|e| PublishError::Thread(e.to_string()))?;
-    Ok((Replay { stop: stop_tx, thread }, bound))
+    Ok((Replay { stop: stop_tx, thread, guard }, bound))
 }
 
 /// The PUB side: numbering, encoding, sending and keeping batches for replay.

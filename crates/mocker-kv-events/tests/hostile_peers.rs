@@ -249,3 +249,54 @@ async fn a_client_that_never_reads_its_replay_delays_no_one_else() {
     a_fresh_subscriber_gets_live_batches(&publisher).await;
     shutdown_within(publisher.take(), Duration::from_secs(10));
 }
+
+/// Issue 45 item 7: a peer that sends endless empty frames with MORE set (a message that
+/// never completes, which libzmq would buffer whole) is disconnected after a few frames on
+/// either port, and both ports keep serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endless_multipart_frames_disconnect_their_peer_on_either_port() {
+    let publisher = Leaky::start(options(64));
+    publish_batches(&publisher, 10, 4).await;
+    for (endpoint, kind) in [
+        (publisher.endpoint().to_string(), "SUB"),
+        (publisher.replay_endpoint().unwrap().to_string(), "DEALER"),
+    ] {
+        let mut peer = RawPeer::handshake(addr(&endpoint), kind);
+        let empty_more = zmtp::frame(b"", true, false);
+        // A million frames would be 64 MB in libzmq; the guard cuts the peer off long before.
+        let sent = (0..1_000_000).take_while(|_| peer.write(&empty_more)).count();
+        assert!(sent < 1_000_000, "{kind} port still reading after {sent} frames");
+    }
+    let r = replay(publisher.replay_endpoint().unwrap(), 7).await;
+    assert_eq!(r.entries.iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![7, 8, 9]);
+    a_fresh_subscriber_gets_live_batches(&publisher).await;
+    shutdown_within(publisher.take(), Duration::from_secs(10));
+}
+
+/// A subscriber that never reads is disconnected once 32 MiB wait for it, instead of being
+/// queued up to the 100,000-message high-water mark whatever the messages weigh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_never_reads_is_cut_off_past_its_byte_budget() {
+    let publisher = Leaky::start(options(16));
+    let mut sleeper = RawPeer::handshake(addr(publisher.endpoint()), "SUB");
+    // Subscribe to everything (ZMTP 3.0 subscription message: 0x01 + prefix).
+    assert!(sleeper.send(&[&[1u8]]));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // 12,000 batches of ~3.6 KB: about 43 MB, more than the 32 MiB budget.
+    publish_batches(&publisher, 12_000, 400).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Reading now drains what was queued before the cut, then ends: the guard closed it.
+    sleeper.stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut total = 0usize;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match std::io::Read::read(&mut sleeper.stream, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => total += n,
+            Err(e) => panic!("the slow subscriber was not disconnected ({total} bytes read): {e}"),
+        }
+    }
+    assert!(total < 40 << 20, "{total} bytes were queued for it");
+    a_fresh_subscriber_gets_live_batches(&publisher).await;
+    shutdown_within(publisher.take(), Duration::from_secs(10));
+}
