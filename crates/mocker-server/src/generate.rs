@@ -746,6 +746,12 @@ async fn full_response(
         }
     }
     let usage = choices.usage();
+    let split = choices.streams.first().is_some_and(|s| s.req_plan.split);
+    let reasoning: Vec<String> = if split {
+        choices.streams.iter_mut().map(|s| std::mem::take(&mut s.reasoning)).collect()
+    } else {
+        Vec::new()
+    };
     let bodies: Vec<ChoiceBody> = choices
         .streams
         .iter_mut()
@@ -753,23 +759,71 @@ async fn full_response(
         .map(|(s, text)| ChoiceBody {
             text,
             finish: s.finish.take().expect("a finished choice has a finish"),
-            logprobs: s.logprobs.as_ref().map(LogprobsAcc::to_raw),
+            logprobs: s.logprobs.take().map(|acc| acc.to_raw()),
             tool_call: s.plan.tool_call.clone(),
         })
         .collect();
-    let mut body = header.body(&bodies, usage);
-    if choices.streams.first().is_some_and(|s| s.req_plan.split) {
-        let reasoning: Vec<&str> = choices.streams.iter().map(|s| s.reasoning.as_str()).collect();
-        body = with_reasoning(body, &reasoning);
-    }
-    if let Some((handoff, pd, prompt_tokens)) = prefill {
-        if let Some(params) = handoff.finish(&pd, &header.id, prompt_tokens).await? {
-            let mut value: serde_json::Value = serde_json::from_str(&body).expect("our own JSON");
-            value["kv_transfer_params"] = params;
-            body = value.to_string();
+    drop(choices);
+    if split || prefill.is_some() {
+        // These rewrite the body as a JSON value: small (a one-token prefill) or rare.
+        let mut body = header.body(&bodies, usage);
+        if split {
+            let reasoning: Vec<&str> = reasoning.iter().map(String::as_str).collect();
+            body = with_reasoning(body, &reasoning);
         }
+        if let Some((handoff, pd, prompt_tokens)) = prefill {
+            if let Some(params) = handoff.finish(&pd, &header.id, prompt_tokens).await? {
+                let mut value: serde_json::Value = serde_json::from_str(&body).expect("our own JSON");
+                value["kv_transfer_params"] = params;
+                body = value.to_string();
+            }
+        }
+        return Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response());
     }
-    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+    // The body goes out a choice at a time, each serialized only when it is sent and
+    // dropped after, so a large response is never held twice. Its length is counted
+    // first (serializing into a counter), so clients still get a Content-Length.
+    let (head, tail) = header.body_ends(usage);
+    let mut length = head.len() + tail.len() + bodies.len().saturating_sub(1);
+    for (i, c) in bodies.iter().enumerate() {
+        let mut counter = ByteCounter(0);
+        header.write_choice(&mut counter, i, c);
+        length += counter.0;
+    }
+    let mut pending = bodies.into_iter().enumerate();
+    let mut parts = Some(head).into_iter().map(Bytes::from).chain(std::iter::from_fn(move || {
+        pending.next().map(|(i, c)| {
+            let mut out =
+                Vec::with_capacity(c.text.len() + c.logprobs.as_ref().map_or(0, |l| l.get().len()) + 256);
+            if i > 0 {
+                out.push(b',');
+            }
+            header.write_choice(&mut out, i, &c);
+            Bytes::from(out)
+        })
+    }));
+    let mut tail = Some(Bytes::from(tail));
+    let stream = futures_util::stream::iter(std::iter::from_fn(move || {
+        parts.next().or_else(|| tail.take()).map(Ok::<_, std::convert::Infallible>)
+    }));
+    let mut response = axum::body::Body::from_stream(stream).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, axum::http::HeaderValue::from_static("application/json"));
+    headers.insert(header::CONTENT_LENGTH, axum::http::HeaderValue::from(length));
+    Ok(response)
+}
+
+/// An `io::Write` that only counts what is written to it.
+struct ByteCounter(usize);
+
+impl std::io::Write for ByteCounter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Most frames coalesced into one body chunk.

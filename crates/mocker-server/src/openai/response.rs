@@ -337,75 +337,88 @@ impl ResponseHeader {
 
     /// The whole non-streamed response.
     pub fn body(&self, choices: &[ChoiceBody], usage: Usage) -> String {
+        let (head, tail) = self.body_ends(usage);
+        let mut out = head.into_bytes();
+        for (i, c) in choices.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            self.write_choice(&mut out, i, c);
+        }
+        out.extend_from_slice(tail.as_bytes());
+        String::from_utf8(out).expect("JSON is UTF-8")
+    }
+
+    /// What a non-streamed response holds around its choices: everything up to the
+    /// choices array's opening bracket, and from its closing bracket on (the usage).
+    /// Together with the choices in between, the bytes equal serializing the whole body.
+    pub fn body_ends(&self, usage: Usage) -> (String, String) {
         #[derive(Serialize)]
-        struct Body<'a, C: Serialize> {
+        struct Body<'a> {
             id: &'a str,
             object: &'static str,
             created: u64,
             model: &'a str,
-            choices: C,
+            choices: [(); 0],
             usage: Usage,
         }
-        let (id, created, model) = (self.id.as_str(), self.created, self.model.as_str());
-        let out = match self.endpoint {
-            Endpoint::Completions => serde_json::to_string(&Body {
-                id,
-                object: "text_completion",
-                created,
-                model,
-                choices: choices
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| TextChoice {
-                        index: i as u32,
-                        text: &c.text,
-                        logprobs: c.logprobs.as_deref(),
-                        finish_reason: Some(c.finish.reason),
-                        stop_reason: c.finish.stop_reason.as_ref(),
-                    })
-                    .collect::<Vec<_>>(),
-                usage,
-            }),
+        let object = match self.endpoint {
+            Endpoint::Completions => "text_completion",
+            Endpoint::Chat => "chat.completion",
+        };
+        let whole = serde_json::to_string(&Body {
+            id: &self.id,
+            object,
+            created: self.created,
+            model: &self.model,
+            choices: [],
+            usage,
+        })
+        .expect("bodies serialize");
+        const OPEN: &str = "\"choices\":[";
+        let at = whole.find(OPEN).expect("the choices key is written") + OPEN.len();
+        (whole[..at].to_string(), whole[at..].to_string())
+    }
+
+    /// Writes choice `i` of a non-streamed response.
+    pub fn write_choice(&self, mut out: impl std::io::Write, i: usize, c: &ChoiceBody) {
+        let written = match self.endpoint {
+            Endpoint::Completions => serde_json::to_writer(
+                &mut out,
+                &TextChoice {
+                    index: i as u32,
+                    text: &c.text,
+                    logprobs: c.logprobs.as_deref(),
+                    finish_reason: Some(c.finish.reason),
+                    stop_reason: c.finish.stop_reason.as_ref(),
+                },
+            ),
             Endpoint::Chat => {
-                let calls: Vec<Option<[ToolCallOut<'_>; 1]>> = choices
-                    .iter()
-                    .map(|c| {
-                        c.tool_call.as_ref().map(|h| {
-                            [ToolCallOut {
-                                index: None,
-                                id: Some(&h.id),
-                                kind: Some("function"),
-                                function: FunctionOut { name: Some(&h.name), arguments: &c.text },
-                            }]
-                        })
-                    })
-                    .collect();
-                serde_json::to_string(&Body {
-                    id,
-                    object: "chat.completion",
-                    created,
-                    model,
-                    choices: choices
-                        .iter()
-                        .zip(&calls)
-                        .enumerate()
-                        .map(|(i, (c, call))| ChatChoice {
-                            index: i as u32,
-                            message: ChatMessageOut {
-                                role: "assistant",
-                                content: if call.is_some() { None } else { Some(&c.text) },
-                                tool_calls: call.as_ref().map_or(&[][..], |c| &c[..]),
-                            },
-                            logprobs: c.logprobs.as_deref(),
-                            finish_reason: c.finish.reason,
-                            stop_reason: c.finish.stop_reason.as_ref(),
-                        })
-                        .collect::<Vec<_>>(),
-                    usage,
-                })
+                let call = c.tool_call.as_ref().map(|h| {
+                    [ToolCallOut {
+                        index: None,
+                        id: Some(&h.id),
+                        kind: Some("function"),
+                        function: FunctionOut { name: Some(&h.name), arguments: &c.text },
+                    }]
+                });
+                serde_json::to_writer(
+                    &mut out,
+                    &ChatChoice {
+                        index: i as u32,
+                        message: ChatMessageOut {
+                            role: "assistant",
+                            content: if call.is_some() { None } else { Some(&c.text) },
+                            tool_calls: call.as_ref().map_or(&[][..], |c| &c[..]),
+                        },
+                        logprobs: c.logprobs.as_deref(),
+                        finish_reason: c.finish.reason,
+                        stop_reason: c.finish.stop_reason.as_ref(),
+                    },
+                )
             }
         };
-        out.expect("bodies serialize")
+        written.expect("choices serialize");
     }
 }
 
