@@ -142,24 +142,9 @@ impl TimingModel for Fixed {
     }
 }
 
-/// A profile shared by every rank and worker built from one configuration.
-impl TimingModel for Arc<ProfileTable> {
-    #[inline]
-    fn prefill_ms(&self, s: PrefillShape) -> f64 {
-        self.as_ref().prefill_ms(s)
-    }
-    #[inline]
-    fn decode_ms(&self, s: DecodeShape) -> f64 {
-        self.as_ref().decode_ms(s)
-    }
-    #[inline]
-    fn mixed_ms(&self, p: PrefillShape, d: DecodeShape) -> (f64, f64) {
-        self.as_ref().mixed_ms(p, d)
-    }
-}
-
-/// Architecture timing shared by every rank and worker built from one configuration.
-impl TimingModel for Arc<ArchTiming> {
+/// A table (profile or architecture curves) shared by every rank and worker built from one
+/// configuration.
+impl<T: TimingModel + Sync> TimingModel for Arc<T> {
     #[inline]
     fn prefill_ms(&self, s: PrefillShape) -> f64 {
         self.as_ref().prefill_ms(s)
