@@ -223,7 +223,20 @@ pub fn launch_config_for(
     engine_args: Option<&str>,
     flags: &EngineFlags,
 ) -> Result<LaunchConfig, UsageError> {
+    launch_config_with(flag, engine_args, flags, |_| ())
+}
+
+/// [`launch_config_for`] with a command's own engine flags laid on (`overrides`) before the
+/// timing source is read and the KV cache sized, so a `--block-size` or
+/// `--max-num-batched-tokens` flag sizes the cache as the same engine-args key would.
+pub fn launch_config_with(
+    flag: &str,
+    engine_args: Option<&str>,
+    flags: &EngineFlags,
+    overrides: impl FnOnce(&mut LaunchConfig),
+) -> Result<LaunchConfig, UsageError> {
     let mut launch = parse_launch(flag, engine_args, flags.engine_type)?;
+    overrides(&mut launch);
     flags.apply_hardware(&mut launch);
     launch.validate().map_err(|e| UsageError(format!("{flag}: {e}")))?;
     load_timing(flag, &mut launch, flags)?;

@@ -257,32 +257,44 @@ impl ServeArgs {
     }
 
     fn launch_config(&self) -> Result<LaunchConfig, UsageError> {
-        let mut launch = crate::engine_args::launch_config(self.engine_args.as_deref(), &self.engine)?;
-        let engine = &mut launch.engine;
-        if let Some(v) = self.block_size {
-            engine.block_size = v;
-        }
-        if let Some(v) = self.num_gpu_blocks {
-            engine.num_gpu_blocks = v;
-        }
-        if let Some(v) = self.max_num_seqs {
-            engine.max_num_seqs = v;
-        }
-        if let Some(v) = self.max_num_batched_tokens {
-            engine.max_num_batched_tokens = v;
-        }
-        if let Some(v) = self.speedup_ratio {
-            engine.speedup_ratio = v;
-        }
-        if self.enable_prefix_caching {
-            engine.enable_prefix_caching = true;
-        }
-        if self.no_enable_prefix_caching {
-            engine.enable_prefix_caching = false;
-        }
-        if let Some(v) = self.max_model_len {
-            engine.max_model_len = Some(v);
-        }
+        // The engine flags act as their engine-args keys: laid on before the timing source
+        // is read, so a profile or a model sizes the cache with them.
+        let mut launch = crate::engine_args::launch_config_with(
+            "--engine-args",
+            self.engine_args.as_deref(),
+            &self.engine,
+            |launch| {
+                let engine = &mut launch.engine;
+                if let Some(v) = self.block_size {
+                    engine.block_size = v;
+                }
+                if let Some(v) = self.num_gpu_blocks {
+                    engine.num_gpu_blocks = v;
+                    launch.num_gpu_blocks_given = true;
+                    launch.num_gpu_blocks_is_explicit = true;
+                }
+                if let Some(v) = self.max_num_seqs {
+                    engine.max_num_seqs = v;
+                    launch.batch_limits_given.max_num_seqs = true;
+                }
+                if let Some(v) = self.max_num_batched_tokens {
+                    engine.max_num_batched_tokens = v;
+                    launch.batch_limits_given.max_num_batched_tokens = true;
+                }
+                if let Some(v) = self.speedup_ratio {
+                    engine.speedup_ratio = v;
+                }
+                if self.enable_prefix_caching {
+                    engine.enable_prefix_caching = true;
+                }
+                if self.no_enable_prefix_caching {
+                    engine.enable_prefix_caching = false;
+                }
+                if let Some(v) = self.max_model_len {
+                    engine.max_model_len = Some(v);
+                }
+            },
+        )?;
         if let Some(v) = self.data_parallel_size {
             launch.dp_size = v;
         }

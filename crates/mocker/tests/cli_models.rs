@@ -141,3 +141,41 @@ fn predict_prices_passes_from_the_architecture() {
     // at 3.35 TB/s, about 11 ms plus attention and all-reduces.
     assert!((10.0..30.0).contains(&h100x4[1]), "{h100x4:?}");
 }
+
+/// The KV blocks `mocker serve` reports at start with `args`.
+fn serve_blocks(args: &[&str]) -> (u64, u64) {
+    use std::io::BufRead;
+    let mut child = Command::new(BIN)
+        .args(["serve", "--port", "0"])
+        .args(args)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let line = std::io::BufReader::new(stderr)
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| l.contains("KV blocks"))
+        .expect("a start line");
+    let _ = child.kill();
+    let _ = child.wait();
+    // "mocker: engine vllm, N KV blocks × B tokens per rank, ..."
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == "KV").unwrap();
+    (words[at - 1].parse().unwrap(), words[at + 3].parse().unwrap())
+}
+
+#[test]
+fn serves_engine_flags_size_the_cache_as_their_engine_args_keys_do() {
+    // Flags act before the memory is divided into blocks: twice the block size, half the blocks.
+    let model = ["--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100"];
+    let (b16, s16) = serve_blocks(&[&model[..], &["--block-size", "16"]].concat());
+    let (b32, s32) = serve_blocks(&[&model[..], &["--block-size", "32"]].concat());
+    assert_eq!((s16, s32), (16, 32));
+    assert!(b32 == b16 / 2 || b32 == b16 / 2 + 1, "{b16} blocks of 16, {b32} of 32");
+    let (flag, _) =
+        serve_blocks(&[&model[..], &["--block-size", "16", "--max-num-batched-tokens", "2048"]].concat());
+    assert!(flag > b16, "a smaller batch leaves more memory for KV: {flag} vs {b16}");
+    let (given, _) = serve_blocks(&[&model[..], &["--num-gpu-blocks", "777"]].concat());
+    assert_eq!(given, 777);
+}
