@@ -25,6 +25,9 @@ pub use gpu::{find_gpu, gpu_names, gpus, GpuSpec};
 pub use memory::Placement;
 pub use pricing::Pricer;
 
+/// vLLM's KV block size on CUDA GPUs (mocker's own vLLM default is the reference's 64).
+pub const VLLM_BLOCK_SIZE: usize = 16;
+
 /// GPU assumed when a launch names a model but no GPU.
 pub const DEFAULT_GPU: &str = "h100";
 /// Default fixed CPU time of a pass (vLLM's scheduler, input preparation and output
@@ -265,7 +268,7 @@ pub fn layer_operations(launch: &LaunchConfig, tokens: &[f64]) -> Result<Vec<pri
 
 /// vLLM's OpenAI server sizes its batch by the GPU when the user does not: 8192 tokens and
 /// 1024 sequences a pass on parts with 70 GiB or more (A100 excepted), 2048 and 256 on the
-/// rest (`EngineArgs._set_default_args` in vLLM's V1 engine).
+/// rest (`EngineArgs._set_default_args` in vLLM's V1 engine). Its CUDA block size is 16.
 pub fn vllm_batch_defaults(gpu: &GpuSpec) -> (usize, usize) {
     let gib = 1024.0 * 1024.0 * 1024.0;
     if gpu.memory_bytes >= 70.0 * gib && !gpu.name.starts_with("a100") {
@@ -280,9 +283,12 @@ fn apply_vllm_batch_defaults(launch: &mut LaunchConfig, gpu: &GpuSpec) {
         return;
     }
     let (seqs, tokens) = vllm_batch_defaults(gpu);
-    let given = launch.batch_limits_given;
+    let given = launch.given_keys;
     if !given.max_num_seqs {
         launch.engine.max_num_seqs = seqs;
+    }
+    if !given.block_size {
+        launch.engine.block_size = VLLM_BLOCK_SIZE;
     }
     if !given.max_num_batched_tokens {
         launch.engine.max_num_batched_tokens = tokens;

@@ -267,6 +267,7 @@ impl ServeArgs {
                 let engine = &mut launch.engine;
                 if let Some(v) = self.block_size {
                     engine.block_size = v;
+                    launch.given_keys.block_size = true;
                 }
                 if let Some(v) = self.num_gpu_blocks {
                     engine.num_gpu_blocks = v;
@@ -275,11 +276,11 @@ impl ServeArgs {
                 }
                 if let Some(v) = self.max_num_seqs {
                     engine.max_num_seqs = v;
-                    launch.batch_limits_given.max_num_seqs = true;
+                    launch.given_keys.max_num_seqs = true;
                 }
                 if let Some(v) = self.max_num_batched_tokens {
                     engine.max_num_batched_tokens = v;
-                    launch.batch_limits_given.max_num_batched_tokens = true;
+                    launch.given_keys.max_num_batched_tokens = true;
                 }
                 if let Some(v) = self.speedup_ratio {
                     engine.speedup_ratio = v;

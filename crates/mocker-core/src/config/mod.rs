@@ -472,10 +472,10 @@ pub struct LaunchConfig {
     /// Not part of the canonical form: it is a fact about the input, not a setting.
     #[serde(skip)]
     pub num_gpu_blocks_given: bool,
-    /// Whether the engine args gave `max_num_seqs` / `max_num_batched_tokens`: without
-    /// them a model on a GPU takes vLLM's defaults for that GPU.
+    /// Which engine keys with GPU-dependent vLLM defaults the engine args gave: without
+    /// them a model on a GPU takes vLLM's defaults.
     #[serde(skip)]
-    pub batch_limits_given: BatchLimitsGiven,
+    pub given_keys: GivenKeys,
     /// vLLM-style memory fraction.
     pub gpu_memory_utilization: Option<f64>,
     /// SGLang-style memory fraction.
@@ -496,18 +496,20 @@ pub struct LaunchConfig {
     pub hardware: HardwareConfig,
 }
 
-/// Which batch limits the engine args gave. A fact about the input, not a setting: it takes
+/// Which engine keys with GPU-dependent vLLM defaults the engine args gave. A fact about the input, not a setting: it takes
 /// no part in comparing configurations (a canonical form, which writes every key, equals
 /// the configuration it came from).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct BatchLimitsGiven {
+pub struct GivenKeys {
     /// `max_num_seqs` was given.
     pub max_num_seqs: bool,
     /// `max_num_batched_tokens` was given.
     pub max_num_batched_tokens: bool,
+    /// `block_size` was given.
+    pub block_size: bool,
 }
 
-impl PartialEq for BatchLimitsGiven {
+impl PartialEq for GivenKeys {
     fn eq(&self, _: &Self) -> bool {
         true
     }
@@ -552,7 +554,7 @@ impl Default for LaunchConfig {
             startup_time: None,
             num_gpu_blocks_is_explicit: false,
             num_gpu_blocks_given: false,
-            batch_limits_given: BatchLimitsGiven::default(),
+            given_keys: GivenKeys::default(),
             gpu_memory_utilization: None,
             mem_fraction_static: None,
             free_gpu_memory_fraction: None,

@@ -238,9 +238,10 @@ fn parse_launch(v: &Value) -> Result<LaunchConfig> {
         c.engine = parse_engine(engine, "engine")?;
         c.num_gpu_blocks_given = engine.get("num_gpu_blocks").is_some();
         c.num_gpu_blocks_is_explicit = c.num_gpu_blocks_given;
-        c.batch_limits_given = super::BatchLimitsGiven {
+        c.given_keys = super::GivenKeys {
             max_num_seqs: engine.get("max_num_seqs").is_some(),
             max_num_batched_tokens: engine.get("max_num_batched_tokens").is_some(),
+            block_size: engine.get("block_size").is_some_and(|v| !v.is_null()),
         };
     }
     set!(o, c.dp_size, to_uint);
