@@ -18,6 +18,7 @@ pub mod trace;
 pub mod trace_agentic;
 mod trace_applied;
 pub mod trace_dynamo;
+pub mod trace_generator;
 pub mod trace_keys;
 mod trace_scan;
 pub mod trace_source;

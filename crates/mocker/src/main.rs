@@ -12,6 +12,7 @@ mod replay;
 mod run_facts;
 mod serve;
 mod sweep;
+mod trace;
 
 use std::process::ExitCode;
 
@@ -58,6 +59,9 @@ enum Command {
     /// List the timing profiles bundled into mocker (for `--timing-profile NAME`), or
     /// (`profiles predict`) print the pass times a timing profile gives recorded passes.
     Profiles(profiles::ProfilesArgs),
+    /// Generate workload traces (`trace generate`: a Mooncake JSONL with prefix families,
+    /// follow-up turns, Poisson arrivals and log-normal lengths).
+    Trace(trace::TraceArgs),
 }
 
 /// A user error: printed with the field it concerns, exit code 2.
@@ -72,6 +76,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::Sweep(args) => sweep::run(args).map(|()| ExitCode::SUCCESS),
         Command::Profiles(args) => profiles::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Trace(args) => trace::run(args).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
