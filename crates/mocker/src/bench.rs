@@ -18,9 +18,15 @@ pub struct BenchArgs {
     /// Print results as JSON lines instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Runs per workload; the fastest wall time is reported.
-    #[arg(long, default_value_t = 3)]
-    pub repeat: usize,
+    /// Instead of the suite, the scale case of issue 44: a generated Mooncake trace of this
+    /// many rows (200 req/s, 32 Zipf families, 35% follow-ups, medians of 2,500 new prompt
+    /// and 250 output tokens, 512-token blocks) over 64 default vLLM workers with the KV
+    /// router; prints wall time and peak RSS.
+    #[arg(long, value_name = "ROWS")]
+    pub scale: Option<u64>,
+    /// Runs per workload (default 3); the fastest wall time is reported.
+    #[arg(long, value_name = "N")]
+    pub repeat: Option<usize>,
     /// Only workloads whose name contains this.
     #[arg(long)]
     pub filter: Option<String>,
@@ -158,8 +164,73 @@ fn case_json(c: &Case) -> Value {
     })
 }
 
+/// The scale case: generates the trace to a temporary file, replays it, prints a line.
+fn scale(rows: u64, json_out: bool) -> Result<(), UsageError> {
+    use mocker_replay::trace_generator::{GeneratorOptions, TraceGenerator};
+    use std::io::Write;
+    let generator = TraceGenerator::new(GeneratorOptions { rows, rate: 200.0, ..Default::default() })
+        .map_err(|e| UsageError(format!("--scale: {e}")))?;
+    let path = std::env::temp_dir().join(format!("mocker-bench-scale-{}.jsonl", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&path)?);
+        for row in generator {
+            out.write_all(row.to_json().as_bytes())?;
+            out.write_all(b"\n")?;
+        }
+        out.flush()
+    };
+    write().map_err(|e| UsageError(format!("--scale: writing {}: {e}", path.display())))?;
+    let started = std::time::Instant::now();
+    let trace =
+        mocker_replay::trace::load_trace(&path, mocker_replay::trace::TraceFormat::Mooncake, Some(512));
+    let _ = std::fs::remove_file(&path);
+    let trace = trace.map_err(|e| UsageError(format!("--scale: {e}")))?;
+    let options = ReplayOptions {
+        cluster: Cluster::aggregated(LaunchConfig::default(), 64),
+        workload: Workload::Trace(mocker_replay::TraceWorkload {
+            trace: std::sync::Arc::new(trace),
+            concurrency: None,
+            repeat: 1,
+        }),
+        router: mocker_replay::RouterMode::Kv,
+        ..Default::default()
+    };
+    let out = mocker_replay::run_replay(&options, mocker_replay::Hooks::default())
+        .map_err(|e| UsageError(format!("--scale: {e}")))?;
+    let wall_ms = started.elapsed().as_secs_f64() * 1e3;
+    // Peak resident memory of the whole process (VmHWM), as `time -v` reports it.
+    let peak_mb = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(str::to_string))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|kb| kb.parse::<f64>().ok()))
+        .map_or(f64::NAN, |kb| kb / 1024.0);
+    let s = &out.summary;
+    if json_out {
+        let mut v = s.to_json_value();
+        v["name"] = json!(format!("scale-{rows}-64w-kv"));
+        v["wall_time_ms"] = json!(wall_ms);
+        v["peak_rss_mb"] = json!(peak_mb);
+        println!("{v}");
+    } else {
+        println!(
+            "scale-{rows}-64w-kv: {} requests, wall {:.0} ms (load and replay), peak RSS {:.0} MB, mean TTFT {:.1} ms, \
+             reuse {:.3}",
+            s.completed_requests, wall_ms, peak_mb, s.ttft_ms.mean, s.prefix_cache_reused_ratio
+        );
+    }
+    Ok(())
+}
+
 /// Runs `mocker bench`.
 pub fn run(args: BenchArgs) -> Result<(), UsageError> {
+    if let Some(rows) = args.scale {
+        if args.list || args.filter.is_some() || args.repeat.is_some() {
+            return Err(UsageError(
+                "--scale: runs the scale case alone, once (no --list, --filter or --repeat)".into(),
+            ));
+        }
+        return scale(rows, args.json);
+    }
     let cases: Vec<Case> =
         suite().into_iter().filter(|c| args.filter.as_deref().is_none_or(|f| c.name.contains(f))).collect();
     if args.list {
@@ -220,7 +291,7 @@ pub fn run(args: BenchArgs) -> Result<(), UsageError> {
         };
         let mut best = f64::INFINITY;
         let mut summary = None;
-        for _ in 0..args.repeat.max(1) {
+        for _ in 0..args.repeat.unwrap_or(3).max(1) {
             let out = run_synthetic(&options).map_err(|e| UsageError(format!("{}: {e}", c.name)))?;
             best = best.min(out.summary.wall_time_ms);
             summary = Some(out.summary);

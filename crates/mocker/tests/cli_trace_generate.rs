@@ -82,3 +82,16 @@ fn bad_generator_options_exit_2_naming_the_flag() {
         );
     }
 }
+
+#[test]
+fn the_scale_bench_replays_a_generated_trace_over_64_workers() {
+    let out = mocker(&["bench", "--scale", "2000", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["name"], "scale-2000-64w-kv");
+    assert_eq!(v["completed_requests"], 2000);
+    assert!(v["peak_rss_mb"].as_f64().unwrap() > 1.0 && v["wall_time_ms"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["prefix_cache_reused_ratio"].as_f64().unwrap() > 0.1, "{v}");
+    let refused = mocker(&["bench", "--scale", "2000", "--filter", "ref"]);
+    assert_eq!(refused.status.code(), Some(2));
+}
