@@ -14,6 +14,9 @@ pub struct GeneratorOptions {
     pub rows: u64,
     /// Mean arrivals per second (Poisson).
     pub rate: f64,
+    /// A rate that changes over time instead: (arrivals per second, seconds) segments in
+    /// order, the last one lasting to the end (empty: `rate` throughout).
+    pub rate_schedule: Vec<(f64, f64)>,
     /// System-prompt families.
     pub families: usize,
     /// Zipf exponent of the families' popularity (0: uniform).
@@ -45,6 +48,7 @@ impl Default for GeneratorOptions {
         Self {
             rows: 1000,
             rate: 10.0,
+            rate_schedule: Vec::new(),
             families: 32,
             zipf: 1.0,
             family_tokens: 2048,
@@ -126,6 +130,16 @@ impl TraceGenerator {
         if !(o.rate.is_finite() && o.rate > 0.0 && o.rate <= 1e7) {
             return bad("rate", format!("must be in (0, 1e7] requests per second, got {}", o.rate));
         }
+        for &(rate, seconds) in &o.rate_schedule {
+            if !(rate.is_finite() && rate > 0.0 && rate <= 1e7 && seconds.is_finite() && seconds > 0.0) {
+                return bad(
+                    "rate_schedule",
+                    format!(
+                        "each segment needs a rate in (0, 1e7] and a positive duration, got {rate}:{seconds}"
+                    ),
+                );
+            }
+        }
         if !(1..=1_000_000).contains(&o.families) {
             return bad("families", format!("must be 1 to 1,000,000, got {}", o.families));
         }
@@ -185,6 +199,29 @@ impl TraceGenerator {
         ((median.ln() + self.o.sigma * z).exp().round() as usize).clamp(1, max)
     }
 
+    /// The time, from `now_ms`, by which `expected` arrivals are due at the scheduled rates.
+    fn advance(&self, now_ms: f64, mut expected: f64) -> f64 {
+        if self.o.rate_schedule.is_empty() {
+            return now_ms + expected / self.o.rate * 1000.0;
+        }
+        let mut start = 0.0;
+        let mut t = now_ms / 1000.0;
+        let last = self.o.rate_schedule.len() - 1;
+        for (i, &(rate, seconds)) in self.o.rate_schedule.iter().enumerate() {
+            let end = if i == last { f64::INFINITY } else { start + seconds };
+            if t < end {
+                let room = (end - t) * rate;
+                if expected <= room {
+                    return (t + expected / rate) * 1000.0;
+                }
+                expected -= room;
+                t = end;
+            }
+            start = end;
+        }
+        t * 1000.0
+    }
+
     fn fresh_ids(&mut self, ids: &mut Vec<u64>, from_tokens: usize, to_tokens: usize) {
         let bs = self.o.block_size;
         // The block holding `from_tokens` is partial when it does not end on a boundary: it
@@ -205,9 +242,10 @@ impl Iterator for TraceGenerator {
             return None;
         }
         self.emitted += 1;
-        // Poisson arrivals: exponential gaps.
+        // Poisson arrivals: a unit exponential of expected arrivals, spent at the rate in
+        // force (across schedule segments, each at its own rate).
         let u: f64 = self.rng.random::<f64>().max(f64::MIN_POSITIVE);
-        self.clock_ms += -u.ln() / self.o.rate * 1000.0;
+        self.clock_ms = self.advance(self.clock_ms, -u.ln());
         let new_tokens = self.lognormal(self.o.prompt_median, self.o.prompt_max);
         let output_length = self.lognormal(self.o.output_median, self.o.output_max);
         let follow = !self.open.is_empty() && self.rng.random::<f64>() < self.o.follow_up;
@@ -292,6 +330,22 @@ mod tests {
     }
 
     #[test]
+    fn a_rate_schedule_sets_the_arrival_rate_of_each_segment() {
+        let o = GeneratorOptions {
+            rows: 3000,
+            rate_schedule: vec![(5.0, 100.0), (50.0, 20.0), (5.0, 1.0)],
+            ..Default::default()
+        };
+        let r = rows(o);
+        let count =
+            |from: u64, to: u64| r.iter().filter(|x| (from..to).contains(&x.timestamp_ms)).count() as f64;
+        // About 500 in the first 100 s, 1000 in the next 20 s, then 5 a second again.
+        assert!((count(0, 100_000) - 500.0).abs() < 80.0, "{}", count(0, 100_000));
+        assert!((count(100_000, 120_000) - 1000.0).abs() < 120.0, "{}", count(100_000, 120_000));
+        assert!((count(120_000, 220_000) - 500.0).abs() < 80.0, "{}", count(120_000, 220_000));
+    }
+
+    #[test]
     fn bad_options_name_the_field() {
         for (o, field) in [
             (GeneratorOptions { rate: 0.0, ..Default::default() }, "rate"),
@@ -299,6 +353,7 @@ mod tests {
             (GeneratorOptions { follow_up: 1.5, ..Default::default() }, "follow_up"),
             (GeneratorOptions { prompt_median: 1e9, ..Default::default() }, "prompt_median"),
             (GeneratorOptions { block_size: 0, ..Default::default() }, "block_size"),
+            (GeneratorOptions { rate_schedule: vec![(5.0, 0.0)], ..Default::default() }, "rate_schedule"),
         ] {
             assert_eq!(TraceGenerator::new(o).unwrap_err().field, field);
         }

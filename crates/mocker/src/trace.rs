@@ -29,9 +29,13 @@ struct GenerateArgs {
     /// Rows to write.
     #[arg(long, default_value_t = 1000)]
     rows: u64,
-    /// Mean arrivals per second (Poisson).
-    #[arg(long, default_value_t = 10.0)]
-    rate: f64,
+    /// Mean arrivals per second (Poisson; default 10).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// A rate that changes over time instead of --rate: RATE:SECONDS segments, comma-
+    /// separated, in order; the last rate lasts to the end (e.g. 100:600,400:60,100:1).
+    #[arg(long, value_name = "RATE:SECONDS,...", conflicts_with = "rate")]
+    rate_schedule: Option<String>,
     /// System-prompt families.
     #[arg(long, default_value_t = 32)]
     families: usize,
@@ -80,10 +84,24 @@ pub fn run(args: TraceArgs) -> Result<(), UsageError> {
     }
 }
 
+/// `--rate-schedule`: `RATE:SECONDS` segments.
+fn schedule(text: &str) -> Result<Vec<(f64, f64)>, UsageError> {
+    let bad = |part: &str| {
+        UsageError(format!("--rate-schedule: {part:?} is not RATE:SECONDS (e.g. 100:600,400:60,100:1)"))
+    };
+    text.split(',')
+        .map(|part| {
+            let (rate, seconds) = part.trim().split_once(':').ok_or_else(|| bad(part))?;
+            Ok((rate.trim().parse().map_err(|_| bad(part))?, seconds.trim().parse().map_err(|_| bad(part))?))
+        })
+        .collect()
+}
+
 fn generate(g: GenerateArgs) -> Result<(), UsageError> {
     let options = GeneratorOptions {
         rows: g.rows,
-        rate: g.rate,
+        rate: g.rate.unwrap_or(10.0),
+        rate_schedule: g.rate_schedule.as_deref().map(schedule).transpose()?.unwrap_or_default(),
         families: g.families,
         zipf: g.zipf,
         family_tokens: g.family_tokens,
