@@ -192,11 +192,17 @@ impl TraceGenerator {
         })
     }
 
+    /// A log-normal draw with this median, clipped to 1..=max: the core's output-length
+    /// sampler, whose parameter is the mean (median × e^(σ²/2)).
     fn lognormal(&mut self, median: f64, max: usize) -> usize {
-        // Box–Muller from two uniforms: a standard normal.
-        let (u1, u2): (f64, f64) = (self.rng.random::<f64>().max(f64::MIN_POSITIVE), self.rng.random());
-        let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
-        ((median.ln() + self.o.sigma * z).exp().round() as usize).clamp(1, max)
+        let sigma = self.o.sigma;
+        let lengths = mocker_core::output_length::OutputLengthDistribution::Lognormal {
+            mean: median * (sigma * sigma / 2.0).exp(),
+            sigma,
+            min: 1,
+            max: max as u32,
+        };
+        lengths.sample(self.rng.random()).expect("a log-normal always draws") as usize
     }
 
     /// The time, from `now_ms`, by which `expected` arrivals are due at the scheduled rates.
