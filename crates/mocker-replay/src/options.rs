@@ -250,6 +250,19 @@ impl Cluster {
                         format!("disaggregated replay requires matching prefill/decode block_size, got {p} and {d}"),
                     ));
                 }
+                // A request spends its API-server time once, on arrival, before its prefill:
+                // a decode pool's own value would change nothing.
+                let ms = |pool: &Pool| pool.launch.hardware.frontend_latency_ms.unwrap_or(0.0);
+                let (p, d) = (ms(prefill), ms(decode));
+                if p != d {
+                    return Err(invalid(
+                        "frontend_latency_ms",
+                        format!(
+                            "disaggregated replay spends it once, on arrival, before the prefill: give both pools \
+                             the same value (a model sets 10 by default), got {p} and {d}"
+                        ),
+                    ));
+                }
             }
         }
         // Every DP rank of every worker is an engine built up front.
@@ -414,5 +427,23 @@ mod tests {
         assert!(s.is_good(50.0, 5000.0, 1), "one token: no ITL to check");
         assert!(!s.is_good(0.0, 0.0, 0));
         assert!(Sla { e2e_ms: Some(5.0), ..Default::default() }.is_good(0.0, 0.0, 0));
+    }
+
+    #[test]
+    fn a_decode_pools_own_frontend_latency_is_refused() {
+        let pool = |wt: WorkerType, ms: Option<f64>| {
+            let mut launch = LaunchConfig::default();
+            launch.engine.worker_type = wt;
+            launch.hardware.frontend_latency_ms = ms;
+            Pool { launch, workers: 1 }
+        };
+        let cluster = |p: Option<f64>, d: Option<f64>| Cluster::Disaggregated {
+            prefill: pool(WorkerType::Prefill, p),
+            decode: pool(WorkerType::Decode, d),
+        };
+        assert!(cluster(Some(10.0), Some(10.0)).validate("offline").is_ok());
+        assert!(cluster(None, Some(0.0)).validate("offline").is_ok());
+        let e = cluster(None, Some(10.0)).validate("offline").unwrap_err();
+        assert!(matches!(e, ReplayError::Invalid { field: "frontend_latency_ms", .. }), "{e}");
     }
 }

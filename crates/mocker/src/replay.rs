@@ -515,7 +515,10 @@ fn cluster_error(e: ReplayError, cluster: &Cluster) -> String {
         Cluster::Disaggregated { .. } => "--prefill-engine-args/--decode-engine-args",
     };
     match e {
-        ReplayError::Invalid { field: "worker_type" | "block_size" | "backend" | "dp_size", .. } => {
+        ReplayError::Invalid {
+            field: "worker_type" | "block_size" | "backend" | "dp_size" | "frontend_latency_ms",
+            ..
+        } => {
             format!("{flags}: {e}")
         }
         ReplayError::Invalid { field: "mode", message } => format!("--mode: {message}"),
