@@ -556,10 +556,11 @@ async fn transfer(
 /// waits for: a peer that accepted the connection but sends nothing is given up on then.
 const READ_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// What a reader allows beyond the promised transfer time for the body to arrive.
-fn read_body_timeout(transfer_ms: f64) -> Duration {
+/// What a reader allows for the body to arrive: the promised transfer time plus a margin,
+/// never more than the abort timeout (a peer promising longer has held nothing that long).
+fn read_body_timeout(transfer_ms: f64, abort_timeout: Duration) -> Duration {
     let promised = Duration::try_from_secs_f64(transfer_ms.max(0.0) / 1000.0).unwrap_or(Duration::MAX);
-    promised.saturating_add(promised / 10).saturating_add(Duration::from_secs(2))
+    promised.saturating_add(promised / 10).saturating_add(Duration::from_secs(2)).min(abort_timeout)
 }
 
 /// A decode server's read of a bootstrap room.
@@ -730,11 +731,15 @@ pub async fn start_decode(
                 .filter(|ms| ms.is_finite() && *ms >= 0.0);
             match promised {
                 None => Err(format!("{url} answered without a {TRANSFER_MS_HEADER} header")),
-                Some(ms) => match tokio::time::timeout(read_body_timeout(ms), r.json::<Value>()).await {
-                    Ok(Ok(answer)) => Ok(answer["transfer_ms"].as_f64().unwrap_or(ms)),
-                    Ok(Err(e)) => Err(format!("{url}: {e}")),
-                    Err(_) => Err(format!("{url}: the promised {ms} ms transfer did not end in time")),
-                },
+                Some(ms) => {
+                    match tokio::time::timeout(read_body_timeout(ms, pd.abort_timeout), r.json::<Value>())
+                        .await
+                    {
+                        Ok(Ok(answer)) => Ok(answer["transfer_ms"].as_f64().unwrap_or(ms)),
+                        Ok(Err(e)) => Err(format!("{url}: {e}")),
+                        Err(_) => Err(format!("{url}: the promised {ms} ms transfer did not end in time")),
+                    }
+                }
             }
         }
         Ok(r) if r.status() == StatusCode::MISDIRECTED_REQUEST => {
@@ -769,6 +774,22 @@ pub async fn start_decode(
             drop(live);
             let live = engine.submit(CoreRequest { uuid: 0, ..request }).await?;
             Ok((live, None))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_waits_for_the_promise_but_never_past_the_abort_timeout() {
+        let abort = Duration::from_secs(480);
+        assert_eq!(read_body_timeout(1000.0, abort), Duration::from_millis(3100));
+        assert_eq!(read_body_timeout(0.0, abort), Duration::from_secs(2));
+        // A peer promising a year (or infinity, or garbage) is waited on no longer than 480 s.
+        for promise in [3.15e10, f64::INFINITY, -5.0] {
+            assert!(read_body_timeout(promise, abort) <= abort, "{promise}");
         }
     }
 }
