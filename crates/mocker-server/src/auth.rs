@@ -8,16 +8,8 @@
 //! `/version`, `/metrics`, `/tokenize` and `/detokenize` stay open, as in vLLM: they read
 //! nothing private and change nothing.
 
-use std::sync::Arc;
-
-use axum::extract::{Request, State};
-use axum::http::{header, Method};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::http::header;
 use subtle::ConstantTimeEq;
-
-use crate::app::AppState;
-use crate::error::ApiError;
 
 /// Routes outside `/v1` that change state and so need the key: the P/D side channel's
 /// reads and aborts free a held prefill's KV, so they need it too (the servers of a P/D
@@ -64,23 +56,9 @@ pub fn is_protected(path: &str) -> bool {
     path.starts_with("/v1") || STATE_CHANGING.contains(&path)
 }
 
-/// The middleware: 401 JSON when a protected route lacks the key.
-pub async fn require_api_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    if request.method() != Method::OPTIONS
-        && is_protected(request.uri().path())
-        && !authorized(&state, request.headers())
-    {
-        return ApiError::unauthorized().into_response();
-    }
-    next.run(request).await
-}
-
-/// Whether `headers` carry the server's key (always, on a server without one).
-pub fn authorized(state: &AppState, headers: &axum::http::HeaderMap) -> bool {
-    state
-        .api_key
-        .as_ref()
-        .is_none_or(|key| headers.get(header::AUTHORIZATION).is_some_and(|v| key.authorizes(v.as_bytes())))
+/// Whether `headers` carry `key` as a bearer token (always, on a server without one).
+pub fn authorized(key: Option<&ApiKey>, headers: &axum::http::HeaderMap) -> bool {
+    key.is_none_or(|key| headers.get(header::AUTHORIZATION).is_some_and(|v| key.authorizes(v.as_bytes())))
 }
 
 #[cfg(test)]

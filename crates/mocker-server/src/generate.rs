@@ -15,7 +15,7 @@ use mocker_core::Request;
 use mocker_live::{LiveRequest, OutputSignal};
 use tokio::time::Instant;
 
-use crate::app::AppState;
+use crate::choice_plan::{plan_choices, ChoicePlan, Planned};
 use crate::error::ApiError;
 use crate::metrics::{FinishReason, FinishedRequest};
 use crate::openai::request::{Generation, PromptInput};
@@ -23,11 +23,11 @@ use crate::openai::response::{
     ChoiceBody, ContentFrames, Endpoint, Finish, ResponseHeader, Usage, UsageMode,
 };
 use crate::output::logprobs::{LogprobsAcc, LogprobsShape};
-use crate::output::plan::{plan_choices, ChoicePlan, Planned};
 use crate::output::sampler::Sampler;
 use crate::output::stop::{StopRules, StopScan};
 use crate::pd::{KvRole, KvTransfer, PrefillHandoff, ReadFrom};
 use crate::plan::{reasoning_frame, with_reasoning, Phase, Replayed, RequestPlan};
+use crate::state::AppState;
 
 /// A validated, tokenized request ready for the engine.
 pub struct Prepared {

@@ -3,30 +3,50 @@
 //! `/health/ready`), `/metrics` as vLLM exposes it, `/tokenize` and `/detokenize`,
 //! `/v1/embeddings`, `/v1/responses`, and vLLM's sleep mode (`/sleep`, `/wake_up`,
 //! `/is_sleeping`), and LoRA adapters (`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`).
+//!
+//! The modules form five layers; a module imports only from its own layer or those below
+//! (`tests/layers.rs` checks it, and that no two modules import each other):
+//!
+//! - types (bottom): errors, the tokenizer, metrics, the protocols' request and response
+//!   types (`openai`, `pd`), what the model writes (`output`, `choice_plan`), and the small state machines the routes
+//!   share (`readiness`, `sleep`, `lora`, `faults`, `auth`);
+//! - state: `state` (`AppState`, what every handler shares);
+//! - serving: `generate` (a request through the engine to its response or stream) and
+//!   `prefix` (prompt blocks as the server hashes them);
+//! - api: `api`, one module per API family, and the middleware;
+//! - assembly (top): `app` (the router), `conn` (connections), `server` (start and stop),
+//!   `front` (the P/D front).
 
 #![warn(missing_docs)]
 
-pub mod app;
+// types
 pub mod auth;
-mod conn;
-pub mod embeddings;
+pub mod body;
+pub mod choice_plan;
 pub mod error;
 pub mod faults;
-pub mod front;
-pub mod gate;
-pub mod generate;
 pub mod lora;
 pub mod metrics;
 pub mod openai;
 pub mod output;
 pub mod pd;
 pub mod plan;
-pub mod prefix;
 mod raw_errors;
-pub mod responses;
-pub mod server;
+pub mod readiness;
 pub mod sleep;
 pub mod tokenizer;
+// state
+pub mod state;
+// serving
+pub mod generate;
+pub mod prefix;
+// api
+pub mod api;
+// assembly
+pub mod app;
+mod conn;
+pub mod front;
+pub mod server;
 
 pub use server::{
     served_max_model_len, BoundKvEvents, BoundServer, KvEventsOptions, ServerError, ServerOptions,

@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use mocker_core::hashing::PromptHashes;
 
-use crate::app::AppState;
 use crate::error::ApiError;
 use crate::generate::prompt_tokens;
 use crate::openai::request::{parse_chat, parse_completion};
 use crate::openai::template;
+use crate::state::AppState;
 
 /// A request's prompt length and block hashes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,17 +11,18 @@ use mocker_kv_events::{KvEventPublisher, PublisherOptions};
 use mocker_live::{LiveEngine, LiveOptions, OutputBuffering};
 use tokio::net::TcpListener;
 
-use crate::app::{router, AppState, Ranks};
+use crate::app::router;
 use crate::auth::ApiKey;
 use crate::conn::{accept_loop, ConnLimits, Connections};
 use crate::faults::{FailureInjectionOptions, FailureInjector};
-use crate::gate::Readiness;
 use crate::lora::{LoraOptions, LoraRegistry};
 use crate::metrics::{MetricFlavor, MetricsOptions, ServerMetrics};
 use crate::pd::{KvRole, PdOptions, PdState};
 use crate::plan::{Reasoning, ReplayTable};
 use crate::prefix::PromptHasher;
+use crate::readiness::Readiness;
 use crate::sleep::SleepMode;
+use crate::state::{AppState, Ranks};
 use crate::tokenizer::Tokenizer;
 
 /// Everything one server needs.
@@ -422,7 +423,7 @@ impl BoundServer {
         let bootstrap = bootstrap.map(|l| {
             let rooms = axum::Router::new()
                 .route("/mocker/bootstrap/read", axum::routing::post(crate::pd::bootstrap_read_handler))
-                .with_state(state.clone());
+                .with_state(state.side_channel());
             tokio::spawn(accept_loop(l, rooms, limits, Connections::new(limits.max_connections)))
         });
         let _stop_bootstrap = bootstrap.map(|task| AbortOnDrop(task.abort_handle()));

@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use crate::output::logprobs::LogprobsAcc;
 use crate::output::stop::StopReason;
+use crate::output::write_json_str;
 use serde_json::value::RawValue;
 
 /// Which endpoint a response belongs to.
@@ -485,18 +486,6 @@ impl ContentFrames {
             }
         }
         out.extend_from_slice(b"}\n\n");
-    }
-}
-
-/// Appends `s` as a JSON string, as serde_json writes it: text that needs no escaping (the
-/// common case) is copied as is.
-pub(crate) fn write_json_str(out: &mut Vec<u8>, s: &str) {
-    if s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
-        serde_json::to_writer(&mut *out, s).expect("strings serialize");
-    } else {
-        out.push(b'"');
-        out.extend_from_slice(s.as_bytes());
-        out.push(b'"');
     }
 }
 

@@ -200,7 +200,7 @@ impl LogprobsAcc {
 }
 
 fn write_str(out: &mut Vec<u8>, s: &str) {
-    crate::openai::response::write_json_str(out, s);
+    crate::output::write_json_str(out, s);
 }
 
 fn write_f32(out: &mut Vec<u8>, v: f32) {

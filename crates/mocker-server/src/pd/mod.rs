@@ -53,7 +53,6 @@ use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::app::AppState;
 use crate::error::ApiError;
 pub use params::{BootstrapRoom, KvRole, KvTransfer, KvTransferConfig, RemotePrefill};
 pub use peers::{check_host, PeerAllowList};
@@ -437,10 +436,7 @@ struct ReadBody {
 
 /// `POST /mocker/kv_transfer/read`: the decode side reads a held prefill's KV. Answers once
 /// the modelled transfer is over; the blocks are freed then, even if the reader is gone.
-pub async fn read_handler(
-    State(state): State<Arc<AppState>>,
-    request: Request,
-) -> Result<Response, ApiError> {
+pub async fn read_handler(State(state): State<SideChannel>, request: Request) -> Result<Response, ApiError> {
     let Some(pd) = state.pd.clone() else {
         return Err(not_found("no KV connector here (start the server with --kv-transfer-config)".into()));
     };
@@ -489,10 +485,10 @@ fn not_found(message: String) -> ApiError {
 
 /// The JSON body of a side-channel read.
 async fn read_body<T: serde::de::DeserializeOwned>(
-    state: &AppState,
+    state: &SideChannel,
     request: Request,
 ) -> Result<T, ApiError> {
-    let bytes = crate::app::body(state, request).await?;
+    let bytes = crate::body::read(state.max_body_bytes, state.body_timeout, request).await?;
     serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("read: {e}")))
 }
 
@@ -579,14 +575,14 @@ struct RoomRead {
 /// shorter of the two sides' session timeouts) for the room's prefill, then answers once
 /// the modelled transfer is over and the prefill's blocks are freed.
 pub async fn bootstrap_read_handler(
-    State(state): State<Arc<AppState>>,
+    State(state): State<SideChannel>,
     request: Request,
 ) -> Result<Response, ApiError> {
     let Some(rooms) = state.pd.as_ref().and_then(|pd| pd.rooms.as_ref()) else {
         return Err(not_found("no bootstrap rooms here".into()));
     };
     // The bootstrap port has no middleware; a room's KV is the server's to guard all the same.
-    if !crate::auth::authorized(&state, request.headers()) {
+    if !crate::auth::authorized(state.api_key.as_ref(), request.headers()) {
         return Err(ApiError::unauthorized());
     }
     if let Some(pd) = &state.pd {
@@ -633,15 +629,12 @@ pub struct AbortBody {
 
 /// `POST /mocker/kv_transfer/abort`: frees a held prefill's KV at once (a P/D front whose
 /// decode step failed). 404 when nothing is held under that id.
-pub async fn abort_handler(
-    State(state): State<Arc<AppState>>,
-    request: Request,
-) -> Result<Response, ApiError> {
+pub async fn abort_handler(State(state): State<SideChannel>, request: Request) -> Result<Response, ApiError> {
     let Some(pd) = state.pd.clone() else {
         return Err(not_found("no KV connector here (start the server with --kv-transfer-config)".into()));
     };
     pd.check_secret(request.headers())?;
-    let bytes = crate::app::body(&state, request).await?;
+    let bytes = crate::body::read(state.max_body_bytes, state.body_timeout, request).await?;
     let b: AbortBody =
         serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("abort: {e}")))?;
     if b.remote_engine_id != pd.engine_id {
@@ -655,6 +648,22 @@ pub async fn abort_handler(
         }
         None => Err(not_found(format!("abort: nothing held under {}", b.remote_request_id))),
     }
+}
+
+/// What the side-channel routes (`/mocker/kv_transfer/*`, the bootstrap port) need of their
+/// server: its P/D state, KV block size, API key and body limits.
+#[derive(Clone)]
+pub struct SideChannel {
+    /// The server's P/D state; `None` answers the routes 404.
+    pub pd: Option<Arc<PdState>>,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// The server's `--api-key`.
+    pub api_key: Option<crate::auth::ApiKey>,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+    /// Longest wait for a request body.
+    pub body_timeout: Duration,
 }
 
 /// Where a decode request reads its prompt's KV.

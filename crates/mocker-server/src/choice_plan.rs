@@ -15,7 +15,6 @@ use std::sync::{Arc, LazyLock};
 
 use tokio::sync::Semaphore;
 
-use crate::app::AppState;
 use crate::error::ApiError;
 use crate::openai::fields::{Structured, ToolChoice, Tools, AUTO_CALL_PERCENT};
 use crate::openai::response::ToolCallHead;
@@ -48,8 +47,8 @@ static PLANNERS: LazyLock<Semaphore> = LazyLock::new(|| {
 
 /// Plans one choice per sampler (see [`plan_choice`]); when there is JSON to generate, on
 /// a blocking thread.
-pub async fn plan_choices(
-    state: &Arc<AppState>,
+pub async fn plan_choices<S: AsRef<Tokenizer> + Send + Sync + 'static>(
+    state: &Arc<S>,
     samplers: &[Sampler],
     structured: Option<&Structured>,
     tools: Option<&Tools>,
@@ -66,7 +65,7 @@ pub async fn plan_choices(
         let _permit = permit;
         samplers
             .iter()
-            .map(|s| plan_choice(&state.tokenizer, s, structured.as_ref(), tools.as_ref(), max_tokens))
+            .map(|s| plan_choice(state.as_ref().as_ref(), s, structured.as_ref(), tools.as_ref(), max_tokens))
             .collect()
     })
     .await

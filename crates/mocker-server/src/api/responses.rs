@@ -25,13 +25,13 @@ use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
-use crate::app::{body as read_body, request_id, AppState};
 use crate::error::ApiError;
 use crate::generate::{generate, Prepared};
 use crate::openai::request::{parse_chat, PromptInput};
 use crate::openai::response::Endpoint;
 use crate::openai::template;
 use crate::plan::requested_replay_key;
+use crate::state::{body as read_body, request_id, AppState};
 
 /// Fields a Responses request may carry; `store` only as `false`.
 const FIELDS: &[&str] = &[

@@ -16,8 +16,8 @@ use base64::Engine as _;
 use futures_util::future::try_join_all;
 use serde_json::{json, Value};
 
-use crate::app::{body as read_body, AppState};
 use crate::error::ApiError;
+use crate::state::{body as read_body, AppState};
 
 /// Fields of an embeddings request; anything else is refused by name.
 const FIELDS: &[&str] = &["input", "model", "encoding_format", "dimensions", "user", "add_special_tokens"];
