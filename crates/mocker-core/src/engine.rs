@@ -240,6 +240,14 @@ impl Engine {
         dispatch!(self, s => s.last_pass())
     }
 
+    /// Changes the speed-up ratio of the passes stepped from now on (a live server's
+    /// runtime control); passes already computed keep theirs. The ratio must be positive
+    /// and finite.
+    pub fn set_speedup_ratio(&mut self, ratio: f64) {
+        debug_assert!(ratio.is_finite() && ratio > 0.0, "speed-up ratio {ratio}");
+        dispatch!(mut self, s => s.set_speedup_ratio(ratio))
+    }
+
     /// Drops every cached block when none is in use (vLLM's `reset_prefix_cache`);
     /// returns the `Cleared` event when KV events are recorded.
     pub fn reset_prefix_cache(&mut self) -> Result<Option<KvEvent>, PrefixCacheBusy> {

@@ -104,6 +104,12 @@ impl Actor {
                 r.publish_metrics();
                 let _ = reply.send(res);
             }
+            Command::SetSpeedupRatio { ratio, reply } => {
+                for r in &mut self.ranks {
+                    r.engine.set_speedup_ratio(ratio);
+                }
+                let _ = reply.send(());
+            }
             Command::AbortAllAndReset { rank, reply } => {
                 let r = &mut self.ranks[rank as usize];
                 let aborted = r.cancel_all();

@@ -24,6 +24,11 @@ pub(crate) enum Command {
         rank: u32,
         reply: oneshot::Sender<Result<(), LiveError>>,
     },
+    /// Change the speed-up ratio of every rank of the group from the next pass on.
+    SetSpeedupRatio {
+        ratio: f64,
+        reply: oneshot::Sender<()>,
+    },
     /// Abort every request of the rank, then drop its prefix cache (vLLM's sleep); the
     /// reply is how many requests were aborted.
     AbortAllAndReset {

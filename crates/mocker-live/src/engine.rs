@@ -358,6 +358,27 @@ impl LiveEngine {
         rx.await.map_err(|_| LiveError::CommandAckDropped)?
     }
 
+    /// Changes the speed-up ratio (modelled pass times are divided by it) of every rank of
+    /// this engine's group, from the next pass on: a running server's runtime control. The
+    /// pass in flight keeps its time. The ratio must be positive and finite.
+    pub async fn set_speedup_ratio(&self, ratio: f64) -> Result<(), LiveError> {
+        if !(ratio.is_finite() && ratio > 0.0) {
+            return Err(LiveError::InvalidArguments(format!(
+                "speedup_ratio must be positive and finite, got {ratio}"
+            )));
+        }
+        if !self.is_running() {
+            return Err(LiveError::NotRunning);
+        }
+        let (tx, rx) = oneshot::channel();
+        self.inner
+            .cmd
+            .send(Command::SetSpeedupRatio { ratio, reply: tx })
+            .await
+            .map_err(|_| LiveError::NotAcceptingCommands)?;
+        rx.await.map_err(|_| LiveError::CommandAckDropped)
+    }
+
     /// Aborts every request of this rank, then drops its prefix cache (the `Cleared` event
     /// goes to the KV-event sink): what vLLM's `sleep` does to the scheduler in its default
     /// `abort` mode. Returns how many requests were aborted; their streams end early.

@@ -13,7 +13,7 @@ use serde_json::json;
 use crate::api::middleware::{
     echo_request_id, inject_failures, refuse_while_sleeping, require_api_key, startup_gate,
 };
-use crate::api::{embeddings, lora, openai, responses, sleep, vllm};
+use crate::api::{admin, embeddings, lora, openai, responses, sleep, vllm};
 use crate::error::ApiError;
 use crate::pd;
 use crate::state::AppState;
@@ -31,6 +31,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .merge(inference)
         .route("/v1/models", get(openai::models))
+        .route("/admin/config", get(admin::get_config).post(admin::post_config))
         .route("/health", get(vllm::health))
         .route("/ping", get(vllm::health).post(vllm::health))
         .route("/health/ready", get(vllm::ready))

@@ -14,8 +14,14 @@ use subtle::ConstantTimeEq;
 /// Routes outside `/v1` that change state and so need the key: the P/D side channel's
 /// reads and aborts free a held prefill's KV, so they need it too (the servers of a P/D
 /// pair share the key, and the P/D front passes the client's on).
-const STATE_CHANGING: &[&str] =
-    &["/reset_prefix_cache", "/sleep", "/wake_up", "/mocker/kv_transfer/read", "/mocker/kv_transfer/abort"];
+const STATE_CHANGING: &[&str] = &[
+    "/reset_prefix_cache",
+    "/sleep",
+    "/wake_up",
+    "/mocker/kv_transfer/read",
+    "/mocker/kv_transfer/abort",
+    "/admin/config",
+];
 
 /// The key clients must present. Only its digest is kept: comparing digests of equal length
 /// in constant time tells an attacker neither the key's bytes nor its length.

@@ -133,8 +133,9 @@ pub async fn generate(
     let submitted = Instant::now();
     // The API server's own time (HTTP, tokenization, detokenization) as the configuration
     // models it, before the engine sees the request.
-    if !state.frontend_delay.is_zero() {
-        tokio::time::sleep(state.frontend_delay).await;
+    let delay = state.runtime.frontend_delay();
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
     }
     let mut lives = Vec::with_capacity(n as usize);
     let mut prefill: Option<PrefillHandoff> = None;

@@ -9,7 +9,8 @@
 //!
 //! - types (bottom): errors, the tokenizer, metrics, the protocols' request and response
 //!   types (`openai`, `pd`), what the model writes (`output`, `choice_plan`), and the small state machines the routes
-//!   share (`readiness`, `sleep`, `lora`, `faults`, `auth`);
+//!   share (`readiness`, `sleep`, `lora`, `faults`, `runtime`, `auth`,
+//!   `engine_card`);
 //! - state: `state` (`AppState`, what every handler shares);
 //! - serving: `generate` (a request through the engine to its response or stream) and
 //!   `prefix` (prompt blocks as the server hashes them);
@@ -23,6 +24,7 @@
 pub mod auth;
 pub mod body;
 pub mod choice_plan;
+pub mod engine_card;
 pub mod error;
 pub mod faults;
 pub mod lora;
@@ -33,6 +35,7 @@ pub mod pd;
 pub mod plan;
 mod raw_errors;
 pub mod readiness;
+pub mod runtime;
 pub mod sleep;
 pub mod tokenizer;
 // state

@@ -14,13 +14,15 @@ use tokio::net::TcpListener;
 use crate::app::router;
 use crate::auth::ApiKey;
 use crate::conn::{accept_loop, ConnLimits, Connections};
-use crate::faults::{FailureInjectionOptions, FailureInjector};
+use crate::engine_card::EngineCard;
+use crate::faults::FailureInjectionOptions;
 use crate::lora::{LoraOptions, LoraRegistry};
 use crate::metrics::{MetricFlavor, MetricsOptions, ServerMetrics};
 use crate::pd::{KvRole, PdOptions, PdState};
 use crate::plan::{Reasoning, ReplayTable};
 use crate::prefix::PromptHasher;
 use crate::readiness::Readiness;
+use crate::runtime::{RuntimeConfig, RuntimeSettings};
 use crate::sleep::SleepMode;
 use crate::state::{AppState, Ranks};
 use crate::tokenizer::Tokenizer;
@@ -261,6 +263,7 @@ impl BoundServer {
             Some(o) => Some(LoraRegistry::new(o, &model_name).map_err(ServerError::Options)?),
         };
         let max_loras = lora.as_ref().map_or(0, LoraRegistry::max_loras);
+        let engine_card = EngineCard::new(&launch);
         let mut engine = launch.engine;
         if let Some(kv) = &kv_events {
             engine.emit_kv_events = true;
@@ -357,14 +360,12 @@ impl BoundServer {
                 &metrics,
             ))
         });
+        let model_name_for_runtime = model_name.clone();
         let state = Arc::new(AppState {
+            engine_card,
             model_name,
             tokenizer,
             ranks: Ranks(engines),
-            frontend_delay: Duration::from_nanos(mocker_core::timing::scaled_nanos(
-                launch.hardware.frontend_latency_ms.unwrap_or(0.0),
-                engine.speedup_ratio,
-            )),
             metrics,
             max_model_len: max_model_len(&engine),
             served_max_model_len: served_max_model_len(&engine),
@@ -377,7 +378,14 @@ impl BoundServer {
             max_body_bytes,
             body_timeout,
             readiness: Readiness::after(Duration::from_secs_f64(launch.startup_time.unwrap_or(0.0))),
-            faults: FailureInjector::new(&failure_injection),
+            runtime: RuntimeConfig::new(
+                RuntimeSettings {
+                    speedup_ratio: engine.speedup_ratio,
+                    frontend_latency_ms: launch.hardware.frontend_latency_ms.unwrap_or(0.0),
+                    failure: failure_injection,
+                },
+                &model_name_for_runtime,
+            ),
             reasoning,
             replay,
             image_tokens,
@@ -387,6 +395,10 @@ impl BoundServer {
             lora,
             pd,
         });
+        state.metrics.register_collector(state.engine_card.collector(&state.model_name));
+        for collector in state.runtime.collectors() {
+            state.metrics.register_collector(collector);
+        }
         let limits = ConnLimits { max_connections, header_timeout };
         Ok(Self { listener, state, grace: shutdown_grace, limits, kv_events: bound_events, bootstrap })
     }

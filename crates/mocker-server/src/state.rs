@@ -9,12 +9,13 @@ use axum::extract::Request;
 use mocker_live::{LiveEngine, LiveError, LiveRequest, OutputBuffering};
 
 use crate::auth::ApiKey;
+use crate::engine_card::EngineCard;
 use crate::error::ApiError;
-use crate::faults::FailureInjector;
 use crate::lora::LoraRegistry;
 use crate::metrics::ServerMetrics;
 use crate::plan::{Reasoning, ReplayTable};
 use crate::readiness::Readiness;
+use crate::runtime::RuntimeConfig;
 use crate::sleep::SleepMode;
 use crate::tokenizer::Tokenizer;
 
@@ -62,6 +63,8 @@ impl From<LiveError> for ApiError {
 /// What every handler shares.
 #[derive(Debug)]
 pub struct AppState {
+    /// What the engine is (backend, sizes, model and GPU).
+    pub engine_card: EngineCard,
     /// Name clients must use in `model` (and that `/v1/models` lists).
     pub model_name: String,
     /// Prompt tokenizer and output detokenizer.
@@ -91,8 +94,6 @@ pub struct AppState {
     pub body_timeout: Duration,
     /// When the simulated engine is up (`startup_time`).
     pub readiness: Readiness,
-    /// Failure injection on the inference routes, when a rate is set.
-    pub faults: Option<FailureInjector>,
     /// Thinking spans (`dynamo.reasoning`), when configured.
     pub reasoning: Option<Reasoning>,
     /// Recorded outputs (`dynamo.response_replay_trace_path`), when configured.
@@ -110,9 +111,9 @@ pub struct AppState {
     pub pd: Option<Arc<crate::pd::PdState>>,
     /// Most log-probability alternatives a request may ask for (`--max-logprobs`).
     pub max_logprobs: u32,
-    /// API-server time a request spends before the engine sees it (`frontend_latency_ms`,
-    /// divided by the speedup ratio like the engine's passes).
-    pub frontend_delay: Duration,
+    /// What `/admin/config` changes at run time: speed-up ratio, failure injection, the
+    /// API server's latency.
+    pub runtime: RuntimeConfig,
 }
 
 impl AppState {

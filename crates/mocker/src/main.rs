@@ -4,6 +4,7 @@
 
 mod bench;
 mod engine_args;
+mod fleet;
 mod online;
 mod output;
 mod profiles;

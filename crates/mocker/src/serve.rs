@@ -1,6 +1,7 @@
 //! `mocker serve`: flags to engine configuration and server options, one server per worker
 //! on consecutive ports, stopped by SIGINT or SIGTERM.
 
+use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
@@ -80,6 +81,12 @@ pub struct ServeArgs {
     /// Independent engines in this process, each with its own server.
     #[arg(long, default_value_t = 1)]
     pub num_workers: usize,
+    /// A mixed fleet: each worker's own engine args, laid over --engine-args key by key. A
+    /// JSON list with one object per worker (a --prefill-workers deployment's prefill
+    /// workers first), or a map from worker index to object; inline, @file or a file path.
+    /// A key a worker sets here may not also be set by an engine flag.
+    #[arg(long, value_name = "JSON|FILE")]
+    pub worker_engine_args: Option<String>,
     /// Hugging Face `tokenizer.json` (or a folder holding one); a built-in word tokenizer
     /// is used otherwise.
     #[arg(long)]
@@ -256,46 +263,146 @@ impl ServeArgs {
         self.model_name.clone().or_else(|| self.engine.model.clone()).unwrap_or_else(|| "mocker".into())
     }
 
-    fn launch_config(&self) -> Result<LaunchConfig, UsageError> {
+    /// The name a worker with `launch` serves: `--model-name`, else its model's.
+    fn served_model_name_of(&self, launch: &LaunchConfig) -> String {
+        self.model_name.clone().or_else(|| launch.hardware.model.clone()).unwrap_or_else(|| "mocker".into())
+    }
+
+    /// Each worker's launch config: `shared` unless `--worker-engine-args` gives the worker
+    /// keys of its own, which are laid over `--engine-args` and checked as the shared
+    /// config is.
+    fn worker_launches(
+        &self,
+        shared: &LaunchConfig,
+        workers: usize,
+        deployment: Option<Deployment>,
+    ) -> Result<Vec<LaunchConfig>, UsageError> {
+        use crate::fleet::{WorkerEngineArgs, FLAG, FLAG_KEYS};
+        let Some(arg) = &self.worker_engine_args else { return Ok(vec![shared.clone(); workers]) };
+        let fleet = WorkerEngineArgs::parse(arg, workers)?;
+        let flags_given = self.engine_flags_given();
+        let mut launches = Vec::with_capacity(workers);
+        for i in 0..workers {
+            let keys = fleet.keys(i);
+            if keys.is_empty() {
+                launches.push(shared.clone());
+                continue;
+            }
+            for (flag, flag_keys) in FLAG_KEYS {
+                if let Some(key) = flag_keys.iter().find(|k| keys.contains(**k)) {
+                    if flags_given.contains(flag) {
+                        return Err(UsageError(format!(
+                            "{FLAG}: worker {i} sets {key}, which {flag} also sets; give it in one place"
+                        )));
+                    }
+                }
+            }
+            // Process-wide settings: one value serves every worker.
+            for key in ["emit_kv_events", "emit_kv_token_ids", "dynamo", "worker_type"] {
+                if keys.contains(key) {
+                    return Err(UsageError(format!(
+                        "{FLAG}: worker {i} sets {key}, which applies to every worker of the process; set it in \
+                         --engine-args"
+                    )));
+                }
+            }
+            let text = fleet.engine_args(i, self.engine_args.as_deref())?;
+            let launch = self.launch_config(&format!("{FLAG} (worker {i})"), text.as_deref())?;
+            self.lora_options(&launch)?;
+            self.pd_options(&launch)?;
+            launches.push(launch);
+        }
+        if let Some(d) = deployment {
+            let names: BTreeSet<String> = launches.iter().map(|l| self.served_model_name_of(l)).collect();
+            if names.len() > 1 {
+                return Err(UsageError(format!(
+                    "{FLAG}: the workers of a --prefill-workers deployment serve one model behind the front; they \
+                     would serve {} (give --model-name)",
+                    names.into_iter().collect::<Vec<_>>().join(", ")
+                )));
+            }
+            let pool_block_sizes = |range: std::ops::Range<usize>| -> BTreeSet<usize> {
+                launches[range].iter().map(|l| l.engine.block_size).collect()
+            };
+            if d.kv_router
+                && (pool_block_sizes(0..d.prefill).len() > 1
+                    || pool_block_sizes(d.prefill..workers).len() > 1)
+            {
+                return Err(UsageError(format!(
+                    "{FLAG}: --pd-router kv scores each pool's workers by blocks of one size; the workers of a pool \
+                     must share block_size"
+                )));
+            }
+        }
+        Ok(launches)
+    }
+
+    /// The engine flags given on the command line (as [`crate::fleet::FLAG_KEYS`] names them).
+    fn engine_flags_given(&self) -> Vec<&'static str> {
+        let e = &self.engine;
+        [
+            ("--block-size", self.block_size.is_some()),
+            ("--num-gpu-blocks", self.num_gpu_blocks.is_some()),
+            ("--max-num-seqs", self.max_num_seqs.is_some()),
+            ("--max-num-batched-tokens", self.max_num_batched_tokens.is_some()),
+            ("--speedup-ratio", self.speedup_ratio.is_some()),
+            (
+                "--enable-prefix-caching / --no-enable-prefix-caching",
+                self.enable_prefix_caching || self.no_enable_prefix_caching,
+            ),
+            ("--max-model-len", self.max_model_len.is_some()),
+            ("--data-parallel-size", self.data_parallel_size.is_some()),
+            ("--output-length-distribution", self.output_length_distribution.is_some()),
+            ("--engine-type", e.engine_type.is_some()),
+            ("--model", e.model.is_some()),
+            ("--gpu", e.gpu.is_some()),
+            ("--tensor-parallel-size", e.tensor_parallel_size.is_some()),
+            ("--quantization", e.quantization.is_some()),
+            ("--kv-cache-dtype", e.kv_cache_dtype.is_some()),
+            ("--enable-expert-parallel", e.enable_expert_parallel),
+            ("--timing-profile", e.timing_profile.is_some()),
+            ("--planner-profile-data", e.planner_profile_data.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect()
+    }
+
+    fn launch_config(&self, flag: &str, engine_args: Option<&str>) -> Result<LaunchConfig, UsageError> {
         // The engine flags act as their engine-args keys: laid on before the timing source
         // is read, so a profile or a model sizes the cache with them.
-        let mut launch = crate::engine_args::launch_config_with(
-            "--engine-args",
-            self.engine_args.as_deref(),
-            &self.engine,
-            |launch| {
-                let engine = &mut launch.engine;
-                if let Some(v) = self.block_size {
-                    engine.block_size = v;
-                    launch.given_keys.block_size = true;
-                }
-                if let Some(v) = self.num_gpu_blocks {
-                    engine.num_gpu_blocks = v;
-                    launch.num_gpu_blocks_given = true;
-                    launch.num_gpu_blocks_is_explicit = true;
-                }
-                if let Some(v) = self.max_num_seqs {
-                    engine.max_num_seqs = v;
-                    launch.given_keys.max_num_seqs = true;
-                }
-                if let Some(v) = self.max_num_batched_tokens {
-                    engine.max_num_batched_tokens = v;
-                    launch.given_keys.max_num_batched_tokens = true;
-                }
-                if let Some(v) = self.speedup_ratio {
-                    engine.speedup_ratio = v;
-                }
-                if self.enable_prefix_caching {
-                    engine.enable_prefix_caching = true;
-                }
-                if self.no_enable_prefix_caching {
-                    engine.enable_prefix_caching = false;
-                }
-                if let Some(v) = self.max_model_len {
-                    engine.max_model_len = Some(v);
-                }
-            },
-        )?;
+        let mut launch = crate::engine_args::launch_config_with(flag, engine_args, &self.engine, |launch| {
+            let engine = &mut launch.engine;
+            if let Some(v) = self.block_size {
+                engine.block_size = v;
+                launch.given_keys.block_size = true;
+            }
+            if let Some(v) = self.num_gpu_blocks {
+                engine.num_gpu_blocks = v;
+                launch.num_gpu_blocks_given = true;
+                launch.num_gpu_blocks_is_explicit = true;
+            }
+            if let Some(v) = self.max_num_seqs {
+                engine.max_num_seqs = v;
+                launch.given_keys.max_num_seqs = true;
+            }
+            if let Some(v) = self.max_num_batched_tokens {
+                engine.max_num_batched_tokens = v;
+                launch.given_keys.max_num_batched_tokens = true;
+            }
+            if let Some(v) = self.speedup_ratio {
+                engine.speedup_ratio = v;
+            }
+            if self.enable_prefix_caching {
+                engine.enable_prefix_caching = true;
+            }
+            if self.no_enable_prefix_caching {
+                engine.enable_prefix_caching = false;
+            }
+            if let Some(v) = self.max_model_len {
+                engine.max_model_len = Some(v);
+            }
+        })?;
         if let Some(v) = self.data_parallel_size {
             launch.dp_size = v;
         }
@@ -645,21 +752,24 @@ impl ServeArgs {
             None => default_max_connections(),
         };
         let failure_injection = self.failure_injection()?;
-        let launch = self.launch_config()?;
+        let launch = self.launch_config("--engine-args", self.engine_args.as_deref())?;
         let lora = self.lora_options(&launch)?;
         let pd = self.pd_options(&launch)?;
-        if deployment.is_some_and(|d| d.kv_router) && launch.dp_size > 1 {
-            // A worker's HTTP endpoint picks its own rank, so the router cannot place on one.
-            return Err(UsageError(format!(
-                "--pd-router kv: routes over workers of one DP rank each; got dp_size {}",
-                launch.dp_size
-            )));
-        }
-        if deployment.is_some() && launch.engine.backend != Backend::Vllm {
-            return Err(UsageError(format!(
-                "--prefill-workers: vLLM's KV-transfer contract is simulated on the vllm backend only, not {}",
-                launch.engine.backend
-            )));
+        let launches = self.worker_launches(&launch, workers, deployment)?;
+        for launch in &launches {
+            if deployment.is_some_and(|d| d.kv_router) && launch.dp_size > 1 {
+                // A worker's HTTP endpoint picks its own rank, so the router cannot place on one.
+                return Err(UsageError(format!(
+                    "--pd-router kv: routes over workers of one DP rank each; got dp_size {}",
+                    launch.dp_size
+                )));
+            }
+            if deployment.is_some() && launch.engine.backend != Backend::Vllm {
+                return Err(UsageError(format!(
+                    "--prefill-workers: vLLM's KV-transfer contract is simulated on the vllm backend only, not {}",
+                    launch.engine.backend
+                )));
+            }
         }
         let abort_timeout = match self.kv_abort_timeout_seconds {
             None => DEFAULT_ABORT_TIMEOUT,
@@ -715,8 +825,8 @@ impl ServeArgs {
                         UsageError(format!("--port: {} + {workers} workers exceeds 65535", self.port))
                     })?
                 };
-                let mut options = ServerOptions::new(SocketAddr::new(self.host, port), launch.clone());
-                options.model_name = self.served_model_name();
+                let mut options = ServerOptions::new(SocketAddr::new(self.host, port), launches[i].clone());
+                options.model_name = self.served_model_name_of(&launches[i]);
                 options.tokenizer = tokenizer.clone();
                 options.api_key = self.api_key.clone();
                 options.shutdown_grace = grace;
@@ -732,7 +842,8 @@ impl ServeArgs {
                 options.lora = lora.clone();
                 options.pd = role(i);
                 if let Some(endpoint) = &kv_endpoint {
-                    let shift = (i * launch.dp_size) as u32;
+                    // Each worker's ranks take the ports after the ranks of the workers before it.
+                    let shift = launches[..i].iter().map(|l| l.dp_size).sum::<usize>() as u32;
                     let offset = |flag: &str, e: &str| {
                         mocker_kv_events::offset_endpoint(e, shift)
                             .map_err(|m| UsageError(format!("{flag}: {m}")))
@@ -756,6 +867,7 @@ impl ServeArgs {
 /// Runs the servers until a signal arrives; exit code 1 if one failed after starting.
 pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
     let (options, deployment) = args.options()?;
+    let mixed = args.worker_engine_args.is_some();
     let grace = options.first().map_or(Duration::ZERO, |o| o.shutdown_grace);
     let front_addr = SocketAddr::new(args.host, args.port);
     let (model_name, max_body_bytes) =
@@ -799,12 +911,14 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
                 }
                 _ => Vec::new(),
             };
-            if i == 0 {
+            // A mixed fleet's workers each say what they are.
+            if i == 0 || mixed {
                 let lengths = o.launch.output_length_distribution.unwrap_or(OutputLengthDistribution::CHAT);
                 let e = &o.launch.engine;
                 eprintln!(
-                    "mocker: engine {}, {} KV blocks × {} tokens per rank, context {} tokens; chat outputs \
+                    "mocker: {}engine {}, {} KV blocks × {} tokens per rank, context {} tokens; chat outputs \
                      without max_tokens: {}",
+                    if mixed { format!("worker {i}: ") } else { String::new() },
                     e.backend.as_str(),
                     e.num_gpu_blocks,
                     e.block_size,

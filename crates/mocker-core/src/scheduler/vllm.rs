@@ -459,6 +459,14 @@ impl VllmScheduler {
         a
     }
 
+    /// Changes the speed-up of the passes computed from now on; the decode passes keep
+    /// their extra divisor (`decode_speedup_ratio`).
+    pub fn set_speedup_ratio(&mut self, ratio: f64) {
+        let decode_ratio = if self.speedup > 0.0 { self.decode_speedup / self.speedup } else { 1.0 };
+        self.speedup = ratio;
+        self.decode_speedup = ratio * decode_ratio;
+    }
+
     /// Drops every cached block, as vLLM's `reset_prefix_cache`: only when no block is in
     /// use (otherwise nothing changes and `Err(PrefixCacheBusy)` says how many are).
     /// Returns the `Cleared` event when KV events are recorded.

@@ -176,8 +176,9 @@ async fn prefill(state: &AppState, tokens: Vec<u32>) -> Result<(), ApiError> {
         max_output_tokens: 1,
         ..Default::default()
     };
-    if !state.frontend_delay.is_zero() {
-        tokio::time::sleep(state.frontend_delay).await;
+    let delay = state.runtime.frontend_delay();
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
     }
     let (mut live, _) = state.ranks.submit(request, false).await?;
     loop {

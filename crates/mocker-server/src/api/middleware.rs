@@ -47,7 +47,7 @@ pub async fn inject_failures(State(state): State<Arc<AppState>>, request: Reques
     if let Some(response) = requested_error(request.headers(), &state.model_name) {
         return response;
     }
-    if let Some(kind) = state.faults.as_ref().and_then(FailureInjector::draw) {
+    if let Some(kind) = state.runtime.faults().and_then(|f| f.draw()) {
         return FailureInjector::response(kind, &state.model_name);
     }
     next.run(request).await

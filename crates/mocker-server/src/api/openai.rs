@@ -58,6 +58,8 @@ pub async fn models(State(state): State<Arc<AppState>>) -> impl IntoResponse {
         "root": state.model_name,
         "parent": null,
         "max_model_len": state.served_max_model_len,
+        // mocker's own: what this worker's engine is (each worker of a mixed fleet differs).
+        "mocker_engine": state.engine_card,
     })];
     if let Some(lora) = &state.lora {
         data.extend(lora.model_cards(created));

@@ -489,6 +489,14 @@ impl SglangScheduler {
         self.init_ratio
     }
 
+    /// Changes the speed-up of the passes computed from now on; the decode passes keep
+    /// their extra divisor (`decode_speedup_ratio`).
+    pub fn set_speedup_ratio(&mut self, ratio: f64) {
+        let decode_ratio = if self.speedup > 0.0 { self.decode_speedup / self.speedup } else { 1.0 };
+        self.speedup = ratio;
+        self.decode_speedup = ratio * decode_ratio;
+    }
+
     /// Drops every cached page when no request holds KV; returns the `Cleared` event when
     /// KV events are recorded.
     pub fn reset_prefix_cache(&mut self) -> Result<Option<KvEvent>, PrefixCacheBusy> {
