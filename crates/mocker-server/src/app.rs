@@ -13,7 +13,7 @@ use serde_json::json;
 use crate::api::middleware::{
     echo_request_id, inject_failures, refuse_while_sleeping, require_api_key, startup_gate,
 };
-use crate::api::{embeddings, lora, openai, responses, sleep, vllm};
+use crate::api::{embeddings, lora, openai, responses, sleep, tokens, vllm};
 use crate::error::ApiError;
 use crate::pd;
 use crate::state::AppState;
@@ -26,6 +26,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/responses", post(responses::responses))
+        .route("/inference/v1/generate", post(tokens::generate_tokens))
         .route_layer(middleware::from_fn_with_state(state.clone(), inject_failures))
         .route_layer(middleware::from_fn_with_state(state.clone(), refuse_while_sleeping));
     Router::new()

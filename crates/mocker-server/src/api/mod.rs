@@ -6,4 +6,6 @@ pub mod middleware;
 pub mod openai;
 pub mod responses;
 pub mod sleep;
+pub mod sse;
+pub mod tokens;
 pub mod vllm;
