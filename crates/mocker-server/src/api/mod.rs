@@ -1,5 +1,6 @@
 //! The routes, one module per API family, and the middleware around them.
 
+pub mod anthropic;
 pub mod embeddings;
 pub mod lora;
 pub mod middleware;
