@@ -268,10 +268,75 @@ def check_generate(base, key, http):
     return {"generate_ids": choice["token_ids"]}
 
 
+def check_pooling(base, key, http):
+    count = lambda text, special=True: len(http.post(f"{base}/tokenize", json={
+        "prompt": text, "add_special_tokens": special}).json()["tokens"])
+    query, docs = "capital of france", ["paris is the capital of france", "bananas are yellow", "capital of france"]
+    pair_tokens = sum(count(query) + count(d, False) for d in docs)
+    queries_before = sample(base, "vllm:prefix_cache_queries_total")
+    r = http.post(f"{base}/rerank", json={"model": MODEL, "query": query, "documents": docs, "top_n": 2})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["id"].startswith("score-") and body["model"] == MODEL, body
+    assert body["usage"] == {"prompt_tokens": pair_tokens, "total_tokens": pair_tokens}, (body["usage"], pair_tokens)
+    results = body["results"]
+    assert len(results) == 2 and results[0]["relevance_score"] >= results[1]["relevance_score"], results
+    # The query scores 1 against itself: the pseudo-score is (1 + cos) / 2 of the texts' vectors.
+    assert results[0]["index"] == 2 and abs(results[0]["relevance_score"] - 1.0) < 1e-6, results
+    assert results[0]["document"] == {"text": docs[2], "multi_modal": None}, results
+    # Every pair went through the engine (its prompt was looked up in the prefix cache).
+    assert sample(base, "vllm:prefix_cache_queries_total") >= queries_before + pair_tokens
+    for path in ["/v1/rerank", "/v2/rerank"]:
+        again = http.post(f"{base}{path}", json={"query": query, "documents": docs}).json()
+        assert [x["index"] for x in again["results"]][:2] == [x["index"] for x in results], again
+        assert len(again["results"]) == 3
+
+    s = http.post(f"{base}/score", json={"model": MODEL, "queries": query, "documents": docs}).json()
+    assert s["object"] == "list" and [d["object"] for d in s["data"]] == ["score"] * 3, s
+    assert [d["index"] for d in s["data"]] == [0, 1, 2], s
+    by_index = {x["index"]: x["relevance_score"] for x in again["results"]}
+    assert all(abs(d["score"] - by_index[d["index"]]) < 1e-9 for d in s["data"]), (s, by_index)
+    assert s["usage"]["prompt_tokens"] == pair_tokens and s["usage"]["completion_tokens"] == 0, s
+    legacy = http.post(f"{base}/v1/score", json={"text_1": ["a", "b"], "text_2": ["a", "c"]}).json()
+    assert len(legacy["data"]) == 2 and abs(legacy["data"][0]["score"] - 1.0) < 1e-6, legacy
+
+    p = http.post(f"{base}/pooling", json={"model": MODEL, "input": ["hello world", "second input"]}).json()
+    assert [d["object"] for d in p["data"]] == ["pooling", "pooling"] and p["id"].startswith("pool-"), p
+    assert p["usage"]["prompt_tokens"] == count("hello world") + count("second input"), p
+    emb = http.post(f"{base}/v1/embeddings", json={"model": MODEL, "input": "hello world"}).json()
+    assert p["data"][0]["data"] == emb["data"][0]["embedding"], "pooling embeds as /v1/embeddings does"
+
+    def refused(path, body, param, status=400):
+        r = http.post(f"{base}{path}", json=body)
+        assert r.status_code == status, (path, r.status_code, r.text)
+        if param:
+            assert r.json()["error"]["param"] == param, (path, r.text)
+
+    refused("/rerank", {"query": query, "documents": docs, "return_documents": True}, "return_documents")
+    refused("/rerank", {"documents": docs}, "query")
+    refused("/rerank", {"query": query, "documents": []}, "documents")
+    refused("/rerank", {"query": query, "documents": ["d"] * 2049}, "documents")
+    refused("/rerank", {"query": query, "documents": ["word " * 600]}, "documents")
+    refused("/rerank", {"model": "nope", "query": query, "documents": docs}, "model", 404)
+    refused("/score", {"queries": ["a", "b"], "documents": ["a", "b", "c"]}, "documents")
+    refused("/score", {"queries": "a"}, "documents")
+    refused("/pooling", {"input": "x", "task": "token_classify"}, "task")
+    refused("/pooling", {"input": "x", "truncate_prompt_tokens": 4}, "truncate_prompt_tokens")
+    refused("/pooling", {"input": []}, "input")
+    bad_json = http.post(f"{base}/score", content=b"{", headers={"content-type": "application/json"})
+    assert bad_json.status_code == 400 and "malformed JSON" in bad_json.text, bad_json.text
+    for path in ["/rerank", "/score", "/pooling"]:
+        assert httpx.post(f"{base}{path}", json={}).status_code == 401, path
+    ok = http.post(f"{base}/rerank", json={"query": "q", "documents": ["d"]})
+    assert ok.status_code == 200
+    return {"rerank": results}
+
+
 def check_sleep(base, http):
     assert http.post(f"{base}/sleep?level=1").status_code == 200
     for path, body in [("/inference/v1/generate", {"token_ids": [1], "sampling_params": {}}),
-                       ("/v1/messages", {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]})]:
+                       ("/v1/messages", {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}),
+                       ("/rerank", {"query": "q", "documents": ["d"]}), ("/pooling", {"input": "x"})]:
         r = http.post(f"{base}{path}", json=body)
         assert r.status_code == 503, (path, r.status_code, r.text)
     assert http.post(f"{base}/wake_up").status_code == 200
@@ -287,6 +352,7 @@ def main():
     result = {}
     result.update(check_messages(base, key, http))
     result.update(check_generate(base, key, http))
+    result.update(check_pooling(base, key, http))
     check_sleep(base, http)
     result["ok"] = True
     print(json.dumps(result))

@@ -5,6 +5,7 @@ pub mod embeddings;
 pub mod lora;
 pub mod middleware;
 pub mod openai;
+pub mod pooling;
 pub mod responses;
 pub mod sleep;
 pub mod sse;
