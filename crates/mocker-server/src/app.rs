@@ -13,7 +13,7 @@ use serde_json::json;
 use crate::api::middleware::{
     echo_request_id, inject_failures, refuse_while_sleeping, require_api_key, startup_gate,
 };
-use crate::api::{admin, embeddings, lora, openai, responses, sleep, vllm};
+use crate::api::{admin, anthropic, embeddings, lora, openai, pooling, responses, sleep, tokens, vllm};
 use crate::error::ApiError;
 use crate::pd;
 use crate::state::AppState;
@@ -26,6 +26,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/responses", post(responses::responses))
+        .route("/inference/v1/generate", post(tokens::generate_tokens))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/rerank", post(pooling::rerank))
+        .route("/v1/rerank", post(pooling::rerank))
+        .route("/v2/rerank", post(pooling::rerank))
+        .route("/score", post(pooling::score))
+        .route("/v1/score", post(pooling::score))
+        .route("/pooling", post(pooling::pooling))
         .route_layer(middleware::from_fn_with_state(state.clone(), inject_failures))
         .route_layer(middleware::from_fn_with_state(state.clone(), refuse_while_sleeping));
     Router::new()
@@ -39,6 +47,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(vllm::metrics))
         .route("/tokenize", post(vllm::tokenize))
         .route("/detokenize", post(vllm::detokenize))
+        // Counting runs no engine request: like /tokenize, no failure injection.
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/reset_prefix_cache", post(vllm::reset_prefix_cache))
         .route("/sleep", post(sleep::sleep))
         .route("/wake_up", post(sleep::wake_up))

@@ -1,12 +1,13 @@
 //! `--api-key`: which routes need it and how the key is checked.
 //!
-//! As vLLM's authentication middleware, every path under `/v1` needs
-//! `Authorization: Bearer KEY` (the scheme is case-insensitive), matched or not, so an
-//! unknown `/v1/...` path answers 401 rather than telling what exists. Beyond vLLM, routes
-//! that change the engine's state (`/reset_prefix_cache`, `/sleep`, `/wake_up`) need it too. `/health`, `/ping`,
-//! `/health/ready`,
-//! `/version`, `/metrics`, `/tokenize` and `/detokenize` stay open, as in vLLM: they read
-//! nothing private and change nothing.
+//! As vLLM's authentication middleware, every path under `/v1` (and, as its documentation
+//! says, `/v2` and `/inference`) needs `Authorization: Bearer KEY` (the scheme is
+//! case-insensitive), matched or not, so an unknown `/v1/...` path answers 401 rather than
+//! telling what exists. Anthropic's `x-api-key` header is not a key, as in vLLM. Beyond
+//! vLLM, routes that change the engine's state (`/reset_prefix_cache`, `/sleep`,
+//! `/wake_up`) and the pooling routes that run it (`/rerank`, `/score`, `/pooling`) need
+//! it too. `/health`, `/ping`, `/health/ready`, `/version`, `/metrics`, `/tokenize` and
+//! `/detokenize` stay open, as in vLLM: they read nothing private and change nothing.
 
 use axum::http::header;
 use subtle::ConstantTimeEq;
@@ -57,9 +58,19 @@ impl ApiKey {
     }
 }
 
+/// Path prefixes that need the key: vLLM's middleware guards `/v1`, and its documentation
+/// names `/v2` and `/inference` too (the rerank and tokens-in/tokens-out routes).
+const PROTECTED_PREFIXES: &[&str] = &["/v1", "/v2", "/inference"];
+
+/// Inference routes outside those prefixes that run the engine (vLLM's pooling routes):
+/// guarded too, as anything that spends the engine's time is.
+const ENGINE_ROUTES: &[&str] = &["/rerank", "/score", "/pooling"];
+
 /// Whether `path` needs the key.
 pub fn is_protected(path: &str) -> bool {
-    path.starts_with("/v1") || STATE_CHANGING.contains(&path)
+    PROTECTED_PREFIXES.iter().any(|p| path.starts_with(p))
+        || STATE_CHANGING.contains(&path)
+        || ENGINE_ROUTES.contains(&path)
 }
 
 /// Whether `headers` carry `key` as a bearer token (always, on a server without one).
@@ -84,8 +95,18 @@ mod tests {
     }
 
     #[test]
-    fn v1_and_state_changing_routes_are_protected() {
-        for p in ["/v1/completions", "/v1/models", "/v1/nope", "/reset_prefix_cache"] {
+    fn v1_inference_engine_and_state_changing_routes_are_protected() {
+        for p in [
+            "/v1/completions",
+            "/v1/models",
+            "/v1/nope",
+            "/reset_prefix_cache",
+            "/inference/v1/generate",
+            "/v2/rerank",
+            "/rerank",
+            "/score",
+            "/pooling",
+        ] {
             assert!(is_protected(p), "{p}");
         }
         for p in ["/health", "/metrics", "/version", "/tokenize", "/detokenize"] {

@@ -87,7 +87,7 @@ impl ApiError {
     }
 
     /// The `type` field, named as the OpenAI Python SDK names its exceptions.
-    fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> &'static str {
         match self.status {
             StatusCode::BAD_REQUEST
             | StatusCode::PAYLOAD_TOO_LARGE

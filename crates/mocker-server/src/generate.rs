@@ -20,7 +20,7 @@ use crate::error::ApiError;
 use crate::metrics::{FinishReason, FinishedRequest};
 use crate::openai::request::{Generation, PromptInput};
 use crate::openai::response::{
-    ChoiceBody, ContentFrames, Endpoint, Finish, ResponseHeader, Usage, UsageMode,
+    ChoiceBody, ContentFrames, Endpoint, Finish, FrameExtras, ResponseHeader, Usage, UsageMode,
 };
 use crate::output::logprobs::{LogprobsAcc, LogprobsShape};
 use crate::output::sampler::Sampler;
@@ -247,6 +247,7 @@ pub async fn generate(
             last_phase: Phase::Content,
             logprobs: generation.logprobs.map(LogprobsAcc::new),
             text_len: echo.as_ref().map_or(0, String::len),
+            ids: generation.token_ids.then(Vec::new),
         });
         firsts.push(Some(first));
     }
@@ -532,6 +533,8 @@ struct TokenStream {
     logprobs: Option<LogprobsAcc>,
     /// Bytes of text so far (echoed prompt included): the next token's `text_offset`.
     text_len: usize,
+    /// Token ids not yet written out, when the request collects them.
+    ids: Option<Vec<u32>>,
 }
 
 impl TokenStream {
@@ -566,6 +569,9 @@ impl TokenStream {
             };
             if let Some(acc) = &mut self.logprobs {
                 acc.push(&self.sampler, pool, signal.index, piece, entry, self.text_len);
+            }
+            if let Some(ids) = &mut self.ids {
+                ids.push(id);
             }
             self.text_len += piece.len();
             let (split, phase) = (self.req_plan.split, self.req_plan.phase(k));
@@ -762,6 +768,7 @@ async fn full_response(
             finish: s.finish.take().expect("a finished choice has a finish"),
             logprobs: s.logprobs.take().map(|acc| acc.to_raw()),
             tool_call: s.plan.tool_call.clone(),
+            token_ids: s.ids.take(),
         })
         .collect();
     drop(choices);
@@ -869,6 +876,7 @@ impl SseState {
         let stream = &mut self.choices.streams[i];
         let last = stream.finish.as_ref();
         let logprobs = stream.logprobs.as_ref();
+        let extras = FrameExtras { logprobs, token_ids: stream.ids.as_deref() };
         match &stream.plan.tool_call {
             Some(head) => {
                 let lp = logprobs.map(LogprobsAcc::to_raw);
@@ -891,14 +899,17 @@ impl SseState {
                     reasoning_frame(&self.header, out, stream.index, &stream.reasoning, self.mode, usage);
                 }
                 if stream.last_phase == Phase::Content || last.is_some() {
-                    self.frames.write(out, stream.index, &self.text, last, usage, logprobs);
+                    self.frames.write(out, stream.index, &self.text, last, usage, extras);
                 }
                 stream.reasoning.clear();
             }
-            None => self.frames.write(out, stream.index, &self.text, last, usage, logprobs),
+            None => self.frames.write(out, stream.index, &self.text, last, usage, extras),
         }
         if let Some(acc) = &mut stream.logprobs {
             acc.clear();
+        }
+        if let Some(ids) = &mut stream.ids {
+            ids.clear();
         }
         if self.choices.all_done() {
             if self.prefill.is_some() {

@@ -1,8 +1,10 @@
 //! mocker's OpenAI-compatible HTTP server: `/v1/completions` and `/v1/chat/completions`
 //! (streamed at the simulated engine's pace), `/v1/models`, `/health` (and `/ping`,
 //! `/health/ready`), `/metrics` as vLLM exposes it, `/tokenize` and `/detokenize`,
-//! `/v1/embeddings`, `/v1/responses`, and vLLM's sleep mode (`/sleep`, `/wake_up`,
-//! `/is_sleeping`), and LoRA adapters (`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`).
+//! `/v1/embeddings`, `/v1/responses`, Anthropic's `/v1/messages`, vLLM's tokens-in/tokens-out
+//! `/inference/v1/generate` and pooling routes (`/rerank`, `/score`, `/pooling`), vLLM's
+//! sleep mode (`/sleep`, `/wake_up`, `/is_sleeping`), and LoRA adapters
+//! (`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`).
 //!
 //! The modules form five layers; a module imports only from its own layer or those below
 //! (`tests/layers.rs` checks it, and that no two modules import each other):

@@ -155,13 +155,14 @@ pub fn embedding(tokens: &[u32], dim: usize, keep: usize) -> Vec<f32> {
     v
 }
 
-/// Runs one input's prefill through the engine; resolves when its pass ends.
-async fn prefill(state: &AppState, tokens: Vec<u32>) -> Result<(), ApiError> {
+/// Runs one input's prefill through the engine; resolves when its pass ends. A prompt
+/// beyond the context window is a 400 naming `field`.
+pub async fn prefill(state: &AppState, tokens: Vec<u32>, field: &str) -> Result<(), ApiError> {
     let prompt = tokens.len();
     if let Some(max_len) = state.max_model_len {
         if prompt > max_len {
             return Err(ApiError::invalid_field(
-                "input",
+                field,
                 format!(
                     "This model's maximum context length is {max_len} tokens. However, you requested \
                      {prompt} tokens in the input for embedding generation. Please reduce the length of the \
@@ -228,7 +229,7 @@ pub async fn embeddings(State(state): State<Arc<AppState>>, request: Request) ->
     .await
     .map_err(|e| ApiError::internal(format!("tokenizing the inputs: {e}")))??;
     // All inputs go to the engine at once, so they are batched as vLLM batches them.
-    try_join_all(inputs.iter().map(|tokens| prefill(&state, tokens.clone()))).await?;
+    try_join_all(inputs.iter().map(|tokens| prefill(&state, tokens.clone(), "input"))).await?;
     let dim = state.embedding_dim;
     let keep = parsed.dimensions.unwrap_or(dim);
     let mut prompt_tokens = 0;

@@ -123,6 +123,9 @@ pub struct Generation {
     pub tools: Option<Tools>,
     /// `kv_transfer_params`: a disaggregated prefill or decode (see [`crate::pd`]).
     pub kv_transfer: KvTransfer,
+    /// Collect each choice's generated token ids into its choice (`token_ids`), as vLLM's
+    /// tokens-in/tokens-out route answers; set by that route, never by a completions body.
+    pub token_ids: bool,
 }
 
 /// The body as a JSON object, and the fields both endpoints share.
@@ -200,6 +203,7 @@ impl Common {
             structured: None,
             tools: None,
             kv_transfer: KvTransfer::None,
+            token_ids: false,
         })
     }
 }

@@ -112,6 +112,8 @@ struct TextChoice<'a> {
     logprobs: Option<&'a RawValue>,
     finish_reason: Option<&'static str>,
     stop_reason: Option<&'a StopReason>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_ids: Option<&'a [u32]>,
 }
 
 impl Serialize for StopReason {
@@ -169,6 +171,10 @@ struct ChatChunkChoice<'a, D: Serialize> {
     delta: D,
     logprobs: Option<&'a RawValue>,
     finish_reason: Option<&'static str>,
+    /// Set on a choice's last chunk only (`null` there when no stop condition ended it),
+    /// as vLLM's chat stream carries it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stop_reason: Option<Option<&'a StopReason>>,
 }
 
 #[derive(Serialize)]
@@ -222,6 +228,17 @@ pub struct ChoiceBody {
     pub logprobs: Option<Box<RawValue>>,
     /// The tool call it makes, if any.
     pub tool_call: Option<ToolCallHead>,
+    /// Its generated token ids, when the request collects them (`Generation::token_ids`).
+    pub token_ids: Option<Vec<u32>>,
+}
+
+/// What a content frame carries beside its text, when asked.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FrameExtras<'a> {
+    /// The frame's tokens' log-probabilities.
+    pub logprobs: Option<&'a LogprobsAcc>,
+    /// The frame's token ids.
+    pub token_ids: Option<&'a [u32]>,
 }
 
 /// How a stream reports usage, from `stream_options`.
@@ -262,6 +279,7 @@ impl ResponseHeader {
             delta: ChatDelta { role: Some("assistant"), content: "" },
             logprobs: None,
             finish_reason: None,
+            stop_reason: None,
         };
         self.chunk(out, [choice], Self::usage_field(mode, usage))
     }
@@ -291,6 +309,7 @@ impl ResponseHeader {
             delta: ToolDelta { tool_calls: [call] },
             logprobs,
             finish_reason: last.map(|f| f.reason),
+            stop_reason: last.map(|f| f.stop_reason.as_ref()),
         };
         self.chunk(out, [choice], Self::usage_field(mode, usage))
     }
@@ -392,6 +411,7 @@ impl ResponseHeader {
                     logprobs: c.logprobs.as_deref(),
                     finish_reason: Some(c.finish.reason),
                     stop_reason: c.finish.stop_reason.as_ref(),
+                    token_ids: c.token_ids.as_deref(),
                 },
             ),
             Endpoint::Chat => {
@@ -435,7 +455,7 @@ pub struct ContentFrames {
 
 impl ContentFrames {
     /// Appends a content frame of choice `index`; the last one carries how the choice
-    /// ended; `logprobs` is the frame's tokens' log-probabilities, when asked.
+    /// ended; `extras` the frame's tokens' log-probabilities and ids, when asked.
     pub fn write(
         &self,
         out: &mut Vec<u8>,
@@ -443,7 +463,7 @@ impl ContentFrames {
         text: &str,
         last: Option<&Finish>,
         usage: Usage,
-        logprobs: Option<&LogprobsAcc>,
+        extras: FrameExtras<'_>,
     ) {
         out.extend_from_slice(&self.prefix);
         if index < 10 {
@@ -460,7 +480,7 @@ impl ContentFrames {
             Endpoint::Completions => b",\"logprobs\":".as_slice(),
             Endpoint::Chat => b"},\"logprobs\":".as_slice(),
         });
-        match logprobs {
+        match extras.logprobs {
             Some(acc) => acc.write(out),
             None => out.extend_from_slice(b"null"),
         }
@@ -469,12 +489,17 @@ impl ContentFrames {
             None => out.extend_from_slice(b"null"),
             Some(f) => write_json_str(out, f.reason),
         }
-        if self.endpoint == Endpoint::Completions {
+        // Completions chunks always carry `stop_reason`; chat chunks on their last frame.
+        if self.endpoint == Endpoint::Completions || last.is_some() {
             out.extend_from_slice(b",\"stop_reason\":");
             match last.and_then(|f| f.stop_reason.as_ref()) {
                 None => out.extend_from_slice(b"null"),
                 Some(r) => serde_json::to_writer(&mut *out, r).expect("stop reasons serialize"),
             }
+        }
+        if let Some(ids) = extras.token_ids {
+            out.extend_from_slice(b",\"token_ids\":");
+            serde_json::to_writer(&mut *out, ids).expect("ids serialize");
         }
         out.extend_from_slice(b"}]");
         match ResponseHeader::usage_field(self.mode, usage) {
@@ -511,16 +536,28 @@ mod tests {
         let usage = Usage::new(3, 1, 0);
         let mode = UsageMode { include_usage: true, continuous: false };
         let c = parse_frame(|o| {
-            header(Endpoint::Chat).content_frames(mode).write(o, 0, "a", Some(&Finish::LENGTH), usage, None)
+            header(Endpoint::Chat).content_frames(mode).write(
+                o,
+                0,
+                "a",
+                Some(&Finish::LENGTH),
+                usage,
+                FrameExtras::default(),
+            )
         });
         assert_eq!(c["object"], "chat.completion.chunk");
         assert_eq!(c["choices"][0]["delta"]["content"], "a");
         assert_eq!(c["choices"][0]["finish_reason"], "length");
         assert!(c["usage"].is_null() && c.as_object().unwrap().contains_key("usage"));
         let t = parse_frame(|o| {
-            header(Endpoint::Completions)
-                .content_frames(UsageMode::default())
-                .write(o, 12, "b", None, usage, None)
+            header(Endpoint::Completions).content_frames(UsageMode::default()).write(
+                o,
+                12,
+                "b",
+                None,
+                usage,
+                FrameExtras::default(),
+            )
         });
         assert_eq!(t["object"], "text_completion");
         assert!(t["choices"][0]["finish_reason"].is_null());
@@ -556,7 +593,14 @@ mod tests {
                         ];
                         for last in &finishes {
                             let mut fast = Vec::new();
-                            h.content_frames(mode).write(&mut fast, 0, text, last.as_ref(), usage, None);
+                            h.content_frames(mode).write(
+                                &mut fast,
+                                0,
+                                text,
+                                last.as_ref(),
+                                usage,
+                                FrameExtras::default(),
+                            );
                             let mut reference = Vec::new();
                             let finish_reason = last.as_ref().map(|f| f.reason);
                             let stop_reason = last.as_ref().and_then(|f| f.stop_reason.as_ref());
@@ -570,6 +614,7 @@ mod tests {
                                         logprobs: None,
                                         finish_reason,
                                         stop_reason,
+                                        token_ids: None,
                                     }],
                                     field,
                                 ),
@@ -580,6 +625,7 @@ mod tests {
                                         delta: ChatDelta { role: None, content: text },
                                         logprobs: None,
                                         finish_reason,
+                                        stop_reason: last.as_ref().map(|_| stop_reason),
                                     }],
                                     field,
                                 ),
@@ -603,6 +649,7 @@ mod tests {
             finish: Finish::LENGTH,
             logprobs: None,
             tool_call,
+            token_ids: None,
         };
         let b: Value =
             serde_json::from_str(&header(Endpoint::Chat).body(&[choice("hi", None)], Usage::new(10, 2, 4)))
@@ -638,11 +685,13 @@ mod tests {
                 " a",
                 None,
                 Usage::new(1, 1, 0),
-                Some(&acc),
+                FrameExtras { logprobs: Some(&acc), token_ids: Some(&[9, 10]) },
             )
         });
         assert_eq!(c["choices"][0]["logprobs"]["content"][0]["token"], " a");
         assert_eq!(c["choices"][0]["index"], 3);
+        assert_eq!(c["choices"][0]["token_ids"], serde_json::json!([9, 10]));
+        assert!(c["choices"][0].get("stop_reason").is_none(), "only a last chat frame has stop_reason");
         let head = ToolCallHead { id: "i".into(), name: "f".into() };
         let mode = UsageMode::default();
         let first = parse_frame(|o| {
