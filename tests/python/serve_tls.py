@@ -6,7 +6,9 @@ usage:
   serve_tls.py basic BASE_URL API_KEY CA          streamed and plain requests; plain HTTP refused
   serve_tls.py limit BASE_URL API_KEY CA          handshake within the header timeout, connection limit
   serve_tls.py mtls BASE_URL API_KEY CA CERT KEY  a client certificate is required
+  serve_tls.py optional BASE_URL API_KEY CA CERT KEY OTHER_CERT OTHER_KEY  --ssl-cert-reqs 1
   serve_tls.py pd FRONT_URL API_KEY CA DECODE_URL [CERT KEY]  a P/D deployment transfers KV over TLS
+  serve_tls.py sglang PREFILL_URL DECODE_URL API_KEY CA BOOTSTRAP_PORT  bootstrap reads over TLS
 """
 
 import json
@@ -144,6 +146,20 @@ def mtls(base, key, ca, cert, cert_key):
     return {"ok": True, "refused": refused, "served": out}
 
 
+def optional(base, key, ca, cert, cert_key, other_cert, other_key):
+    bare, _ = sdk(base, key, context(ca))
+    exercise(bare)
+    signed, _ = sdk(base, key, context(ca, cert, cert_key))
+    exercise(signed)
+    # A certificate the CA did not sign is checked and refused, not ignored.
+    try:
+        r = httpx.get(f"{base}/health", verify=context(ca, other_cert, other_key), timeout=10)
+        raise AssertionError(f"a client with an unknown certificate was served: {r}")
+    except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError) as e:
+        refused = type(e).__name__
+    return {"ok": True, "refused": refused}
+
+
 def metric(http, base, name):
     total = 0.0
     for family in text_string_to_metric_families(http.get(f"{base}/metrics").text):
@@ -168,9 +184,39 @@ def pd(front, key, ca, decode, cert=None, cert_key=None):
     return {"ok": True, "handoffs": handoffs}
 
 
+def sglang(prefill, decode, key, ca, port):
+    import threading
+
+    http = httpx.Client(verify=context(ca), timeout=30, headers={"Authorization": f"Bearer {key}"})
+    # The bootstrap port speaks TLS only.
+    host = urlparse(prefill).hostname
+    plain = httpx.post(f"http://{host}:{port}/mocker/bootstrap/read", json={}, timeout=10)
+    assert plain.status_code == 400 and "https" in plain.json()["error"]["message"], plain.text
+    prompt = list(range(100, 165))
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 5, "bootstrap_host": host,
+            "bootstrap_port": int(port), "bootstrap_room": 7}
+    answers = {}
+
+    def run(name, base, request):
+        answers[name] = http.post(f"{base}/v1/completions", json=request)
+
+    reader = threading.Thread(target=run, args=("decode", decode, body))
+    reader.start()
+    time.sleep(0.3)
+    run("prefill", prefill, body)
+    reader.join()
+    assert answers["prefill"].status_code == 200, answers["prefill"].text
+    d = answers["decode"]
+    assert d.status_code == 200, d.text
+    usage = d.json()["usage"]
+    assert usage["completion_tokens"] == 5 and usage["prompt_tokens_details"]["cached_tokens"] == 65, usage
+    assert metric(http, decode, "mocker:kv_transfer_recomputes_total") == 0
+    return {"ok": True}
+
+
 def main():
     mode, args = sys.argv[1], sys.argv[2:]
-    result = {"basic": basic, "limit": limit, "mtls": mtls, "pd": pd}[mode](*args)
+    result = {"basic": basic, "limit": limit, "mtls": mtls, "optional": optional, "pd": pd, "sglang": sglang}[mode](*args)
     print(json.dumps(result))
 
 

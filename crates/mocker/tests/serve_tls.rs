@@ -84,6 +84,7 @@ struct Serve {
     child: Child,
     urls: Vec<String>,
     lines: Vec<String>,
+    rest: mpsc::Receiver<String>,
 }
 
 impl Serve {
@@ -114,7 +115,17 @@ impl Serve {
             }
             lines.push(line);
         }
-        Self { child, urls, lines }
+        Self { child, urls, lines, rest: rx }
+    }
+
+    /// The rest of the first later line that starts with `prefix`.
+    fn line_after(&self, prefix: &str) -> String {
+        loop {
+            let line = self.rest.recv_timeout(Duration::from_secs(30)).expect("the line comes");
+            if let Some(rest) = line.strip_prefix(prefix) {
+                return rest.to_string();
+            }
+        }
     }
 }
 
@@ -234,6 +245,50 @@ fn a_pd_deployment_presents_its_certificate_where_one_is_required() {
     let (decode, front) = (&serve.urls[1], &serve.urls[2]);
     let args = ["pd", front, KEY, &ca, decode, &pki.path("client.pem"), &pki.path("client.key")];
     let result = run_script("serve_tls.py", &args);
+    assert_eq!(result["ok"], true, "{result}");
+}
+
+/// --ssl-cert-reqs 1 (CERT_OPTIONAL): a client without a certificate is served, so is one
+/// with a certificate the CA signed; one whose certificate no configured CA signed is refused.
+#[test]
+fn client_certificates_are_checked_when_given_with_cert_reqs_1() {
+    let pki = Pki::new("optional");
+    let ca = pki.path("ca.pem");
+    let serve = Serve::start(
+        &["--ssl-certfile", &pki.path("combined.pem"), "--ssl-ca-certs", &ca, "--ssl-cert-reqs", "1"],
+        1,
+    );
+    let args = [
+        "optional",
+        &serve.urls[0],
+        KEY,
+        &ca,
+        &pki.path("client.pem"),
+        &pki.path("client.key"),
+        &pki.path("self.pem"),
+        &pki.path("self.key"),
+    ];
+    let result = run_script("serve_tls.py", &args);
+    assert_eq!(result["ok"], true, "{result}");
+}
+
+/// SGLang's PD protocol over TLS: the prefill server's bootstrap port speaks only TLS, and
+/// the decode server reads the room over https (the prompt arrives as cached, no recompute).
+#[test]
+fn sglang_bootstrap_reads_go_over_tls() {
+    let pki = Pki::new("sglang");
+    let own = pki.path("self.pem");
+    let tls = ["--ssl-certfile", own.as_str(), "--ssl-keyfile", &pki.path("self.key"), "--block-size", "16"];
+    let mut args = tls.to_vec();
+    args.extend(["--engine-args", r#"{"backend": "sglang", "worker_type": "prefill", "bootstrap_port": 0}"#]);
+    let prefill = Serve::start(&args, 1);
+    let at = prefill.line_after("mocker: SGLang bootstrap server on ");
+    let port =
+        at.strip_suffix(" (TLS)").unwrap_or_else(|| panic!("{at}")).rsplit(':').next().unwrap().to_string();
+    let mut args = tls.to_vec();
+    args.extend(["--engine-args", r#"{"backend": "sglang", "worker_type": "decode"}"#]);
+    let decode = Serve::start(&args, 1);
+    let result = run_script("serve_tls.py", &["sglang", &prefill.urls[0], &decode.urls[0], KEY, &own, &port]);
     assert_eq!(result["ok"], true, "{result}");
 }
 
