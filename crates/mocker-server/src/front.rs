@@ -11,6 +11,8 @@
 //! `Authorization` and one `X-Request-Id`. `/v1/models` and `/health` ask the workers;
 //! `/metrics` is the front's own: `mocker:pd_handoffs_total` and the modelled KV transfer
 //! time of each handoff, `mocker:pd_kv_transfer_seconds`.
+//! With TLS ([`FrontOptions::tls`]) the front serves https and calls its workers over https
+//! with the deployment's trust (see [`crate::tls`]).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
