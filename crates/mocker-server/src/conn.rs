@@ -1,7 +1,8 @@
 //! Accepting and running connections: the connection limit (503 JSON beyond it), hyper's
 //! HTTP/1 header timeout (which also closes idle keep-alive connections), hyper's automatic
 //! errors turned into JSON, and a shutdown that first lets connections finish, then closes
-//! them by force.
+//! them by force. With TLS, each accepted connection's handshake runs first, holding its
+//! connection slot and bounded by the header timeout.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,9 +11,10 @@ use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::ApiError;
@@ -23,6 +25,12 @@ use crate::raw_errors::{raw_response, JsonErrors};
 const CONCURRENT_REFUSALS: usize = 64;
 /// Longest a refused connection is kept to deliver its 503.
 const REFUSAL_TIME: Duration = Duration::from_secs(1);
+/// What a TLS connection may negotiate by ALPN: the protocols [`serve_connection`] speaks.
+pub(crate) const ALPN: &[&[u8]] = &[b"http/1.1"];
+/// The first byte of a TLS handshake record; a connection opening with anything else is not
+/// speaking TLS.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
 /// Pause after an accept error such as "too many open files", so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
@@ -66,12 +74,14 @@ impl Connections {
     }
 }
 
-/// Accepts until `connections.stop`, then drops the listener.
+/// Accepts until `connections.stop`, then drops the listener. With `tls`, connections are
+/// TLS connections.
 pub(crate) async fn accept_loop(
     listener: TcpListener,
     app: Router,
     limits: ConnLimits,
     connections: Connections,
+    tls: Option<TlsAcceptor>,
 ) {
     let mut builder = http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
@@ -81,6 +91,10 @@ pub(crate) async fn accept_loop(
         "too many connections: the server's limit of {} open connections (--max-connections) is reached; retry later",
         limits.max_connections
     )))
+    .into();
+    let plain: Arc<[u8]> = raw_response(&ApiError::bad_request(
+        "this server speaks HTTPS (TLS, --ssl-certfile): connect with https://",
+    ))
     .into();
     loop {
         let accepted = tokio::select! {
@@ -102,19 +116,60 @@ pub(crate) async fn accept_loop(
         match connections.permits.clone().try_acquire_owned() {
             Ok(permit) => {
                 let (app, builder, c) = (app.clone(), builder.clone(), connections.clone());
-                tokio::spawn(serve_connection(stream, app, builder, c, permit));
+                match &tls {
+                    None => {
+                        tokio::spawn(serve_connection(stream, app, builder, c, permit));
+                    }
+                    Some(acceptor) => {
+                        let (acceptor, plain, timeout) =
+                            (acceptor.clone(), plain.clone(), limits.header_timeout);
+                        tokio::spawn(async move {
+                            if let Some(stream) = handshake(stream, &acceptor, timeout, &c, &plain).await {
+                                serve_connection(stream, app, builder, c, permit).await;
+                            }
+                        });
+                    }
+                }
             }
             Err(_) => {
                 if let Ok(permit) = refusals.clone().try_acquire_owned() {
-                    tokio::spawn(refuse(stream, busy.clone(), permit));
+                    tokio::spawn(refuse(stream, busy.clone(), tls.clone(), permit));
                 }
             }
         }
     }
 }
 
-async fn serve_connection(
+/// A TLS connection's handshake, within the header timeout: a client that never completes
+/// it holds its slot no longer than one that never sends a request head. A client speaking
+/// plain HTTP to the TLS port is answered a JSON 400 saying so.
+async fn handshake(
     stream: TcpStream,
+    acceptor: &TlsAcceptor,
+    timeout: Duration,
+    connections: &Connections,
+    plain: &[u8],
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    let work = async {
+        let mut first = [0u8; 1];
+        if stream.peek(&mut first).await.ok()? == 0 {
+            return None;
+        }
+        if first[0] != TLS_HANDSHAKE_RECORD {
+            let _ = tokio::time::timeout(REFUSAL_TIME, answer(stream, plain)).await;
+            return None;
+        }
+        acceptor.accept(stream).await.ok()
+    };
+    tokio::select! {
+        biased;
+        _ = connections.stop.cancelled() => None,
+        done = tokio::time::timeout(timeout, work) => done.ok().flatten(),
+    }
+}
+
+async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    stream: S,
     app: Router,
     builder: Arc<http1::Builder>,
     connections: Connections,
@@ -138,15 +193,29 @@ async fn serve_connection(
     }
 }
 
-/// Answers 503 without reading the request, then reads what the client sent (so closing
-/// does not reset the connection before the answer is read), all within [`REFUSAL_TIME`].
-async fn refuse(mut stream: TcpStream, reply: Arc<[u8]>, _permit: OwnedSemaphorePermit) {
+/// Answers 503 without reading the request (after the TLS handshake, with TLS), all within
+/// [`REFUSAL_TIME`].
+async fn refuse(
+    stream: TcpStream,
+    reply: Arc<[u8]>,
+    tls: Option<TlsAcceptor>,
+    _permit: OwnedSemaphorePermit,
+) {
     let _ = tokio::time::timeout(REFUSAL_TIME, async {
-        stream.write_all(&reply).await?;
-        stream.shutdown().await?;
-        let mut scratch = [0u8; 4096];
-        while stream.read(&mut scratch).await? > 0 {}
-        Ok::<_, std::io::Error>(())
+        match tls {
+            None => answer(stream, &reply).await,
+            Some(acceptor) => answer(acceptor.accept(stream).await?, &reply).await,
+        }
     })
     .await;
+}
+
+/// Writes `reply`, then reads what the client sent until it closes (so closing does not
+/// reset the connection before the answer is read). The caller bounds the time.
+async fn answer(mut stream: impl AsyncRead + AsyncWrite + Unpin, reply: &[u8]) -> std::io::Result<()> {
+    stream.write_all(reply).await?;
+    stream.shutdown().await?;
+    let mut scratch = [0u8; 4096];
+    while stream.read(&mut scratch).await? > 0 {}
+    Ok(())
 }

@@ -122,6 +122,19 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// `error` and each of its causes, `: `-separated: an HTTP client's message alone ("error
+/// sending request") hides why (a refused connection, an untrusted certificate).
+pub fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,8 @@
 //! `Authorization` and one `X-Request-Id`. `/v1/models` and `/health` ask the workers;
 //! `/metrics` is the front's own: `mocker:pd_handoffs_total` and the modelled KV transfer
 //! time of each handoff, `mocker:pd_kv_transfer_seconds`.
+//! With TLS ([`FrontOptions::tls`]) the front serves https and calls its workers over https
+//! with the deployment's trust (see [`crate::tls`]).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,18 +32,19 @@ use tokio::net::TcpListener;
 
 use mocker_router::{KvRouter, RouteId, RouteRequest};
 
-use crate::conn::{accept_loop, ConnLimits, Connections};
+use crate::conn::{accept_loop, ConnLimits, Connections, ALPN};
 use crate::error::ApiError;
 use crate::pd::TRANSFER_MS_HEADER;
 use crate::prefix::{PromptBlocks, PromptHasher};
 use crate::server::ServerError;
+use crate::tls::{Tls, TlsOptions};
 
 /// Where the front listens and which workers it drives.
 #[derive(Debug, Clone)]
 pub struct FrontOptions {
     /// Address to bind.
     pub addr: SocketAddr,
-    /// Base URLs (`http://host:port`) of the prefill workers.
+    /// Base URLs (`http://host:port`, `https://` with TLS) of the prefill workers.
     pub prefill: Vec<String>,
     /// Base URLs of the decode workers.
     pub decode: Vec<String>,
@@ -63,6 +66,8 @@ pub struct FrontOptions {
     pub shutdown_grace: Duration,
     /// The workers' side-channel secret (`--kv-transfer-secret`), sent on aborts.
     pub kv_transfer_secret: Option<String>,
+    /// TLS on the front's port and on its calls to the workers (which share it).
+    pub tls: Option<TlsOptions>,
 }
 
 /// How the front picks a request's workers (`--pd-router`).
@@ -123,6 +128,8 @@ struct FrontState {
     max_body_bytes: usize,
     body_timeout: Duration,
     client: reqwest::Client,
+    /// `https` when the deployment has TLS (for the aborts' URLs, made from params).
+    scheme: &'static str,
     registry: Registry,
     handoffs: IntCounter,
     transfer: Histogram,
@@ -139,6 +146,7 @@ pub struct BoundFront {
     state: Arc<FrontState>,
     limits: ConnLimits,
     grace: Duration,
+    tls: Option<Tls>,
 }
 
 impl BoundFront {
@@ -149,6 +157,8 @@ impl BoundFront {
                 "a P/D front needs at least one prefill and one decode worker".into(),
             ));
         }
+        let tls =
+            options.tls.as_ref().map(|o| Tls::load(o, ALPN)).transpose().map_err(ServerError::Options)?;
         let listener = TcpListener::bind(options.addr)
             .await
             .map_err(|source| ServerError::Bind { addr: options.addr, source })?;
@@ -175,7 +185,8 @@ impl BoundFront {
             next_decode: AtomicUsize::new(0),
             max_body_bytes: options.max_body_bytes,
             body_timeout: options.body_timeout,
-            client: reqwest::Client::builder().build().expect("an HTTP client without TLS builds"),
+            client: crate::tls::http_client(tls.as_ref(), reqwest::Client::builder()),
+            scheme: crate::tls::scheme(tls.as_ref()),
             registry,
             handoffs,
             transfer,
@@ -183,7 +194,7 @@ impl BoundFront {
         };
         let limits =
             ConnLimits { max_connections: options.max_connections, header_timeout: options.header_timeout };
-        Ok(Self { listener, state: Arc::new(state), limits, grace: options.shutdown_grace })
+        Ok(Self { listener, state: Arc::new(state), limits, grace: options.shutdown_grace, tls })
     }
 
     /// The bound address.
@@ -217,7 +228,8 @@ impl BoundFront {
             })
             .with_state(self.state);
         let connections = Connections::new(self.limits.max_connections);
-        let acceptor = tokio::spawn(accept_loop(self.listener, app, self.limits, connections.clone()));
+        let tls = self.tls.map(|t| t.acceptor().clone());
+        let acceptor = tokio::spawn(accept_loop(self.listener, app, self.limits, connections.clone(), tls));
         shutdown.await;
         connections.stop.cancel();
         let _ = acceptor.await;
@@ -245,7 +257,8 @@ fn carried(headers: &HeaderMap, request_id: &str) -> reqwest::header::HeaderMap 
     out
 }
 
-fn unavailable(worker: &str, e: impl std::fmt::Display) -> ApiError {
+fn unavailable(worker: &str, e: reqwest::Error) -> ApiError {
+    let e = crate::error::with_causes(&e);
     ApiError::unavailable(format!("the P/D front could not reach worker {worker}: {e}"))
 }
 
@@ -390,7 +403,7 @@ async fn abort_prefill(state: &FrontState, params: &Value, headers: &reqwest::he
     });
     let mut call = state
         .client
-        .post(format!("http://{host}:{port}/mocker/kv_transfer/abort"))
+        .post(format!("{}://{host}:{port}/mocker/kv_transfer/abort", state.scheme))
         .headers(headers.clone())
         .json(&body);
     if let Some(secret) = &state.kv_transfer_secret {

@@ -12,7 +12,7 @@
 //! - types (bottom): errors, the tokenizer, metrics, the protocols' request and response
 //!   types (`openai`, `pd`), what the model writes (`output`, `choice_plan`), and the small state machines the routes
 //!   share (`readiness`, `sleep`, `lora`, `faults`, `runtime`, `auth`,
-//!   `engine_card`);
+//!   `engine_card`), and TLS material (`tls`);
 //! - state: `state` (`AppState`, what every handler shares);
 //! - serving: `generate` (a request through the engine to its response or stream) and
 //!   `prefix` (prompt blocks as the server hashes them);
@@ -39,6 +39,7 @@ mod raw_errors;
 pub mod readiness;
 pub mod runtime;
 pub mod sleep;
+pub mod tls;
 pub mod tokenizer;
 // state
 pub mod state;

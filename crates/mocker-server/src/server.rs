@@ -13,18 +13,19 @@ use tokio::net::TcpListener;
 
 use crate::app::router;
 use crate::auth::ApiKey;
-use crate::conn::{accept_loop, ConnLimits, Connections};
+use crate::conn::{accept_loop, ConnLimits, Connections, ALPN};
 use crate::engine_card::EngineCard;
 use crate::faults::FailureInjectionOptions;
 use crate::lora::{LoraOptions, LoraRegistry};
 use crate::metrics::{MetricFlavor, MetricsOptions, ServerMetrics};
-use crate::pd::{KvRole, PdOptions, PdState};
+use crate::pd::{KvRole, PdOptions, PdServer, PdState};
 use crate::plan::{Reasoning, ReplayTable};
 use crate::prefix::PromptHasher;
 use crate::readiness::Readiness;
 use crate::runtime::{RuntimeConfig, RuntimeSettings};
 use crate::sleep::SleepMode;
 use crate::state::{AppState, Ranks};
+use crate::tls::{Tls, TlsOptions};
 use crate::tokenizer::Tokenizer;
 
 /// Everything one server needs.
@@ -78,6 +79,9 @@ pub struct ServerOptions {
     pub lora: Option<LoraOptions>,
     /// Take part in disaggregated prefill/decode (`--kv-transfer-config`); vLLM backend.
     pub pd: Option<PdOptions>,
+    /// Serve over TLS (`--ssl-certfile` and the other `--ssl-*` flags): the serve port,
+    /// the bootstrap port, and this server's side-channel reads (over https).
+    pub tls: Option<TlsOptions>,
 }
 
 /// Tokens per image by default: Qwen2-VL's count for a 448×448 image, one token per
@@ -130,6 +134,7 @@ impl ServerOptions {
             max_logprobs: crate::output::sampler::MAX_TOP_LOGPROBS,
             lora: None,
             pd: None,
+            tls: None,
         }
     }
 }
@@ -171,6 +176,8 @@ pub struct BoundServer {
     kv_events: Vec<BoundKvEvents>,
     /// An SGLang prefill server's bootstrap port (its rooms' read endpoint).
     bootstrap: Option<TcpListener>,
+    /// TLS on every port, when configured.
+    tls: Option<Tls>,
 }
 
 /// After the grace period: how long the engine may take to stop, and how long connections
@@ -201,6 +208,7 @@ impl BoundServer {
             max_logprobs,
             lora,
             pd,
+            tls,
         } = options;
         match (&pd, launch.engine.backend) {
             (Some(o), Backend::Sglang) if o.bootstrap.is_none() => return Err(ServerError::Options(
@@ -269,6 +277,8 @@ impl BoundServer {
             engine.emit_kv_events = true;
             engine.emit_kv_token_ids = kv.token_ids;
         }
+        // Before anything binds or starts: a bad file is a usage error, not a half-started server.
+        let tls = tls.as_ref().map(|o| Tls::load(o, ALPN)).transpose().map_err(ServerError::Options)?;
         let listener = TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, source })?;
         let ranks_options = if ranks_options.is_empty() {
             (0..launch.dp_size.max(1)).map(|_| LiveOptions::default()).collect()
@@ -352,12 +362,15 @@ impl BoundServer {
                 if bound.ip().is_unspecified() { "127.0.0.1".to_string() } else { bound.ip().to_string() };
             Arc::new(PdState::new(
                 &o,
-                host,
-                bound.port(),
-                bootstrap_port,
-                api_key_plain.clone(),
-                &model_name,
-                &metrics,
+                PdServer {
+                    host,
+                    port: bound.port(),
+                    bootstrap_port,
+                    api_key: api_key_plain.clone(),
+                    model_name: &model_name,
+                    registry: &metrics,
+                    tls: tls.as_ref(),
+                },
             ))
         });
         let model_name_for_runtime = model_name.clone();
@@ -400,7 +413,7 @@ impl BoundServer {
             state.metrics.register_collector(collector);
         }
         let limits = ConnLimits { max_connections, header_timeout };
-        Ok(Self { listener, state, grace: shutdown_grace, limits, kv_events: bound_events, bootstrap })
+        Ok(Self { listener, state, grace: shutdown_grace, limits, kv_events: bound_events, bootstrap, tls })
     }
 
     /// The bound address.
@@ -419,6 +432,11 @@ impl BoundServer {
         self.bootstrap.as_ref().and_then(|l| l.local_addr().ok())
     }
 
+    /// Whether the server speaks TLS: its URLs are `https://`.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
     /// The KV-event endpoints each rank bound (empty when events are off).
     pub fn kv_events(&self) -> &[BoundKvEvents] {
         &self.kv_events
@@ -429,19 +447,21 @@ impl BoundServer {
     /// open with an error event), gives connections a moment to write that, closes every
     /// connection still open, and returns.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
-        let Self { listener, state, grace, limits, bootstrap, .. } = self;
+        let Self { listener, state, grace, limits, bootstrap, tls, .. } = self;
+        let acceptor = tls.as_ref().map(|t| t.acceptor().clone());
         // The bootstrap port serves room reads only, with the main port's header timeout
         // and connection limit; it stops with the server.
         let bootstrap = bootstrap.map(|l| {
             let rooms = axum::Router::new()
                 .route("/mocker/bootstrap/read", axum::routing::post(crate::pd::bootstrap_read_handler))
                 .with_state(state.side_channel());
-            tokio::spawn(accept_loop(l, rooms, limits, Connections::new(limits.max_connections)))
+            let connections = Connections::new(limits.max_connections);
+            tokio::spawn(accept_loop(l, rooms, limits, connections, acceptor.clone()))
         });
         let _stop_bootstrap = bootstrap.map(|task| AbortOnDrop(task.abort_handle()));
         let connections = Connections::new(limits.max_connections);
         let acceptor =
-            tokio::spawn(accept_loop(listener, router(state.clone()), limits, connections.clone()));
+            tokio::spawn(accept_loop(listener, router(state.clone()), limits, connections.clone(), acceptor));
         shutdown.await;
         connections.stop.cancel();
         // The listener is closed once the loop is gone: new connections are refused.

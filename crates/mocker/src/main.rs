@@ -13,6 +13,7 @@ mod replay;
 mod run_facts;
 mod serve;
 mod sweep;
+mod tls_args;
 mod trace;
 
 use std::process::ExitCode;

@@ -208,6 +208,9 @@ pub struct ServeArgs {
     /// events; decode worker by the blocks of its live requests). Needs --prefill-workers.
     #[arg(long, value_name = "POLICY", value_parser = ["round-robin", "kv"], requires = "prefill_workers")]
     pub pd_router: Option<String>,
+    /// TLS (vLLM's --ssl-* flags).
+    #[command(flatten)]
+    pub tls: crate::tls_args::TlsFlags,
 }
 
 /// Most workers of one `serve` process (`--num-workers`, and each pool of
@@ -752,6 +755,7 @@ impl ServeArgs {
             None => default_max_connections(),
         };
         let failure_injection = self.failure_injection()?;
+        let tls = self.tls.options()?;
         let launch = self.launch_config("--engine-args", self.engine_args.as_deref())?;
         let lora = self.lora_options(&launch)?;
         let pd = self.pd_options(&launch)?;
@@ -841,6 +845,7 @@ impl ServeArgs {
                 options.max_logprobs = self.max_logprobs;
                 options.lora = lora.clone();
                 options.pd = role(i);
+                options.tls = tls.clone();
                 if let Some(endpoint) = &kv_endpoint {
                     // Each worker's ranks take the ports after the ranks of the workers before it.
                     let shift = launches[..i].iter().map(|l| l.dp_size).sum::<usize>() as u32;
@@ -874,6 +879,9 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
         options.first().map_or((String::new(), 0), |o| (o.model_name.clone(), o.max_body_bytes));
     // The front aborts held prefills with the secret its workers share.
     let front_secret = options.first().and_then(|o| o.pd.as_ref()).and_then(|p| p.secret.clone());
+    // The front serves and calls its workers with their TLS.
+    let front_tls = options.first().and_then(|o| o.tls.clone());
+    let scheme = if front_tls.is_some() { "https" } else { "http" };
     // The front guards its port as the workers guard theirs. Each of its connections can
     // hold one to a worker in this same process, so it takes half the connection limit.
     let front_limits =
@@ -938,16 +946,23 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
             if i == 0 {
                 hasher = Some(server.prompt_hasher());
             }
-            let url = format!("http://{}", server.local_addr());
+            let url = format!("{scheme}://{}", server.local_addr());
             match deployment {
                 // Scripts and tests read the address from this line (port 0 picks a free one).
                 None => eprintln!("mocker: serving model on {url}"),
                 Some(d) if i < d.prefill => eprintln!("mocker: prefill worker {i} on {url}"),
                 Some(d) => eprintln!("mocker: decode worker {} on {url}", i - d.prefill),
             }
-            workers.push(url);
+            // The front dials a worker bound to all interfaces on loopback (an address its
+            // certificate can name).
+            let mut dial = server.local_addr();
+            if dial.ip().is_unspecified() {
+                dial.set_ip(IpAddr::from([127, 0, 0, 1]));
+            }
+            workers.push(format!("{scheme}://{dial}"));
             if let Some(at) = server.bootstrap_addr() {
-                eprintln!("mocker: SGLang bootstrap server on {at}");
+                let tls = if server.is_tls() { " (TLS)" } else { "" };
+                eprintln!("mocker: SGLang bootstrap server on {at}{tls}");
             }
             for kv in server.kv_events() {
                 let replay =
@@ -976,6 +991,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
                 max_connections: front_limits.map_or(1, |l| l.2),
                 shutdown_grace: grace,
                 kv_transfer_secret: front_secret.clone(),
+                tls: front_tls.clone(),
             })
             .await
             .map_err(|e| UsageError(e.to_string()))?;
@@ -986,7 +1002,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
                 workers(d.prefill, "prefill"),
                 workers(d.decode, "decode")
             );
-            eprintln!("mocker: serving model on http://{}", front.local_addr());
+            eprintln!("mocker: serving model on {scheme}://{}", front.local_addr());
             let mut stop = stop_rx.clone();
             servers.push(tokio::spawn(front.serve(async move {
                 let _ = stop.wait_for(|s| *s).await;

@@ -125,6 +125,9 @@ pub struct PdState {
     next_block_id: AtomicU64,
     recomputes: prometheus::IntCounter,
     client: reqwest::Client,
+    /// `https` when this server has TLS: the servers of a deployment share their TLS
+    /// configuration, so a peer is dialled as this server is reached.
+    scheme: &'static str,
     /// SGLang's protocol: the bootstrap rooms (a prefill server's) and the port requests
     /// must name; `None` under vLLM's.
     rooms: Option<Rooms>,
@@ -154,18 +157,28 @@ impl std::fmt::Debug for PdState {
     }
 }
 
+/// The server a [`PdState`] belongs to.
+pub struct PdServer<'a> {
+    /// Where decode servers reach this one (`remote_host`).
+    pub host: String,
+    /// Its serve port (`remote_port`).
+    pub port: u16,
+    /// Its SGLang bootstrap port (0 without one).
+    pub bootstrap_port: u16,
+    /// Bearer token this server sends on reads (the servers of a pair share a key).
+    pub api_key: Option<String>,
+    /// `model_name` label of its counter.
+    pub model_name: &'a str,
+    /// Where its counter is registered.
+    pub registry: &'a crate::metrics::ServerMetrics,
+    /// Its TLS: reads then go over https with the deployment's trust (see [`crate::tls`]).
+    pub tls: Option<&'a crate::tls::Tls>,
+}
+
 impl PdState {
-    /// State for a server reachable at `host:port` (bootstrap port `bootstrap_port` under
-    /// SGLang's protocol); registers its counter in `registry`.
-    pub fn new(
-        options: &PdOptions,
-        host: String,
-        port: u16,
-        bootstrap_port: u16,
-        api_key: Option<String>,
-        model_name: &str,
-        registry: &crate::metrics::ServerMetrics,
-    ) -> Self {
+    /// The disaggregation state of `server`; registers its counter.
+    pub fn new(options: &PdOptions, server: PdServer<'_>) -> Self {
+        let PdServer { host, port, bootstrap_port, api_key, model_name, registry, tls } = server;
         let recomputes = prometheus::IntCounter::with_opts(
             prometheus::Opts::new(
                 "mocker:kv_transfer_recomputes_total",
@@ -193,10 +206,8 @@ impl PdState {
             held: Mutex::default(),
             next_block_id: AtomicU64::new(1),
             recomputes,
-            client: reqwest::Client::builder()
-                .connect_timeout(CONNECT_TIMEOUT)
-                .build()
-                .expect("an HTTP client without TLS builds"),
+            client: crate::tls::http_client(tls, reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT)),
+            scheme: crate::tls::scheme(tls),
             rooms: options
                 .bootstrap
                 .filter(|_| options.config.role == KvRole::Producer)
@@ -707,13 +718,13 @@ pub async fn start_decode(
                 remote_block_ids: remote.block_ids.clone(),
                 missing_tokens: missing,
             };
-            let url = format!("http://{peer}/mocker/kv_transfer/read");
+            let url = format!("{}://{peer}/mocker/kv_transfer/read", pd.scheme);
             (url, serde_json::to_value(body).expect("plain JSON"), READ_HEADER_TIMEOUT)
         }
         ReadFrom::Room(b) => {
             let wait_ms = pd.session_timeout.as_millis().min(u64::MAX as u128) as u64;
             let body = RoomRead { bootstrap_room: b.room, missing_tokens: missing, wait_ms };
-            let url = format!("http://{peer}/mocker/bootstrap/read");
+            let url = format!("{}://{peer}/mocker/bootstrap/read", pd.scheme);
             // The prefill server bounds the wait for its prefill by `wait_ms`; its answer's
             // headers follow, then the modelled transfer.
             (url, serde_json::to_value(body).expect("plain JSON"), pd.session_timeout + READ_HEADER_TIMEOUT)
@@ -727,7 +738,7 @@ pub async fn start_decode(
         call = call.header(SECRET_HEADER, secret);
     }
     let sent = match tokio::time::timeout(timeout, call.send()).await {
-        Ok(answer) => answer.map_err(|e| format!("{url}: {e}")),
+        Ok(answer) => answer.map_err(|e| format!("{url}: {}", crate::error::with_causes(&e))),
         Err(_) => Err(format!("{url}: no answer within {timeout:?}")),
     };
     let read: Result<f64, String> = match sent {
