@@ -11,7 +11,8 @@ use mocker_kv_events::{KvEventPublisher, PublisherOptions};
 use mocker_live::{LiveEngine, LiveOptions, OutputBuffering};
 use tokio::net::TcpListener;
 
-use crate::app::router;
+use crate::api::grpc::Grpc;
+use crate::app::{dispatch, router};
 use crate::auth::ApiKey;
 use crate::conn::{accept_loop, ConnLimits, Connections};
 use crate::faults::{FailureInjectionOptions, FailureInjector};
@@ -76,6 +77,10 @@ pub struct ServerOptions {
     pub lora: Option<LoraOptions>,
     /// Take part in disaggregated prefill/decode (`--kv-transfer-config`); vLLM backend.
     pub pd: Option<PdOptions>,
+    /// Also serve the gRPC services on this port of the same host (`--grpc-port`; 0 picks
+    /// a free one). They are served on the HTTP port in any case (HTTP/2 requests with a
+    /// gRPC content type); vLLM backend.
+    pub grpc_port: Option<u16>,
 }
 
 /// Tokens per image by default: Qwen2-VL's count for a 448×448 image, one token per
@@ -128,6 +133,7 @@ impl ServerOptions {
             max_logprobs: crate::output::sampler::MAX_TOP_LOGPROBS,
             lora: None,
             pd: None,
+            grpc_port: None,
         }
     }
 }
@@ -163,6 +169,10 @@ pub enum ServerError {
 /// A server that is bound and ready: its address is known before it serves.
 pub struct BoundServer {
     listener: TcpListener,
+    /// `--grpc-port`'s listener.
+    grpc_listener: Option<TcpListener>,
+    /// Whether this backend serves vLLM's gRPC service.
+    grpc_served: bool,
     state: Arc<AppState>,
     grace: Duration,
     limits: ConnLimits,
@@ -199,7 +209,14 @@ impl BoundServer {
             max_logprobs,
             lora,
             pd,
+            grpc_port,
         } = options;
+        if grpc_port.is_some() && launch.engine.backend != Backend::Vllm {
+            return Err(ServerError::Options(format!(
+                "--grpc-port: vLLM's gRPC service is simulated on the vllm backend only, not on {:?}",
+                launch.engine.backend
+            )));
+        }
         match (&pd, launch.engine.backend) {
             (Some(o), Backend::Sglang) if o.bootstrap.is_none() => return Err(ServerError::Options(
                 "--kv-transfer-config: vLLM's KV-transfer contract is simulated on the vllm backend; the \
@@ -267,6 +284,14 @@ impl BoundServer {
             engine.emit_kv_token_ids = kv.token_ids;
         }
         let listener = TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, source })?;
+        let grpc_listener = match grpc_port {
+            Some(port) => {
+                let at = SocketAddr::new(addr.ip(), port);
+                Some(TcpListener::bind(at).await.map_err(|source| ServerError::Bind { addr: at, source })?)
+            }
+            None => None,
+        };
+        let grpc_served = engine.backend == Backend::Vllm;
         let ranks_options = if ranks_options.is_empty() {
             (0..launch.dp_size.max(1)).map(|_| LiveOptions::default()).collect()
         } else {
@@ -388,12 +413,26 @@ impl BoundServer {
             pd,
         });
         let limits = ConnLimits { max_connections, header_timeout };
-        Ok(Self { listener, state, grace: shutdown_grace, limits, kv_events: bound_events, bootstrap })
+        Ok(Self {
+            listener,
+            grpc_listener,
+            grpc_served,
+            state,
+            grace: shutdown_grace,
+            limits,
+            kv_events: bound_events,
+            bootstrap,
+        })
     }
 
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().expect("a bound listener has an address")
+    }
+
+    /// The `--grpc-port` address, when one was asked for.
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        self.grpc_listener.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// Computes request bodies' prompt blocks as this server does: what a KV-aware router
@@ -417,7 +456,7 @@ impl BoundServer {
     /// open with an error event), gives connections a moment to write that, closes every
     /// connection still open, and returns.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
-        let Self { listener, state, grace, limits, bootstrap, .. } = self;
+        let Self { listener, grpc_listener, grpc_served, state, grace, limits, bootstrap, .. } = self;
         // The bootstrap port serves room reads only, with the main port's header timeout
         // and connection limit; it stops with the server.
         let bootstrap = bootstrap.map(|l| {
@@ -428,12 +467,20 @@ impl BoundServer {
         });
         let _stop_bootstrap = bootstrap.map(|task| AbortOnDrop(task.abort_handle()));
         let connections = Connections::new(limits.max_connections);
-        let acceptor =
-            tokio::spawn(accept_loop(listener, router(state.clone()), limits, connections.clone()));
+        let grpc = Grpc::new(state.clone(), grpc_served).await;
+        let app = dispatch(router(state.clone()), grpc.router());
+        let acceptor = tokio::spawn(accept_loop(listener, app, limits, connections.clone()));
+        // The gRPC port shares the connection limit and the shutdown.
+        let grpc_acceptor =
+            grpc_listener.map(|l| tokio::spawn(accept_loop(l, grpc.router(), limits, connections.clone())));
         shutdown.await;
+        grpc.shutting_down().await;
         connections.stop.cancel();
         // The listener is closed once the loop is gone: new connections are refused.
         let _ = acceptor.await;
+        if let Some(task) = grpc_acceptor {
+            let _ = task.await;
+        }
         let mut result = Ok(());
         if tokio::time::timeout(grace, connections.all_closed()).await.is_err() {
             result = result.and(stop_engine(&state).await);

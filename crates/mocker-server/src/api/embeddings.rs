@@ -156,7 +156,7 @@ pub fn embedding(tokens: &[u32], dim: usize, keep: usize) -> Vec<f32> {
 }
 
 /// Runs one input's prefill through the engine; resolves when its pass ends.
-async fn prefill(state: &AppState, tokens: Vec<u32>) -> Result<(), ApiError> {
+pub async fn prefill(state: &AppState, tokens: Vec<u32>) -> Result<(), ApiError> {
     let prompt = tokens.len();
     if let Some(max_len) = state.max_model_len {
         if prompt > max_len {
