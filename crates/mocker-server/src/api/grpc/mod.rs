@@ -60,6 +60,7 @@ impl Grpc {
         let reflection = || {
             tonic_reflection::server::Builder::configure()
                 .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         };
         let v1 = reflection().build_v1().expect("the build's own descriptors");
         let v1alpha = reflection().build_v1alpha().expect("the build's own descriptors");
@@ -120,7 +121,24 @@ async fn gate(State(state): State<Arc<AppState>>, request: Request, next: Next) 
             return grpc_error(Status::unavailable(state.readiness.starting_error().message));
         }
     }
-    next.run(request).await
+    let response = next.run(request).await;
+    too_large_as_resource_exhausted(response, state.max_body_bytes)
+}
+
+/// tonic answers a request message over the size limit `OUT_OF_RANGE`; gRPC's own servers
+/// (and its status-code guide) answer `RESOURCE_EXHAUSTED`, which clients treat as "too big".
+fn too_large_as_resource_exhausted(response: Response, limit: usize) -> Response {
+    match Status::from_header_map(response.headers()) {
+        Some(s)
+            if s.code() == tonic::Code::OutOfRange && s.message().contains("message length too large") =>
+        {
+            grpc_error(Status::resource_exhausted(format!(
+                "request message too large: the limit is {limit} bytes (the server's request body limit); {}",
+                s.message()
+            )))
+        }
+        _ => response,
+    }
 }
 
 fn grpc_error(status: Status) -> Response {
