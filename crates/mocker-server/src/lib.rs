@@ -2,7 +2,8 @@
 //! (streamed at the simulated engine's pace), `/v1/models`, `/health` (and `/ping`,
 //! `/health/ready`), `/metrics` as vLLM exposes it, `/tokenize` and `/detokenize`,
 //! `/v1/embeddings`, `/v1/responses`, and vLLM's sleep mode (`/sleep`, `/wake_up`,
-//! `/is_sleeping`), and LoRA adapters (`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`).
+//! `/is_sleeping`), and LoRA adapters (`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`);
+//! and on the same port vLLM's gRPC service, `vllm.grpc.engine.VllmEngine` (`api::grpc`).
 //!
 //! The modules form five layers; a module imports only from its own layer or those below
 //! (`tests/layers.rs` checks it, and that no two modules import each other):
