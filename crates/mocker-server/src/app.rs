@@ -1,10 +1,11 @@
 //! The axum application: every API family's routes assembled over the shared state, with
-//! the middleware (API key, startup gate, failure injection, request ids) around them.
+//! the middleware (API key, startup gate, failure injection, request ids) around them, and
+//! the split of one port between them and the gRPC services.
 
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request};
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode, Version};
 use axum::middleware;
 use axum::routing::{get, post};
 use axum::Router;
@@ -82,4 +83,24 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), require_api_key))
         .layer(middleware::from_fn(echo_request_id))
         .with_state(state)
+}
+
+/// Whether a request is a gRPC call: HTTP/2 with a gRPC content type
+/// (`application/grpc`, `application/grpc+proto`, ...), as gRPC clients send.
+pub fn is_grpc(request: &Request) -> bool {
+    request.version() == Version::HTTP_2
+        && request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|ct| {
+            ct == "application/grpc"
+                || ct.starts_with("application/grpc+")
+                || ct.starts_with("application/grpc;")
+        })
+}
+
+/// One port for both: gRPC calls go to `grpc`, everything else to `http`.
+pub fn dispatch(http: Router, grpc: Router) -> Router {
+    use tower::ServiceExt;
+    Router::new().fallback_service(tower::service_fn(move |request: Request| {
+        let target = if is_grpc(&request) { grpc.clone() } else { http.clone() };
+        target.oneshot(request)
+    }))
 }

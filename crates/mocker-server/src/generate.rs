@@ -49,6 +49,97 @@ pub async fn generate(
     prepared: Prepared,
     arrived: Instant,
 ) -> Result<Response, ApiError> {
+    let Started { choices, header, echo, prefill, transfer_ms, stream, mode } =
+        start(state, prepared, arrived).await?;
+    let mut response = if stream {
+        sse_response(choices, header, mode, echo, prefill)
+    } else {
+        full_response(choices, header, echo, prefill).await?
+    };
+    if let Some(ms) = transfer_ms {
+        if let Ok(v) = HeaderValue::from_str(&format!("{ms}")) {
+            response.headers_mut().insert(crate::pd::TRANSFER_MS_HEADER, v);
+        }
+    }
+    Ok(response)
+}
+
+/// A request running in the engine, its first token received (so a request the engine
+/// cannot take already failed): what a protocol's response reads token by token.
+pub struct Started {
+    choices: Choices,
+    header: ResponseHeader,
+    echo: Option<String>,
+    /// A disaggregated prefill's handoff: its `kv_transfer_params` once the KV is held.
+    prefill: Option<(PrefillHandoff, Arc<crate::pd::PdState>, usize)>,
+    transfer_ms: Option<f64>,
+    stream: bool,
+    mode: UsageMode,
+}
+
+/// What [`Started::next`] read.
+#[derive(Debug)]
+pub enum Event {
+    /// Choice `index` advanced by `token` (a signal may carry none); `finish` is set when
+    /// that ended the choice.
+    Token {
+        /// The choice.
+        index: u32,
+        /// Its new output token.
+        token: Option<u32>,
+        /// How it ended, on its last event.
+        finish: Option<Finish>,
+    },
+    /// A choice's engine stream ended before its last token (engine stopped, slow reader
+    /// cancelled, put to sleep).
+    Failed(ApiError),
+    /// Every choice has finished.
+    Done,
+}
+
+impl Started {
+    /// The prompt's length in tokens.
+    pub fn prompt_tokens(&self) -> usize {
+        self.choices.streams[0].prompt_tokens
+    }
+
+    /// Prompt tokens found in the prefix cache (or transferred from a prefill server).
+    pub fn cached_tokens(&self) -> usize {
+        self.choices.streams[0].cached_tokens
+    }
+
+    /// Choices the request generates (`n`).
+    pub fn choices(&self) -> usize {
+        self.choices.streams.len()
+    }
+
+    /// The next output event of any choice; dropping `self` cancels the unfinished ones in
+    /// the engine (freeing their KV) and counts them aborted.
+    pub async fn next(&mut self) -> Event {
+        let mut scratch = String::new();
+        match self.choices.next().await {
+            Next::Signal(i, signal) => {
+                let stream = &mut self.choices.streams[i];
+                let token = stream.step(&signal, &mut scratch);
+                Event::Token { index: stream.index, token, finish: stream.finish.clone() }
+            }
+            Next::CutShort(i) => Event::Failed(self.choices.streams[i].cut_short()),
+            Next::Done => Event::Done,
+        }
+    }
+
+    /// A disaggregated prefill's `kv_transfer_params` for its decode peer, once its KV is
+    /// held (call after [`Event::Done`]); `None` for any other request.
+    pub async fn kv_transfer_params(&mut self) -> Result<Option<serde_json::Value>, ApiError> {
+        match self.prefill.take() {
+            Some((handoff, pd, prompt_tokens)) => handoff.finish(&pd, &self.header.id, prompt_tokens).await,
+            None => Ok(None),
+        }
+    }
+}
+
+/// Validates, tokenizes and submits a request, and waits for each choice's first token.
+pub async fn start(state: Arc<AppState>, prepared: Prepared, arrived: Instant) -> Result<Started, ApiError> {
     let Prepared { endpoint, mut generation, prompt, request_id, replay_key } = prepared;
     let lora = state.resolve_model(generation.model.as_deref())?;
     let transfer = std::mem::take(&mut generation.kv_transfer);
@@ -254,19 +345,8 @@ pub async fn generate(
     let choices = Choices { streams: choices, firsts, cursor: 0 };
     let prefill =
         prefill.map(|h| (h, state.pd.clone().expect("a prefill needs the connector"), prompt_tokens));
-    let mut response = if generation.stream {
-        let mode =
-            UsageMode { include_usage: generation.include_usage, continuous: generation.continuous_usage };
-        sse_response(choices, header, mode, echo, prefill)
-    } else {
-        full_response(choices, header, echo, prefill).await?
-    };
-    if let Some(ms) = transfer_ms {
-        if let Ok(v) = HeaderValue::from_str(&format!("{ms}")) {
-            response.headers_mut().insert(crate::pd::TRANSFER_MS_HEADER, v);
-        }
-    }
-    Ok(response)
+    let mode = UsageMode { include_usage: generation.include_usage, continuous: generation.continuous_usage };
+    Ok(Started { choices, header, echo, prefill, transfer_ms, stream: generation.stream, mode })
 }
 
 /// Token ids of a chat prompt with images: the text around each image tokenized on its
@@ -541,7 +621,8 @@ impl TokenStream {
     /// Accounts one signal and appends the text it adds to `text`; sets `finish` when the
     /// output ended (the engine's last token, or a stop condition, which also cancels the
     /// engine request as vLLM aborts a stopped sequence, freeing its KV at once).
-    fn step(&mut self, signal: &OutputSignal, text: &mut String) {
+    /// Returns the token's id, if the signal carried one.
+    fn step(&mut self, signal: &OutputSignal, text: &mut String) -> Option<u32> {
         let had_token = signal.token_id.is_some();
         if had_token {
             let gap = (signal.index > 0).then(|| signal.observed_at.saturating_duration_since(self.last_at));
@@ -549,6 +630,7 @@ impl TokenStream {
         }
         self.last_at = signal.observed_at;
         self.generated += usize::from(had_token);
+        let mut token = None;
         if had_token {
             let pool = self.state.tokenizer.output_vocab();
             let k = signal.index as usize;
@@ -584,10 +666,11 @@ impl TokenStream {
                     if let Some(why) = step.stop {
                         self.live = None;
                         self.end(signal, Finish::stopped(why), FinishReason::Stop);
-                        return;
+                        return Some(id);
                     }
                 }
             }
+            token = Some(id);
         }
         if signal.completed {
             if let Some(scan) = &mut self.scan {
@@ -606,6 +689,7 @@ impl TokenStream {
                 (false, _) => self.end(signal, Finish::LENGTH, FinishReason::Length),
             }
         }
+        token
     }
 
     fn end(&mut self, signal: &OutputSignal, finish: Finish, reason: FinishReason) {
@@ -747,7 +831,9 @@ async fn full_response(
     let mut texts: Vec<String> = vec![echo.unwrap_or_default(); choices.streams.len()];
     loop {
         match choices.next().await {
-            Next::Signal(i, s) => choices.streams[i].step(&s, &mut texts[i]),
+            Next::Signal(i, s) => {
+                choices.streams[i].step(&s, &mut texts[i]);
+            }
             Next::CutShort(i) => return Err(choices.streams[i].cut_short()),
             Next::Done => break,
         }
@@ -871,7 +957,7 @@ impl SseState {
             }
         }
         let stream = &mut self.choices.streams[i];
-        stream.step(s, &mut self.text);
+        let _ = stream.step(s, &mut self.text);
         let usage = self.choices.usage();
         let stream = &mut self.choices.streams[i];
         let last = stream.finish.as_ref();

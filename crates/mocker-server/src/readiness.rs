@@ -25,6 +25,11 @@ impl Readiness {
         Instant::now() >= self.ready_at
     }
 
+    /// How long until it is (zero once it is).
+    pub fn ready_in(&self) -> Duration {
+        self.ready_at.saturating_duration_since(Instant::now())
+    }
+
     /// The 503 answered while it is not.
     pub fn starting_error(&self) -> ApiError {
         let left = self.ready_at.saturating_duration_since(Instant::now());

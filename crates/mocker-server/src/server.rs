@@ -11,7 +11,8 @@ use mocker_kv_events::{KvEventPublisher, PublisherOptions};
 use mocker_live::{LiveEngine, LiveOptions, OutputBuffering};
 use tokio::net::TcpListener;
 
-use crate::app::router;
+use crate::api::grpc::Grpc;
+use crate::app::{dispatch, router};
 use crate::auth::ApiKey;
 use crate::conn::{accept_loop, ConnLimits, Connections, ALPN};
 use crate::engine_card::EngineCard;
@@ -82,6 +83,10 @@ pub struct ServerOptions {
     /// Serve over TLS (`--ssl-certfile` and the other `--ssl-*` flags): the serve port,
     /// the bootstrap port, and this server's side-channel reads (over https).
     pub tls: Option<TlsOptions>,
+    /// Also serve the gRPC services on this port of the same host (`--grpc-port`; 0 picks
+    /// a free one). They are served on the HTTP port in any case (HTTP/2 requests with a
+    /// gRPC content type); vLLM backend.
+    pub grpc_port: Option<u16>,
 }
 
 /// Tokens per image by default: Qwen2-VL's count for a 448×448 image, one token per
@@ -135,6 +140,7 @@ impl ServerOptions {
             lora: None,
             pd: None,
             tls: None,
+            grpc_port: None,
         }
     }
 }
@@ -170,6 +176,10 @@ pub enum ServerError {
 /// A server that is bound and ready: its address is known before it serves.
 pub struct BoundServer {
     listener: TcpListener,
+    /// `--grpc-port`'s listener.
+    grpc_listener: Option<TcpListener>,
+    /// Whether this backend serves vLLM's gRPC service.
+    grpc_served: bool,
     state: Arc<AppState>,
     grace: Duration,
     limits: ConnLimits,
@@ -209,7 +219,14 @@ impl BoundServer {
             lora,
             pd,
             tls,
+            grpc_port,
         } = options;
+        if grpc_port.is_some() && launch.engine.backend != Backend::Vllm {
+            return Err(ServerError::Options(format!(
+                "--grpc-port: vLLM's gRPC service is simulated on the vllm backend only, not on {:?}",
+                launch.engine.backend
+            )));
+        }
         match (&pd, launch.engine.backend) {
             (Some(o), Backend::Sglang) if o.bootstrap.is_none() => return Err(ServerError::Options(
                 "--kv-transfer-config: vLLM's KV-transfer contract is simulated on the vllm backend; the \
@@ -280,6 +297,14 @@ impl BoundServer {
         // Before anything binds or starts: a bad file is a usage error, not a half-started server.
         let tls = tls.as_ref().map(|o| Tls::load(o, ALPN)).transpose().map_err(ServerError::Options)?;
         let listener = TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, source })?;
+        let grpc_listener = match grpc_port {
+            Some(port) => {
+                let at = SocketAddr::new(addr.ip(), port);
+                Some(TcpListener::bind(at).await.map_err(|source| ServerError::Bind { addr: at, source })?)
+            }
+            None => None,
+        };
+        let grpc_served = engine.backend == Backend::Vllm;
         let ranks_options = if ranks_options.is_empty() {
             (0..launch.dp_size.max(1)).map(|_| LiveOptions::default()).collect()
         } else {
@@ -413,12 +438,27 @@ impl BoundServer {
             state.metrics.register_collector(collector);
         }
         let limits = ConnLimits { max_connections, header_timeout };
-        Ok(Self { listener, state, grace: shutdown_grace, limits, kv_events: bound_events, bootstrap, tls })
+        Ok(Self {
+            listener,
+            grpc_listener,
+            grpc_served,
+            state,
+            grace: shutdown_grace,
+            limits,
+            kv_events: bound_events,
+            bootstrap,
+            tls,
+        })
     }
 
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().expect("a bound listener has an address")
+    }
+
+    /// The `--grpc-port` address, when one was asked for.
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        self.grpc_listener.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// Computes request bodies' prompt blocks as this server does: what a KV-aware router
@@ -447,8 +487,8 @@ impl BoundServer {
     /// open with an error event), gives connections a moment to write that, closes every
     /// connection still open, and returns.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
-        let Self { listener, state, grace, limits, bootstrap, tls, .. } = self;
-        let acceptor = tls.as_ref().map(|t| t.acceptor().clone());
+        let Self { listener, grpc_listener, grpc_served, state, grace, limits, bootstrap, tls, .. } = self;
+        let tls_acceptor = tls.as_ref().map(|t| t.acceptor().clone());
         // The bootstrap port serves room reads only, with the main port's header timeout
         // and connection limit; it stops with the server.
         let bootstrap = bootstrap.map(|l| {
@@ -456,16 +496,25 @@ impl BoundServer {
                 .route("/mocker/bootstrap/read", axum::routing::post(crate::pd::bootstrap_read_handler))
                 .with_state(state.side_channel());
             let connections = Connections::new(limits.max_connections);
-            tokio::spawn(accept_loop(l, rooms, limits, connections, acceptor.clone()))
+            tokio::spawn(accept_loop(l, rooms, limits, connections, tls_acceptor.clone()))
         });
         let _stop_bootstrap = bootstrap.map(|task| AbortOnDrop(task.abort_handle()));
         let connections = Connections::new(limits.max_connections);
+        let grpc = Grpc::new(state.clone(), grpc_served).await;
+        let app = dispatch(router(state.clone()), grpc.router());
         let acceptor =
-            tokio::spawn(accept_loop(listener, router(state.clone()), limits, connections.clone(), acceptor));
+            tokio::spawn(accept_loop(listener, app, limits, connections.clone(), tls_acceptor.clone()));
+        // The gRPC port shares the connection limit, TLS and the shutdown.
+        let grpc_acceptor = grpc_listener
+            .map(|l| tokio::spawn(accept_loop(l, grpc.router(), limits, connections.clone(), tls_acceptor)));
         shutdown.await;
+        grpc.shutting_down().await;
         connections.stop.cancel();
         // The listener is closed once the loop is gone: new connections are refused.
         let _ = acceptor.await;
+        if let Some(task) = grpc_acceptor {
+            let _ = task.await;
+        }
         let mut result = Ok(());
         if tokio::time::timeout(grace, connections.all_closed()).await.is_err() {
             result = result.and(stop_engine(&state).await);

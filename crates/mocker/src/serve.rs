@@ -87,6 +87,11 @@ pub struct ServeArgs {
     /// A key a worker sets here may not also be set by an engine flag.
     #[arg(long, value_name = "JSON|FILE")]
     pub worker_engine_args: Option<String>,
+    /// Also serve vLLM's gRPC service (vllm.grpc.engine.VllmEngine) on this port (worker i
+    /// on port + i; 0 picks free ports). It is served on --port in any case, to HTTP/2
+    /// requests with a gRPC content type. vllm backend.
+    #[arg(long, value_name = "PORT")]
+    pub grpc_port: Option<u16>,
     /// Hugging Face `tokenizer.json` (or a folder holding one); a built-in word tokenizer
     /// is used otherwise.
     #[arg(long)]
@@ -723,6 +728,45 @@ impl ServeArgs {
         Ok(Some(Deployment { prefill, decode, kv_router: self.pd_router.as_deref() == Some("kv") }))
     }
 
+    /// `--grpc-port`: the vllm backend, no P/D front (HTTP only), and ports that fit and
+    /// stay clear of the HTTP ports.
+    fn check_grpc_port(
+        &self,
+        launch: &LaunchConfig,
+        workers: usize,
+        first_port: usize,
+    ) -> Result<(), UsageError> {
+        let Some(port) = self.grpc_port else { return Ok(()) };
+        if launch.engine.backend != Backend::Vllm {
+            return Err(UsageError(format!(
+                "--grpc-port: vLLM's gRPC service is simulated on the vllm backend only (engine backend is {})",
+                launch.engine.backend.as_str()
+            )));
+        }
+        if self.prefill_workers.is_some() || self.decode_workers.is_some() {
+            return Err(UsageError(
+                "--grpc-port: cannot be combined with --prefill-workers/--decode-workers (the P/D front is HTTP only)"
+                    .into(),
+            ));
+        }
+        if port == 0 {
+            return Ok(());
+        }
+        let last = usize::from(port) + workers - 1;
+        if last > usize::from(u16::MAX) {
+            return Err(UsageError(format!("--grpc-port: {port} + {workers} workers exceeds 65535")));
+        }
+        let http = first_port..first_port + workers;
+        if self.port != 0 && (usize::from(port)..=last).any(|p| http.contains(&p)) {
+            return Err(UsageError(format!(
+                "--grpc-port: ports {port}..={last} overlap the HTTP ports {}..={} (--port, one per worker)",
+                http.start,
+                http.end - 1
+            )));
+        }
+        Ok(())
+    }
+
     /// One server's options per worker; with a deployment, its prefill workers first.
     fn options(&self) -> Result<(Vec<ServerOptions>, Option<Deployment>), UsageError> {
         if !(1..=MAX_SERVE_WORKERS).contains(&self.num_workers) {
@@ -757,6 +801,7 @@ impl ServeArgs {
         let failure_injection = self.failure_injection()?;
         let tls = self.tls.options()?;
         let launch = self.launch_config("--engine-args", self.engine_args.as_deref())?;
+        self.check_grpc_port(&launch, workers, first_port)?;
         let lora = self.lora_options(&launch)?;
         let pd = self.pd_options(&launch)?;
         let launches = self.worker_launches(&launch, workers, deployment)?;
@@ -846,6 +891,12 @@ impl ServeArgs {
                 options.lora = lora.clone();
                 options.pd = role(i);
                 options.tls = tls.clone();
+                options.grpc_port = match self.grpc_port {
+                    None => None,
+                    Some(0) => Some(0),
+                    // Checked to fit in check_grpc_port.
+                    Some(p) => Some(p + i as u16),
+                };
                 if let Some(endpoint) = &kv_endpoint {
                     // Each worker's ranks take the ports after the ranks of the workers before it.
                     let shift = launches[..i].iter().map(|l| l.dp_size).sum::<usize>() as u32;
@@ -963,6 +1014,10 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
             if let Some(at) = server.bootstrap_addr() {
                 let tls = if server.is_tls() { " (TLS)" } else { "" };
                 eprintln!("mocker: SGLang bootstrap server on {at}{tls}");
+            }
+            if let Some(at) = server.grpc_addr() {
+                // Tests read the gRPC address from this line.
+                eprintln!("mocker: gRPC (vllm.grpc.engine.VllmEngine) on {at}");
             }
             for kv in server.kv_events() {
                 let replay =

@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod anthropic;
 pub mod embeddings;
+pub mod grpc;
 pub mod lora;
 pub mod middleware;
 pub mod openai;

@@ -305,6 +305,16 @@ impl PdState {
         self.role
     }
 
+    /// This server's engine id (`remote_engine_id` in its prefill answers).
+    pub fn engine_id(&self) -> &str {
+        &self.engine_id
+    }
+
+    /// Whether this server speaks SGLang's bootstrap protocol rather than vLLM's connector.
+    pub fn is_bootstrap(&self) -> bool {
+        self.bootstrap
+    }
+
     /// Held prefills (for tests and logs).
     pub fn num_held(&self) -> usize {
         self.held.lock().expect("held").len()
