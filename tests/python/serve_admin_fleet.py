@@ -4,17 +4,21 @@ prints one JSON line of results.
 
 usage: serve_admin_fleet.py admin BASE_URL API_KEY
        serve_admin_fleet.py fleet API_KEY BASE_URL...
+       serve_admin_fleet.py pd API_KEY FRONT_URL WORKER_URL...
 """
 
 import json
 import sys
 import time
 
+import os
+
 import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 MODEL = "mocker-test"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def samples(base, name):
@@ -108,7 +112,18 @@ def admin(base, key):
     return {"ok": True, "slow_s": slow, "fast_s": fast, "ttft_s": ttft}
 
 
-def fleet(key, bases):
+def model_info(base, key):
+    """gRPC GetModelInfo on the worker's HTTP port (stubs from the vendored proto)."""
+    import grpc
+    from serve_grpc import stubs
+
+    pb, pb_grpc = stubs()
+    with grpc.insecure_channel(base.removeprefix("http://")) as channel:
+        stub = pb_grpc.VllmEngineStub(channel)
+        return stub.GetModelInfo(pb.GetModelInfoRequest(), metadata=[("authorization", f"Bearer {key}")])
+
+
+def fleet(key, bases, complete=True):
     cards = []
     for base in bases:
         client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
@@ -121,9 +136,13 @@ def fleet(key, bases):
             assert labels[k] == str(engine[k]), (k, labels, engine)
         config = httpx.get(f"{base}/admin/config", headers={"Authorization": f"Bearer {key}"}).json()
         assert config["num-gpu-blocks"] == engine["num_gpu_blocks"], (config, engine)
-        done = client.completions.create(model=card.id, prompt="one two three", max_tokens=2)
-        assert done.usage.completion_tokens == 2
-        cards.append({"id": card.id, "engine": engine, "max_model_len": card.model_extra["max_model_len"]})
+        if complete:
+            done = client.completions.create(model=card.id, prompt="one two three", max_tokens=2)
+            assert done.usage.completion_tokens == 2
+        info = model_info(base, key) if engine["backend"] == "vllm" else None
+        cards.append({"id": card.id, "engine": engine, "max_model_len": card.model_extra["max_model_len"],
+                      "grpc_model_path": info.model_path if info else None,
+                      "grpc_max_context_length": info.max_context_length if info else None})
     return {"ok": True, "cards": cards}
 
 
@@ -131,5 +150,14 @@ if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "admin":
         print(json.dumps(admin(sys.argv[2], sys.argv[3])))
-    else:
+    elif mode == "fleet":
         print(json.dumps(fleet(sys.argv[2], sys.argv[3:])))
+    else:
+        # pd KEY FRONT WORKERS...: the workers report themselves; requests go through the front.
+        key, front = sys.argv[2], sys.argv[3]
+        result = fleet(key, sys.argv[4:], complete=False)
+        client = openai.OpenAI(base_url=f"{front}/v1", api_key=key, max_retries=0)
+        for _ in range(3):
+            done = client.completions.create(model=MODEL, prompt="one two three four", max_tokens=3)
+            assert done.usage.completion_tokens == 3, done
+        print(json.dumps(result))

@@ -12,6 +12,7 @@ usage:
 """
 
 import json
+import os
 import socket
 import ssl
 import sys
@@ -91,7 +92,31 @@ def basic(base, key, ca):
             pass
     # ... and still serves.
     again = exercise(client)
-    return {"ok": True, "first": out, "again": again}
+    tokens = grpc_over_tls(url, key, ca)
+    return {"ok": True, "first": out, "again": again, "grpc_tokens": tokens}
+
+
+def grpc_over_tls(url, key, ca):
+    """vLLM's gRPC service on the same TLS port: the client negotiates h2 by ALPN."""
+    import grpc
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from serve_grpc import stubs
+
+    pb, pb_grpc = stubs()
+    with open(ca, "rb") as f:
+        credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
+    with grpc.secure_channel(url.netloc, credentials) as channel:
+        stub = pb_grpc.VllmEngineStub(channel)
+        md = [("authorization", f"Bearer {key}")]
+        assert stub.HealthCheck(pb.HealthCheckRequest(), metadata=md).healthy
+        request = pb.GenerateRequest(
+            request_id="tls-1", tokenized=pb.TokenizedInput(input_ids=[5, 6, 7, 8]), stream=True,
+            sampling_params=pb.SamplingParams(max_tokens=4, ignore_eos=True),
+        )
+        tokens = [t for r in stub.Generate(request, metadata=md) if r.HasField("chunk") for t in r.chunk.token_ids]
+        assert len(tokens) == 4, tokens
+        return tokens
 
 
 def tls_socket(url, ca):

@@ -115,7 +115,7 @@ pub fn run_script(script: &str, args: &[&str]) -> serde_json::Value {
 }
 
 /// The lines a child prints, as they come.
-pub fn lines_of(stdout: ChildStdout) -> mpsc::Receiver<String> {
+pub fn lines_of(stdout: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {

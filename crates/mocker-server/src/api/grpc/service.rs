@@ -376,7 +376,9 @@ impl VllmEngine for Engine {
         let max_len = s.max_model_len.unwrap_or(s.served_max_model_len);
         let max_len = u32::try_from(max_len).unwrap_or(u32::MAX);
         Ok(Response::new(GetModelInfoResponse {
-            model_path: s.model_name.clone(),
+            // The model the engine is timed as (engine-args `model`), as vLLM's model path;
+            // so each worker of a mixed fleet says what it is.
+            model_path: s.engine_card.model.clone().unwrap_or_else(|| s.model_name.clone()),
             is_generation: true,
             max_context_length: max_len,
             vocab_size: s.tokenizer.vocab_size(),
