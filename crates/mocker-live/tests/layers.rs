@@ -1,96 +1,16 @@
-//! The crate's module layering, as its doc comment states it: every `crate::` path in a
-//! module's code names a module of the same layer or one below, and no two modules depend on
-//! each other (directly or in a circle). The layer table is read from `src/lib.rs`, so the
-//! documentation and this check cannot drift apart.
+//! This crate's module layering (see `tests/rust/layers.rs` at the repository root): the
+//! layer groups of `src/lib.rs`, bottom first.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
-
-/// Module name -> layer index (0 = bottom), parsed from the lib.rs comments `// types`,
-/// `// actor`, `// client` that group the `mod` lines.
-fn layers(lib: &str) -> BTreeMap<String, usize> {
-    let names = ["types", "actor", "client"];
-    let mut layer = None;
-    let mut out = BTreeMap::new();
-    for line in lib.lines() {
-        let line = line.trim();
-        if let Some(tag) = line.strip_prefix("// ") {
-            if let Some(i) = names.iter().position(|n| *n == tag) {
-                layer = Some(i);
-            }
-        } else if let Some(m) = line.strip_prefix("mod ").and_then(|m| m.strip_suffix(';')) {
-            let l = layer.unwrap_or_else(|| panic!("module {m} is declared outside a layer group"));
-            out.insert(m.to_string(), l);
-        }
-    }
-    out
-}
-
-/// The crate modules a file's code refers to (comments skipped).
-fn references(source: &str, modules: &BTreeMap<String, usize>) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    for line in source.lines() {
-        let code = line.split("//").next().unwrap_or("");
-        let mut rest = code;
-        while let Some(i) = rest.find("crate::") {
-            rest = &rest[i + "crate::".len()..];
-            // `use crate::{a::X, b::Y}` names several modules.
-            let names: Vec<&str> = if let Some(group) = rest.strip_prefix('{') {
-                group.split(',').map(|p| p.trim().split("::").next().unwrap_or("")).collect()
-            } else {
-                vec![rest.split("::").next().unwrap_or("")]
-            };
-            for n in names {
-                let n = n.trim_matches(|c: char| !(c.is_alphanumeric() || c == '_'));
-                if modules.contains_key(n) {
-                    out.insert(n.to_string());
-                }
-            }
-        }
-    }
-    out
-}
+#[path = "../../../tests/rust/layers.rs"]
+mod layers;
 
 #[test]
 fn modules_import_only_their_own_layer_or_below_and_form_no_circle() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
-    let modules = layers(&lib);
-    assert!(modules.len() >= 10, "lib.rs groups its modules by layer: {modules:?}");
-    let mut deps: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (m, &layer) in &modules {
-        let source = std::fs::read_to_string(src.join(format!("{m}.rs"))).unwrap();
-        let mut refs = references(&source, &modules);
-        refs.remove(m);
-        for r in &refs {
-            assert!(
-                modules[r] <= layer,
-                "{m} (layer {layer}) imports {r} (layer {}), a higher layer",
-                modules[r]
-            );
-        }
-        deps.insert(m.clone(), refs);
-    }
-    // No circle: repeatedly remove modules whose dependencies are all removed.
-    let mut left = deps.clone();
-    while !left.is_empty() {
-        let free: Vec<String> = left
-            .iter()
-            .filter(|(_, d)| d.iter().all(|x| !left.contains_key(x)))
-            .map(|(m, _)| m.clone())
-            .collect();
-        assert!(!free.is_empty(), "these modules import each other in a circle: {:?}", left);
-        for m in free {
-            left.remove(&m);
-        }
-    }
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    layers::check(&src, &["types", "actor", "client"]);
 }
 
 #[test]
 fn the_reference_scanner_sees_grouped_and_nested_paths() {
-    let modules: BTreeMap<String, usize> =
-        [("a", 0), ("b", 0), ("c", 1)].map(|(m, l)| (m.to_string(), l)).into();
-    let refs =
-        references("use crate::{a::X, b::Y};\nlet x = crate::c::f(); // crate::b is a comment", &modules);
-    assert_eq!(refs, ["a", "b", "c"].map(String::from).into());
+    layers::scanner_sees_grouped_and_nested_paths();
 }

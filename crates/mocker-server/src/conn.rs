@@ -17,6 +17,7 @@ use std::time::Duration;
 use axum::Router;
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulConnection;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -269,21 +270,8 @@ async fn serve_http1<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     _permit: OwnedSemaphorePermit,
 ) {
     let io = TokioIo::new(JsonErrors::new(stream));
-    let conn = builder.http1.serve_connection(io, TowerToHyperService::new(app));
-    tokio::pin!(conn);
-    tokio::select! {
-        biased;
-        _ = connections.force.cancelled() => return,
-        _ = connections.stop.cancelled() => {}
-        _ = conn.as_mut() => return,
-    }
-    // Finish the request in progress (an idle connection closes at once), no keep-alive.
-    conn.as_mut().graceful_shutdown();
-    tokio::select! {
-        biased;
-        _ = connections.force.cancelled() => {}
-        _ = conn => {}
-    }
+    // On shutdown: finish the request in progress (an idle connection closes at once).
+    drive(builder.http1.serve_connection(io, TowerToHyperService::new(app)), &connections).await;
 }
 
 /// An HTTP/2 connection: graceful shutdown sends GOAWAY and lets open streams finish.
@@ -295,6 +283,12 @@ async fn serve_http2<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     _permit: OwnedSemaphorePermit,
 ) {
     let conn = builder.http2.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
+    drive(conn, &connections).await;
+}
+
+/// Runs a connection until it ends; once the server stops, shuts it down gracefully, and
+/// drops it when the grace period is over.
+async fn drive<C: GracefulConnection>(conn: C, connections: &Connections) {
     tokio::pin!(conn);
     tokio::select! {
         biased;
