@@ -162,7 +162,8 @@ mod tests {
             (r#"{"3": {}}"#, 3, "not a worker index"),
             (r#"{"x": {}}"#, 3, "not a worker index"),
             (r#"[1]"#, 1, "engine-args object"),
-            (r#"7"#, 1, "JSON list"),
+            (r#"{"0": 5}"#, 1, "engine-args object"),
+            ("/nonexistent/fleet.json", 1, "cannot read file"),
             (r#"[{"#, 1, "invalid JSON"),
         ] {
             let e = WorkerEngineArgs::parse(arg, workers).unwrap_err();
