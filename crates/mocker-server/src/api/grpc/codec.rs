@@ -196,6 +196,28 @@ mod tests {
     }
 
     #[test]
+    fn sglang_requests_are_checked_against_their_own_protocol() {
+        use crate::api::grpc::pb::sglang::grpc::scheduler as sg;
+        let request = sg::GenerateRequest {
+            tokenized: Some(sg::TokenizedInput { original_text: String::new(), input_ids: vec![1] }),
+            sampling_params: Some(sg::SamplingParams {
+                top_p: 1.0,
+                stop: vec!["x".into()],
+                ..Default::default()
+            }),
+            timestamp: Some(prost_types::Timestamp { seconds: 1, nanos: 0 }),
+            ..Default::default()
+        };
+        let name = "sglang.grpc.scheduler.GenerateRequest";
+        check_known_fields(&request.encode_to_vec(), name).unwrap();
+        let err = check_known_fields(&with_extra(request.encode_to_vec(), 30), name).unwrap_err();
+        assert!(
+            err.contains("unknown field number 30: this server's sglang.grpc.scheduler protocol"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn map_entries_and_empty_messages_are_walked() {
         let params = SamplingParams { logit_bias: [(1, 2.0), (3, -1.0)].into(), ..Default::default() };
         check_known_fields(&params.encode_to_vec(), "vllm.grpc.engine.SamplingParams").unwrap();

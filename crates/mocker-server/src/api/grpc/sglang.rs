@@ -301,3 +301,43 @@ fn to_struct(value: serde_json::Value) -> prost_types::Struct {
         _ => prost_types::Struct::default(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::grpc::shared::Completed;
+
+    #[test]
+    fn chunks_count_cumulatively_and_every_response_names_its_request() {
+        let chunk = response("r1", Output::Chunk { index: 1, token_ids: vec![7], total: 5, usage: (64, 48) });
+        assert_eq!(chunk.request_id, "r1");
+        let Some(generate_response::Response::Chunk(c)) = chunk.response else { panic!("{chunk:?}") };
+        assert_eq!(
+            (c.token_ids, c.completion_tokens, c.prompt_tokens, c.cached_tokens, c.index),
+            (vec![7], 5, 64, 48, 1)
+        );
+        let done = response(
+            "r1",
+            Output::Complete(Completed {
+                index: 0,
+                output_ids: vec![9],
+                total: 12,
+                finish_reason: "stop",
+                matched: Some(StopReason::Text("end".into())),
+                usage: (3, 0),
+                kv_transfer_params_json: None,
+            }),
+        );
+        let Some(generate_response::Response::Complete(c)) = done.response else { panic!("{done:?}") };
+        assert_eq!((c.output_ids, c.completion_tokens, c.finish_reason.as_str()), (vec![9], 12, "stop"));
+        assert_eq!(c.matched_stop, Some(MatchedStop::MatchedStopStr("end".into())));
+    }
+
+    #[test]
+    fn json_objects_become_structs() {
+        let s = to_struct(serde_json::json!({"a": 1, "b": [true, null], "c": {"d": "e"}}));
+        assert_eq!(s.fields.len(), 3);
+        assert_eq!(s.fields["a"].kind, Some(prost_types::value::Kind::NumberValue(1.0)));
+        assert!(matches!(s.fields["c"].kind, Some(prost_types::value::Kind::StructValue(_))));
+    }
+}
