@@ -28,16 +28,17 @@ PROTO_DIR = os.path.join(ROOT, "crates", "mocker-server", "proto")
 SERVICE = "vllm.grpc.engine.VllmEngine"
 
 
-def stubs():
-    """The vendored proto compiled by grpc_tools.protoc, imported from a temporary dir."""
+def stubs(name="vllm_engine"):
+    """A vendored proto (`name`.proto, with common.proto) compiled by grpc_tools.protoc,
+    imported from a temporary dir."""
     out = tempfile.mkdtemp(prefix="mocker-grpc-")
     subprocess.run(
         [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_DIR}", f"--python_out={out}",
-         f"--grpc_python_out={out}", "vllm_engine.proto", "common.proto"],
+         f"--grpc_python_out={out}", f"{name}.proto", "common.proto"],
         check=True,
     )
     sys.path.insert(0, out)
-    return importlib.import_module("vllm_engine_pb2"), importlib.import_module("vllm_engine_pb2_grpc")
+    return importlib.import_module(f"{name}_pb2"), importlib.import_module(f"{name}_pb2_grpc")
 
 
 pb, pbg = stubs()
@@ -128,6 +129,11 @@ def suite(addr, base, key):
     ])))
     services = {s.name for s in answers[0].list_services_response.service}
     check({SERVICE, "grpc.health.v1.Health"} <= services, f"reflection services {services}")
+    check("sglang.grpc.scheduler.SglangScheduler" not in services, f"reflection services {services}")
+    # SGLang's service is the sglang backend's.
+    other = channel.unary_unary("/sglang.grpc.scheduler.SglangScheduler/HealthCheck", request_serializer=None,
+                                response_deserializer=None)
+    expect_error(lambda: other(b"", metadata=md), grpc.StatusCode.UNIMPLEMENTED, "served on the sglang backend")
     files = answers[1].file_descriptor_response.file_descriptor_proto
     check(len(files) >= 1, "reflection returned no file descriptors")
     results["reflection_services"] = sorted(services)

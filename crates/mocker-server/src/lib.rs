@@ -5,7 +5,8 @@
 //! `/inference/v1/generate` and pooling routes (`/rerank`, `/score`, `/pooling`), vLLM's
 //! sleep mode (`/sleep`, `/wake_up`, `/is_sleeping`), and LoRA adapters
 //! (`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`);
-//! and on the same port vLLM's gRPC service, `vllm.grpc.engine.VllmEngine` (`api::grpc`).
+//! and on the same port the backend's gRPC service, vLLM's `vllm.grpc.engine.VllmEngine` or
+//! SGLang's `sglang.grpc.scheduler.SglangScheduler` (`api::grpc`).
 //!
 //! The modules form five layers; a module imports only from its own layer or those below
 //! (`tests/layers.rs` checks it, and that no two modules import each other):

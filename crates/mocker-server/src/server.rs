@@ -178,8 +178,8 @@ pub struct BoundServer {
     listener: TcpListener,
     /// `--grpc-port`'s listener.
     grpc_listener: Option<TcpListener>,
-    /// Whether this backend serves vLLM's gRPC service.
-    grpc_served: bool,
+    /// The gRPC service this backend serves.
+    grpc_served: Option<crate::api::grpc::Service>,
     state: Arc<AppState>,
     grace: Duration,
     limits: ConnLimits,
@@ -221,9 +221,9 @@ impl BoundServer {
             tls,
             grpc_port,
         } = options;
-        if grpc_port.is_some() && launch.engine.backend != Backend::Vllm {
+        if grpc_port.is_some() && launch.engine.backend == Backend::Trtllm {
             return Err(ServerError::Options(format!(
-                "--grpc-port: vLLM's gRPC service is simulated on the vllm backend only, not on {:?}",
+                "--grpc-port: gRPC services are simulated on the vllm and sglang backends only, not on {:?}",
                 launch.engine.backend
             )));
         }
@@ -304,7 +304,11 @@ impl BoundServer {
             }
             None => None,
         };
-        let grpc_served = engine.backend == Backend::Vllm;
+        let grpc_served = match engine.backend {
+            Backend::Vllm => Some(crate::api::grpc::Service::Vllm),
+            Backend::Sglang => Some(crate::api::grpc::Service::Sglang),
+            Backend::Trtllm => None,
+        };
         let ranks_options = if ranks_options.is_empty() {
             (0..launch.dp_size.max(1)).map(|_| LiveOptions::default()).collect()
         } else {
@@ -454,6 +458,11 @@ impl BoundServer {
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().expect("a bound listener has an address")
+    }
+
+    /// The full name of the gRPC service this server serves (its backend's), if any.
+    pub fn grpc_service(&self) -> Option<&'static str> {
+        self.grpc_served.map(crate::api::grpc::Service::name)
     }
 
     /// The `--grpc-port` address, when one was asked for.

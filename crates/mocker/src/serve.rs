@@ -87,9 +87,10 @@ pub struct ServeArgs {
     /// A key a worker sets here may not also be set by an engine flag.
     #[arg(long, value_name = "JSON|FILE")]
     pub worker_engine_args: Option<String>,
-    /// Also serve vLLM's gRPC service (vllm.grpc.engine.VllmEngine) on this port (worker i
-    /// on port + i; 0 picks free ports). It is served on --port in any case, to HTTP/2
-    /// requests with a gRPC content type. vllm backend.
+    /// Also serve the backend's gRPC service (vllm: vllm.grpc.engine.VllmEngine; sglang:
+    /// sglang.grpc.scheduler.SglangScheduler) on this port (worker i on port + i; 0 picks
+    /// free ports). It is served on --port in any case, to HTTP/2 requests with a gRPC
+    /// content type. vllm and sglang backends.
     #[arg(long, value_name = "PORT")]
     pub grpc_port: Option<u16>,
     /// Hugging Face `tokenizer.json` (or a folder holding one); a built-in word tokenizer
@@ -728,7 +729,7 @@ impl ServeArgs {
         Ok(Some(Deployment { prefill, decode, kv_router: self.pd_router.as_deref() == Some("kv") }))
     }
 
-    /// `--grpc-port`: the vllm backend, no P/D front (HTTP only), and ports that fit and
+    /// `--grpc-port`: a backend with a gRPC service, no P/D front (HTTP only), and ports that fit and
     /// stay clear of the HTTP ports.
     fn check_grpc_port(
         &self,
@@ -737,9 +738,9 @@ impl ServeArgs {
         first_port: usize,
     ) -> Result<(), UsageError> {
         let Some(port) = self.grpc_port else { return Ok(()) };
-        if launch.engine.backend != Backend::Vllm {
+        if launch.engine.backend == Backend::Trtllm {
             return Err(UsageError(format!(
-                "--grpc-port: vLLM's gRPC service is simulated on the vllm backend only (engine backend is {})",
+                "--grpc-port: gRPC services are simulated on the vllm and sglang backends only (engine backend is {})",
                 launch.engine.backend.as_str()
             )));
         }
@@ -1017,7 +1018,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
             }
             if let Some(at) = server.grpc_addr() {
                 // Tests read the gRPC address from this line.
-                eprintln!("mocker: gRPC (vllm.grpc.engine.VllmEngine) on {at}");
+                eprintln!("mocker: gRPC ({}) on {at}", server.grpc_service().unwrap_or("none"));
             }
             for kv in server.kv_events() {
                 let replay =

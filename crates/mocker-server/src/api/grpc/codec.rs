@@ -20,7 +20,7 @@ use tonic::codec::{Codec, DecodeBuf, Decoder};
 use tonic::Status;
 use tonic_prost::ProstEncoder;
 
-use super::pb::FILE_DESCRIPTOR_SET;
+use super::pb::ALL_FILE_DESCRIPTOR_SET;
 
 /// prost's codec with [`StrictDecoder`] (the generated server stubs use it).
 #[derive(Debug, Clone)]
@@ -75,11 +75,13 @@ struct MessageSchema {
     fields: HashMap<u32, (String, Option<String>)>,
 }
 
-/// Every message of the vendored files, by full name (`vllm.grpc.engine.SamplingParams`).
+/// Every message of the vendored files, by full name (`vllm.grpc.engine.SamplingParams`,
+/// `sglang.grpc.scheduler.SamplingParams`).
 fn schemas() -> &'static HashMap<String, MessageSchema> {
     static SCHEMAS: OnceLock<HashMap<String, MessageSchema>> = OnceLock::new();
     SCHEMAS.get_or_init(|| {
-        let set = FileDescriptorSet::decode(FILE_DESCRIPTOR_SET).expect("the build wrote valid descriptors");
+        let set =
+            FileDescriptorSet::decode(ALL_FILE_DESCRIPTOR_SET).expect("the build wrote valid descriptors");
         let mut out = HashMap::new();
         for file in &set.file {
             for message in &file.message_type {
@@ -122,8 +124,9 @@ fn walk(mut buf: &[u8], message: &str, path: &str, depth: usize) -> Result<(), S
         let number = (key >> 3) as u32;
         let Some((name, nested)) = schema.fields.get(&number) else {
             return Err(format!(
-                "{path}: unknown field number {number}: this server's vllm.grpc.engine protocol has no such \
-                 field (it would be ignored, so it is refused)"
+                "{path}: unknown field number {number}: this server's {package} protocol has no such field \
+                 (it would be ignored, so it is refused)",
+                package = message.rsplit_once('.').map_or("", |(p, _)| p)
             ));
         };
         match key & 7 {
@@ -190,6 +193,28 @@ mod tests {
         outer.extend(&params);
         let err = check_known_fields(&outer, "vllm.grpc.engine.GenerateRequest").unwrap_err();
         assert!(err.starts_with("GenerateRequest.sampling_params: unknown field number 42"), "{err}");
+    }
+
+    #[test]
+    fn sglang_requests_are_checked_against_their_own_protocol() {
+        use crate::api::grpc::pb::sglang::grpc::scheduler as sg;
+        let request = sg::GenerateRequest {
+            tokenized: Some(sg::TokenizedInput { original_text: String::new(), input_ids: vec![1] }),
+            sampling_params: Some(sg::SamplingParams {
+                top_p: 1.0,
+                stop: vec!["x".into()],
+                ..Default::default()
+            }),
+            timestamp: Some(prost_types::Timestamp { seconds: 1, nanos: 0 }),
+            ..Default::default()
+        };
+        let name = "sglang.grpc.scheduler.GenerateRequest";
+        check_known_fields(&request.encode_to_vec(), name).unwrap();
+        let err = check_known_fields(&with_extra(request.encode_to_vec(), 30), name).unwrap_err();
+        assert!(
+            err.contains("unknown field number 30: this server's sglang.grpc.scheduler protocol"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -31,7 +31,8 @@ pub fn status(e: ApiError) -> Status {
     Status::new(code, e.message)
 }
 
-fn refuse(field: &str, why: &str) -> Status {
+/// `INVALID_ARGUMENT` naming `field`.
+pub fn refuse(field: &str, why: &str) -> Status {
     Status::invalid_argument(format!("{field}: {why}"))
 }
 
@@ -115,14 +116,7 @@ fn sampling(p: &SamplingParams) -> Result<Generation, Status> {
         None => None,
         Some(Constraint::JsonObject(false)) => None,
         Some(Constraint::JsonObject(true)) => Some(fields::Structured::JsonObject),
-        Some(Constraint::JsonSchema(schema)) => {
-            let schema: Value = serde_json::from_str(schema)
-                .map_err(|e| refuse("sampling_params.json_schema", &format!("invalid JSON: {e}")))?;
-            let format = json!({"type": "json_schema", "json_schema": {"name": "grpc", "schema": schema}});
-            fields::response_format(&format).map_err(|e| {
-                Status::invalid_argument(format!("sampling_params.json_schema: {}", e.message))
-            })?
-        }
+        Some(Constraint::JsonSchema(schema)) => json_schema("sampling_params.json_schema", schema)?,
         Some(Constraint::Regex(_)) => return Err(refuse("sampling_params.regex", "not simulated")),
         Some(Constraint::Grammar(_)) => return Err(refuse("sampling_params.grammar", "not simulated")),
         Some(Constraint::StructuralTag(_)) => {
@@ -130,21 +124,55 @@ fn sampling(p: &SamplingParams) -> Result<Generation, Status> {
         }
         Some(Constraint::Choice(_)) => return Err(refuse("sampling_params.choice", "not simulated")),
     };
-    let max_tokens = match p.max_tokens {
-        Some(0) => return Err(refuse("sampling_params.max_tokens", "must be at least 1, got 0")),
-        other => other,
-    };
-    if let Some(max) = max_tokens {
-        if p.min_tokens > max {
-            return Err(refuse(
-                "sampling_params.min_tokens",
-                &format!("min_tokens ({}) must be less than or equal to max_tokens ({max})", p.min_tokens),
-            ));
-        }
+    generation(Sampling {
+        max_tokens: ("sampling_params.max_tokens", p.max_tokens),
+        min_tokens: ("sampling_params.min_tokens", p.min_tokens),
+        stop: ("sampling_params.stop", &p.stop),
+        stop_token_ids: &p.stop_token_ids,
+        include_stop: p.include_stop_str_in_output,
+        ignore_eos: p.ignore_eos,
+        n: p.n,
+        seed: p.seed.map(|s| i64::from(s) as u64),
+        structured,
+    })
+}
+
+/// The sampling parameters both protocols have, with their field names (which differ).
+#[derive(Debug)]
+pub struct Sampling<'a> {
+    /// Most new tokens; absent runs to the model's end of sequence or the context window.
+    pub max_tokens: (&'static str, Option<u32>),
+    /// Fewest new tokens before a stop may end the output.
+    pub min_tokens: (&'static str, u32),
+    /// Stop strings.
+    pub stop: (&'static str, &'a [String]),
+    /// Stop token ids.
+    pub stop_token_ids: &'a [u32],
+    /// Keep the matched stop string in the output.
+    pub include_stop: bool,
+    /// Go on past the end-of-sequence token.
+    pub ignore_eos: bool,
+    /// Choices (0 is 1).
+    pub n: u32,
+    /// The sampling seed.
+    pub seed: Option<u64>,
+    /// A structured-output constraint.
+    pub structured: Option<fields::Structured>,
+}
+
+/// The HTTP path's [`Generation`] from the parameters both protocols have.
+pub fn generation(p: Sampling<'_>) -> Result<Generation, Status> {
+    let (max_field, max_tokens) = p.max_tokens;
+    let (min_field, min_tokens) = p.min_tokens;
+    if max_tokens == Some(0) {
+        return Err(refuse(max_field, "must be at least 1, got 0"));
     }
-    let n = if p.n == 0 { 1 } else { p.n };
-    let n = fields::n(&json!(n))
-        .map_err(|e| Status::invalid_argument(format!("sampling_params.{}", e.message)))?;
+    if let Some(max) = max_tokens.filter(|&max| min_tokens > max) {
+        return Err(refuse(
+            min_field,
+            &format!("{min_tokens} must be less than or equal to {max_field} ({max})"),
+        ));
+    }
     Ok(Generation {
         model: None,
         max_tokens: max_tokens.unwrap_or(u32::MAX),
@@ -152,32 +180,47 @@ fn sampling(p: &SamplingParams) -> Result<Generation, Status> {
         stream: false,
         include_usage: false,
         continuous_usage: false,
-        // vLLM tokenizes a text prompt with the tokenizer's special tokens.
+        // Both servers tokenize a text prompt with the tokenizer's special tokens.
         add_special_tokens: true,
-        seed: p.seed.map(|s| i64::from(s) as u64),
+        seed: p.seed,
         stop: StopRules {
-            strings: stop_strings(&p.stop)?,
-            token_ids: p.stop_token_ids.clone(),
-            min_tokens: p.min_tokens,
-            include_stop: p.include_stop_str_in_output,
+            strings: stop_strings(p.stop.0, p.stop.1)?,
+            token_ids: p.stop_token_ids.to_vec(),
+            min_tokens,
+            include_stop: p.include_stop,
         },
         echo: false,
-        // Without max_tokens vLLM's servicer passes None: the output runs to the model's
+        // Without a token limit both servicers pass None: the output runs to the model's
         // end of sequence or the context window.
         default_to_context: true,
         ignore_eos: p.ignore_eos,
-        n,
+        n: choices(p.n)?,
         logprobs: None,
         // The gRPC stream carries token ids itself (from the engine's outputs).
         token_ids: false,
-        structured,
+        structured: p.structured,
         tools: None,
         kv_transfer: KvTransfer::None,
     })
 }
 
-fn stop_strings(stop: &[String]) -> Result<Vec<String>, Status> {
-    let field = "sampling_params.stop";
+/// A JSON-schema constraint (`field` holds the schema as a JSON string) as the HTTP path's
+/// `response_format`.
+pub fn json_schema(field: &str, schema: &str) -> Result<Option<fields::Structured>, Status> {
+    let schema: Value =
+        serde_json::from_str(schema).map_err(|e| refuse(field, &format!("invalid JSON: {e}")))?;
+    let format = json!({"type": "json_schema", "json_schema": {"name": "grpc", "schema": schema}});
+    fields::response_format(&format).map_err(|e| Status::invalid_argument(format!("{field}: {}", e.message)))
+}
+
+/// `sampling_params.n`, 0 (proto3's default) read as 1, within the HTTP path's limits.
+pub fn choices(n: u32) -> Result<u32, Status> {
+    let n = if n == 0 { 1 } else { n };
+    fields::n(&json!(n)).map_err(|e| Status::invalid_argument(format!("sampling_params.{}", e.message)))
+}
+
+/// Stop strings within the HTTP path's limits.
+pub fn stop_strings(field: &str, stop: &[String]) -> Result<Vec<String>, Status> {
     if stop.len() > MAX_STOP_STRINGS {
         return Err(refuse(field, &format!("at most {MAX_STOP_STRINGS} strings, got {}", stop.len())));
     }

@@ -1,8 +1,11 @@
-//! vLLM's gRPC service, `vllm.grpc.engine.VllmEngine` (the Shepherd Model Gateway's current
-//! version of the protocol, see `proto/SOURCE.md`), with the standard health service
-//! (`grpc.health.v1.Health`) and server reflection (v1 and v1alpha).
+//! vLLM's gRPC service, `vllm.grpc.engine.VllmEngine`, on the vllm backend and SGLang's,
+//! `sglang.grpc.scheduler.SglangScheduler`, on the sglang backend (the Shepherd Model
+//! Gateway's current versions of the protocols, see `proto/SOURCE.md`), with the standard
+//! health service (`grpc.health.v1.Health`) and server reflection (v1 and v1alpha), which
+//! list the one service served. The other engine's service answers `UNIMPLEMENTED` naming
+//! the backend that serves it.
 //!
-//! The `VllmEngine` RPCs need `authorization: Bearer KEY` metadata when the server has an
+//! The engine RPCs need `authorization: Bearer KEY` metadata when the server has an
 //! API key (`UNAUTHENTICATED` otherwise) and answer `UNAVAILABLE` while the engine starts
 //! (`startup_time`), except `HealthCheck`, which reports it. Health and reflection need no
 //! key, as `/health` needs none.
@@ -11,6 +14,9 @@ pub mod codec;
 pub mod convert;
 pub mod pb;
 pub mod service;
+pub mod sglang;
+pub mod sglang_convert;
+pub mod shared;
 
 use std::sync::Arc;
 
@@ -24,16 +30,41 @@ use tonic_health::ServingStatus;
 
 use crate::auth::authorized;
 use crate::state::AppState;
+use pb::sglang::grpc::scheduler::sglang_scheduler_server::SglangSchedulerServer;
 use pb::vllm_engine_server::VllmEngineServer;
 
-/// The service's full name, also its name in the health service.
+/// vLLM's service's full name, also its name in the health service.
 pub const SERVICE: &str = "vllm.grpc.engine.VllmEngine";
+
+/// SGLang's service's full name, also its name in the health service.
+pub const SGLANG_SERVICE: &str = "sglang.grpc.scheduler.SglangScheduler";
+
+/// Which engine's gRPC service a server serves (its backend's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    /// `vllm.grpc.engine.VllmEngine`.
+    Vllm,
+    /// `sglang.grpc.scheduler.SglangScheduler`.
+    Sglang,
+}
+
+impl Service {
+    /// The service's full name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Vllm => SERVICE,
+            Self::Sglang => SGLANG_SERVICE,
+        }
+    }
+}
 
 /// The gRPC services of one server, and the health status they report.
 #[derive(Clone)]
 pub struct Grpc {
     router: axum::Router,
     health: HealthReporter,
+    /// The service served, as the health service names it ("" too).
+    names: [&'static str; 2],
     /// Set at shutdown, so the end of `startup_time` cannot report `SERVING` after it.
     stopping: Arc<tokio::sync::Mutex<bool>>,
 }
@@ -46,51 +77,88 @@ impl std::fmt::Debug for Grpc {
 
 impl Grpc {
     /// The services over `state`; health reports `NOT_SERVING` until the engine is up
-    /// (a task watches `startup_time`). A backend other than vLLM's (`served` false)
-    /// answers every call `UNIMPLEMENTED`.
-    pub async fn new(state: Arc<AppState>, served: bool) -> Self {
-        let engine = VllmEngineServer::new(service::Engine::new(state.clone()))
-            // Larger requests are RESOURCE_EXHAUSTED, as a larger HTTP body is a 413.
-            .max_decoding_message_size(state.max_body_bytes)
-            .max_encoding_message_size(usize::MAX);
+    /// (a task watches `startup_time`). A backend without a simulated gRPC service
+    /// (`served` None) answers every call `UNIMPLEMENTED`.
+    pub async fn new(state: Arc<AppState>, served: Option<Service>) -> Self {
+        let names = ["", served.map_or("", Service::name)];
         let (health, health_service) = tonic_health::server::health_reporter();
-        for name in ["", SERVICE] {
+        for name in names {
             health.set_service_status(name, ServingStatus::NotServing).await;
         }
+        let descriptors = match served {
+            Some(Service::Sglang) => pb::SGLANG_FILE_DESCRIPTOR_SET,
+            _ => pb::FILE_DESCRIPTOR_SET,
+        };
         let reflection = || {
             tonic_reflection::server::Builder::configure()
-                .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(descriptors)
                 .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         };
         let v1 = reflection().build_v1().expect("the build's own descriptors");
         let v1alpha = reflection().build_v1alpha().expect("the build's own descriptors");
-        let router = if !served {
-            axum::Router::new().fallback(|| async {
-                grpc_error(Status::unimplemented(
-                    "this server simulates a backend without vLLM's gRPC service (vllm.grpc.engine.VllmEngine \
-                     is served on the vllm backend)",
-                ))
-            })
-        } else {
-            Routes::new(engine)
-                .add_service(health_service)
-                .add_service(v1)
-                .add_service(v1alpha)
-                .into_axum_router()
-                .layer(middleware::from_fn_with_state(state.clone(), gate))
+        // Larger requests are RESOURCE_EXHAUSTED, as a larger HTTP body is a 413.
+        let limit = state.max_body_bytes;
+        let routes = match served {
+            None => {
+                return Self::unserved(
+                    health,
+                    names,
+                    "this server simulates a backend without a gRPC service \
+                     (vllm.grpc.engine.VllmEngine is served on the vllm backend, \
+                     sglang.grpc.scheduler.SglangScheduler on the sglang backend)",
+                )
+            }
+            Some(Service::Vllm) => Routes::new(
+                VllmEngineServer::new(service::Engine::new(state.clone()))
+                    .max_decoding_message_size(limit)
+                    .max_encoding_message_size(usize::MAX),
+            ),
+            Some(Service::Sglang) => Routes::new(
+                SglangSchedulerServer::new(sglang::Scheduler::new(state.clone()))
+                    .max_decoding_message_size(limit)
+                    .max_encoding_message_size(usize::MAX),
+            ),
         };
+        let (own, other, other_backend) = match served {
+            Some(Service::Sglang) => ("sglang", SERVICE, "vllm"),
+            _ => ("vllm", SGLANG_SERVICE, "sglang"),
+        };
+        let message = format!(
+            "{other} is not served by this server, which simulates the {own} backend and serves {} \
+             ({other} is served on the {other_backend} backend)",
+            names[1]
+        );
+        let router = routes
+            .add_service(health_service)
+            .add_service(v1)
+            .add_service(v1alpha)
+            .into_axum_router()
+            .route(
+                &format!("/{other}/{{method}}"),
+                axum::routing::any(move || {
+                    let message = message.clone();
+                    async move { grpc_error(Status::unimplemented(message)) }
+                }),
+            )
+            .layer(middleware::from_fn_with_state((state.clone(), names[1]), gate));
         let (reporter, stopping) = (health.clone(), Arc::new(tokio::sync::Mutex::new(false)));
         let (readiness, stopped) = (state.readiness, stopping.clone());
         tokio::spawn(async move {
             tokio::time::sleep(readiness.ready_in()).await;
             let stopped = stopped.lock().await;
             if !*stopped {
-                for name in ["", SERVICE] {
+                for name in names {
                     reporter.set_service_status(name, ServingStatus::Serving).await;
                 }
             }
         });
-        Self { router, health, stopping }
+        Self { router, health, names, stopping }
+    }
+
+    fn unserved(health: HealthReporter, names: [&'static str; 2], message: &'static str) -> Self {
+        let router =
+            axum::Router::new().fallback(move || async move { grpc_error(Status::unimplemented(message)) });
+        Self { router, health, names, stopping: Arc::default() }
     }
 
     /// The router of every gRPC service.
@@ -102,16 +170,20 @@ impl Grpc {
     pub async fn shutting_down(&self) {
         let mut stopping = self.stopping.lock().await;
         *stopping = true;
-        for name in ["", SERVICE] {
+        for name in self.names {
             self.health.set_service_status(name, ServingStatus::NotServing).await;
         }
     }
 }
 
-/// API key and startup for the `VllmEngine` RPCs.
-async fn gate(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+/// API key and startup for the served engine service's RPCs.
+async fn gate(
+    State((state, service)): State<(Arc<AppState>, &'static str)>,
+    request: Request,
+    next: Next,
+) -> Response {
     let path = request.uri().path();
-    if let Some(method) = path.strip_prefix(&format!("/{SERVICE}/")) {
+    if let Some(method) = path.strip_prefix(&format!("/{service}/")) {
         if !authorized(state.api_key.as_ref(), request.headers()) {
             return grpc_error(Status::unauthenticated(
                 "this server needs its API key: send metadata `authorization: Bearer KEY` (--api-key)",

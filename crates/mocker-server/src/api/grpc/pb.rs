@@ -26,8 +26,26 @@ pub mod vllm {
     }
 }
 
+/// `sglang.grpc.*`.
+pub mod sglang {
+    /// `sglang.grpc.*`.
+    pub mod grpc {
+        /// `sglang.grpc.scheduler`: the `SglangScheduler` service.
+        pub mod scheduler {
+            include!(concat!(env!("OUT_DIR"), "/sglang.grpc.scheduler.rs"));
+        }
+    }
+}
+
 pub use vllm::grpc::engine::*;
 
-/// The encoded file descriptors of both files (server reflection, unknown-field check).
+/// The encoded file descriptors of `vllm_engine.proto` and its imports (server reflection).
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/vllm_engine_descriptor.bin"));
+
+/// The encoded file descriptors of `sglang_scheduler.proto` and its imports (server reflection).
+pub const SGLANG_FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/sglang_scheduler_descriptor.bin"));
+
+/// Every vendored file's descriptors (the unknown-field check).
+pub const ALL_FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/all_descriptor.bin"));
