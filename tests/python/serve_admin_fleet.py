@@ -30,14 +30,14 @@ def samples(base, name):
 
 def gauge(base, name):
     (sample,) = samples(base, name)
+    assert sample.labels["engine"] == "0", sample
     return sample.value
 
 
 def changes(base, key):
-    for s in samples(base, "mocker:admin_config_changes"):
-        if s.name.endswith("_total") and s.labels["key"] == key:
-            return s.value
-    raise AssertionError(f"no change counter for {key}")
+    (value,) = [s.value for s in samples(base, "mocker:admin_config_changes")
+                if s.name.endswith("_total") and s.labels["key"] == key]
+    return value
 
 
 def timed_stream(client, max_tokens):

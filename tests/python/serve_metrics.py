@@ -48,7 +48,15 @@ EXPECTED_VLLM = {
     "vllm:request_decode_time_seconds": "histogram",
 }
 # mocker's own (no engine has it).
-EXPECTED_MOCKER = {"mocker:stream_overflow_cancellations": "counter"}
+EXPECTED_MOCKER = {
+    "mocker:stream_overflow_cancellations": "counter",
+    # Runtime control (/admin/config) and what the engine is (mixed fleets).
+    "mocker:admin_config_changes": "counter",
+    "mocker:speedup_ratio": "gauge",
+    "mocker:failure_injection_rate_percent": "gauge",
+    "mocker:frontend_latency_seconds": "gauge",
+    "mocker:engine_info": "gauge",
+}
 
 
 def scrape(base):

@@ -66,10 +66,10 @@ impl EngineCard {
         ]
     }
 
-    /// `mocker:engine_info{model_name, ...} 1`, an info gauge.
-    pub fn collector(&self, model_name: &str) -> Box<dyn prometheus::core::Collector> {
+    /// `mocker:engine_info{model_name, engine, ...} 1`, an info gauge per DP rank (`engine`).
+    pub fn collector(&self, model_name: &str, dp_ranks: &[u32]) -> Box<dyn prometheus::core::Collector> {
         let labels = self.labels();
-        let mut names = vec!["model_name"];
+        let mut names = vec!["model_name", "engine"];
         names.extend(labels.iter().map(|(k, _)| *k));
         let family = prometheus::GaugeVec::new(
             prometheus::Opts::new(
@@ -79,9 +79,12 @@ impl EngineCard {
             &names,
         )
         .expect("valid gauge");
-        let mut values = vec![model_name];
-        values.extend(labels.iter().map(|(_, v)| v.as_str()));
-        family.with_label_values(&values).set(1.0);
+        for rank in dp_ranks {
+            let rank = rank.to_string();
+            let mut values = vec![model_name, rank.as_str()];
+            values.extend(labels.iter().map(|(_, v)| v.as_str()));
+            family.with_label_values(&values).set(1.0);
+        }
         Box::new(family)
     }
 }

@@ -32,10 +32,13 @@ pub struct RuntimeConfig {
     gauges: Gauges,
 }
 
-/// Families of one series each (labelled `model_name`); clones share their values.
+/// Families with one series per DP rank (labelled `model_name` and `engine`, as vLLM's);
+/// clones share their values.
 #[derive(Debug, Clone)]
 struct Gauges {
     model_name: String,
+    engines: Vec<String>,
+    changes_created: GaugeVec,
     speedup: GaugeVec,
     failure_rate: GaugeVec,
     frontend: GaugeVec,
@@ -43,21 +46,33 @@ struct Gauges {
 }
 
 impl RuntimeConfig {
-    /// The settings a server starts with; its gauges are labelled `model_name`.
-    pub fn new(settings: RuntimeSettings, model_name: &str) -> Self {
+    /// The settings a server starts with; its series are labelled `model_name` and
+    /// `engine` (each of `dp_ranks`), the change counter's created at `created` (Unix s).
+    pub fn new(settings: RuntimeSettings, model_name: &str, dp_ranks: &[u32], created: f64) -> Self {
         let gauge = |name: &str, help: &str| {
-            GaugeVec::new(Opts::new(name, help), &["model_name"]).expect("valid gauge")
+            GaugeVec::new(Opts::new(name, help), &["model_name", "engine"]).expect("valid gauge")
         };
         let changes = IntCounterVec::new(
             Opts::new(
                 "mocker:admin_config_changes_total",
                 "Runtime settings changed through POST /admin/config, by key.",
             ),
-            &["model_name", "key"],
+            &["model_name", "engine", "key"],
         )
         .expect("valid counter");
+        let changes_created = GaugeVec::new(
+            Opts::new(
+                "mocker:admin_config_changes_created",
+                "Runtime settings changed through POST /admin/config, by key.",
+            ),
+            &["model_name", "engine", "key"],
+        )
+        .expect("valid gauge");
+        let engines: Vec<String> = dp_ranks.iter().map(u32::to_string).collect();
         let gauges = Gauges {
             model_name: model_name.to_string(),
+            engines: engines.clone(),
+            changes_created: changes_created.clone(),
             speedup: gauge(
                 "mocker:speedup_ratio",
                 "The engine's speed-up ratio: modelled pass times are divided by it.",
@@ -73,8 +88,11 @@ impl RuntimeConfig {
             changes: changes.clone(),
         };
         // The counter's series exist from the start, at 0, so a scrape sees every key.
-        for key in ADMIN_KEYS {
-            changes.with_label_values(&[model_name, key]);
+        for engine in &engines {
+            for key in ADMIN_KEYS {
+                changes.with_label_values(&[model_name, engine, key]);
+                changes_created.with_label_values(&[model_name, engine, key]).set(created);
+            }
         }
         let config = Self {
             settings: Mutex::new(settings.clone()),
@@ -94,6 +112,7 @@ impl RuntimeConfig {
             Box::new(g.failure_rate.clone()),
             Box::new(g.frontend.clone()),
             Box::new(g.changes.clone()),
+            Box::new(g.changes_created.clone()),
         ]
     }
 
@@ -137,8 +156,11 @@ impl RuntimeConfig {
         }
         self.install(&new);
         *current = new;
+        let g = &self.gauges;
         for key in &changed {
-            self.gauges.changes.with_label_values(&[self.gauges.model_name.as_str(), key]).inc();
+            for engine in &g.engines {
+                g.changes.with_label_values(&[g.model_name.as_str(), engine, key]).inc();
+            }
         }
         changed
     }
@@ -148,10 +170,12 @@ impl RuntimeConfig {
         let delay = mocker_core::timing::scaled_nanos(s.frontend_latency_ms, s.speedup_ratio);
         self.frontend_delay_ns.store(delay, Ordering::Relaxed);
         let g = &self.gauges;
-        let m = [g.model_name.as_str()];
-        g.speedup.with_label_values(&m).set(s.speedup_ratio);
-        g.failure_rate.with_label_values(&m).set(s.failure.rate_percent);
-        g.frontend.with_label_values(&m).set(s.frontend_latency_ms / 1e3);
+        for engine in &g.engines {
+            let m = [g.model_name.as_str(), engine.as_str()];
+            g.speedup.with_label_values(&m).set(s.speedup_ratio);
+            g.failure_rate.with_label_values(&m).set(s.failure.rate_percent);
+            g.frontend.with_label_values(&m).set(s.frontend_latency_ms / 1e3);
+        }
     }
 }
 

@@ -403,6 +403,7 @@ impl BoundServer {
             ))
         });
         let model_name_for_runtime = model_name.clone();
+        let (dp_ranks, created) = (metrics.dp_ranks().to_vec(), metrics.created());
         let state = Arc::new(AppState {
             engine_card,
             model_name,
@@ -427,6 +428,8 @@ impl BoundServer {
                     failure: failure_injection,
                 },
                 &model_name_for_runtime,
+                &dp_ranks,
+                created,
             ),
             reasoning,
             replay,
@@ -437,7 +440,9 @@ impl BoundServer {
             lora,
             pd,
         });
-        state.metrics.register_collector(state.engine_card.collector(&state.model_name));
+        state
+            .metrics
+            .register_collector(state.engine_card.collector(&state.model_name, state.metrics.dp_ranks()));
         for collector in state.runtime.collectors() {
             state.metrics.register_collector(collector);
         }

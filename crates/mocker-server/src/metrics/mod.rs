@@ -475,6 +475,16 @@ impl ServerMetrics {
         }
     }
 
+    /// The DP ranks the series are labelled with (`engine`).
+    pub fn dp_ranks(&self) -> &[u32] {
+        &self.options.dp_ranks
+    }
+
+    /// When the families were created (Unix seconds; their `_created` twins' value).
+    pub fn created(&self) -> f64 {
+        self.created
+    }
+
     /// The text exposition.
     pub fn render(&self) -> String {
         let mut out = Vec::new();
