@@ -100,7 +100,7 @@ impl RuntimeConfig {
             frontend_delay_ns: AtomicU64::new(0),
             gauges,
         };
-        config.install(&settings);
+        config.install(&settings, true);
         config
     }
 
@@ -154,7 +154,7 @@ impl RuntimeConfig {
         if changed.is_empty() {
             return changed;
         }
-        self.install(&new);
+        self.install(&new, current.failure != new.failure);
         *current = new;
         let g = &self.gauges;
         for key in &changed {
@@ -165,8 +165,12 @@ impl RuntimeConfig {
         changed
     }
 
-    fn install(&self, s: &RuntimeSettings) {
-        *self.faults.write().expect("runtime faults") = FailureInjector::new(&s.failure).map(Arc::new);
+    /// Derives what requests read from `s`; the failure injector only when `faults`, so a
+    /// change of speed does not restart a seeded injection's draw.
+    fn install(&self, s: &RuntimeSettings, faults: bool) {
+        if faults {
+            *self.faults.write().expect("runtime faults") = FailureInjector::new(&s.failure).map(Arc::new);
+        }
         let delay = mocker_core::timing::scaled_nanos(s.frontend_latency_ms, s.speedup_ratio);
         self.frontend_delay_ns.store(delay, Ordering::Relaxed);
         let g = &self.gauges;
@@ -187,3 +191,43 @@ pub const ADMIN_KEYS: [&str; 5] = [
     "failure-types",
     "failure-injection-seed",
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::faults::FailureType;
+
+    fn seeded(rate: f64) -> RuntimeSettings {
+        RuntimeSettings {
+            speedup_ratio: 1.0,
+            frontend_latency_ms: 100.0,
+            failure: FailureInjectionOptions { rate_percent: rate, types: Vec::new(), seed: Some(7) },
+        }
+    }
+
+    fn draws(config: &RuntimeConfig, n: usize) -> Vec<Option<FailureType>> {
+        let faults = config.faults().expect("failures injected");
+        (0..n).map(|_| faults.draw()).collect()
+    }
+
+    #[test]
+    fn a_speed_change_keeps_the_injection_draw_and_rescales_the_delay() {
+        let reference = RuntimeConfig::new(seeded(50.0), "m", &[0], 0.0);
+        let whole = draws(&reference, 40);
+        let config = RuntimeConfig::new(seeded(50.0), "m", &[0], 0.0);
+        let mut seen = draws(&config, 20);
+        assert_eq!(
+            config.replace(RuntimeSettings { speedup_ratio: 4.0, ..seeded(50.0) }),
+            vec!["speedup-ratio"]
+        );
+        seen.extend(draws(&config, 20));
+        assert_eq!(seen, whole, "the draw goes on where it was");
+        assert_eq!(config.frontend_delay(), Duration::from_millis(25));
+        // A new failure setting starts a new draw.
+        assert_eq!(
+            config.replace(RuntimeSettings { speedup_ratio: 4.0, ..seeded(60.0) }),
+            vec!["failure-injection-rate"]
+        );
+        assert_eq!(draws(&config, 40), draws(&RuntimeConfig::new(seeded(60.0), "m", &[0], 0.0), 40));
+    }
+}
