@@ -174,6 +174,9 @@ pub fn resolve_launch(launch: &mut LaunchConfig) -> Result<Option<Resolved>, Mod
              timing_model / --timing-profile / --planner-profile-data)",
         ));
     }
+    // The GPU the engine is timed on, named in the launch so what reports it (a server's
+    // engine card) need not know the default.
+    launch.hardware.gpu.get_or_insert_with(|| DEFAULT_GPU.to_string());
     let Setup { model, gpu, place, tables, scaled_from } = setup(launch, model_spec)?;
     apply_vllm_batch_defaults(launch, gpu);
     let system = tables.system.clone();

@@ -38,7 +38,8 @@ impl EngineCard {
         let model = launch.hardware.model.clone();
         Self {
             backend: e.backend.as_str().to_string(),
-            gpu: model.as_ref().map(|_| launch.hardware.gpu.clone().unwrap_or_else(|| "h100".into())),
+            // Named by the model resolution (its default GPU too) whenever a model is given.
+            gpu: model.as_ref().and(launch.hardware.gpu.clone()),
             model,
             tensor_parallel_size: launch.tensor_parallel_size,
             data_parallel_size: launch.dp_size.max(1),
