@@ -20,7 +20,7 @@ use crate::generate::{generate, Prepared};
 use crate::openai::fields;
 use crate::openai::request::{Generation, PromptInput, DEFAULT_MAX_TOKENS};
 use crate::openai::response::Endpoint;
-use crate::output::stop::{StopRules, MAX_STOP_STRINGS, MAX_STOP_STRING_BYTES, MAX_STOP_TOTAL_BYTES};
+use crate::output::stop::{StopRules, MAX_STOP_STRINGS};
 use crate::pd::KvTransfer;
 use crate::state::{body, request_id, AppState};
 
@@ -115,31 +115,6 @@ fn count(sp: &Map<String, Value>, name: &str, min: u64) -> Result<Option<u32>, A
     }
 }
 
-fn stop_strings(value: Option<&Value>) -> Result<Vec<String>, ApiError> {
-    const F: &str = "sampling_params.stop";
-    let strings: Vec<String> = match value {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(items)) if items.len() > MAX_STOP_STRINGS => {
-            return Err(bad(F, format!("at most {MAX_STOP_STRINGS} strings, got {}", items.len())))
-        }
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|v| {
-                v.as_str().map(str::to_string).ok_or_else(|| bad(F, format!("expected strings, got {v}")))
-            })
-            .collect::<Result<_, _>>()?,
-        Some(v) => return Err(bad(F, format!("expected a string or a list of strings, got {v}"))),
-    };
-    if strings.iter().any(|s| s.len() > MAX_STOP_STRING_BYTES) {
-        return Err(bad(F, format!("each string at most {MAX_STOP_STRING_BYTES} bytes")));
-    }
-    if strings.iter().map(String::len).sum::<usize>() > MAX_STOP_TOTAL_BYTES {
-        return Err(bad(F, format!("the strings may take at most {MAX_STOP_TOTAL_BYTES} bytes together")));
-    }
-    Ok(strings)
-}
-
 /// The `kv_transfer_params` a request carries: top level (as the chat and completions
 /// routes take them) or in `sampling_params.extra_args` (where vLLM's connector reads
 /// them), not both.
@@ -230,7 +205,8 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, ApiError> {
         flag(sp, name)?;
     }
     let detokenize = flag(sp, "detokenize")?.unwrap_or(true);
-    let strings = stop_strings(sp.get("stop"))?;
+    let strings =
+        crate::openai::request::stop_strings("sampling_params.stop", sp.get("stop").unwrap_or(&Value::Null))?;
     if !detokenize && !strings.is_empty() {
         return Err(bad("sampling_params.stop", "stop strings are only supported when detokenize is true"));
     }

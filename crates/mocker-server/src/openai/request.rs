@@ -2,7 +2,7 @@
 //! vLLM does (unknown fields ignored, `max_tokens` and `max_completion_tokens` both taken)
 //! and validated into one [`Generation`] with errors that name the field.
 
-use crate::output::stop::{MAX_STOP_STRINGS, MAX_STOP_STRING_BYTES, MAX_STOP_TOTAL_BYTES};
+use crate::output::stop::{check_stop_strings, too_many_stop_strings};
 use crate::pd::KvTransfer;
 use serde::Deserialize;
 use serde_json::Value;
@@ -214,7 +214,7 @@ pub fn parse_completion(body: &[u8]) -> Result<(Generation, PromptInput), ApiErr
     let prompt = prompt_input(&value["prompt"])?;
     refuse_unsupported(&value, COMPLETION_REFUSED)?;
     let mut generation = common.into_generation("max_tokens")?;
-    generation.stop.strings = stop_strings(&value["stop"])?;
+    generation.stop.strings = stop_strings("stop", &value["stop"])?;
     generation.n = fields::n(&value["n"])?;
     generation.logprobs = fields::completion_logprobs(&value["logprobs"])?;
     generation.structured = fields::response_format(&value["response_format"])?;
@@ -238,7 +238,7 @@ pub fn parse_chat(body: &[u8]) -> Result<(Generation, Vec<ChatMessage>), ApiErro
     let messages = chat_messages(&value["messages"])?;
     refuse_unsupported(&value, CHAT_REFUSED)?;
     let mut generation = common.into_generation("max_completion_tokens")?;
-    generation.stop.strings = stop_strings(&value["stop"])?;
+    generation.stop.strings = stop_strings("stop", &value["stop"])?;
     generation.n = fields::n(&value["n"])?;
     generation.logprobs = fields::chat_logprobs(&value["logprobs"], &value["top_logprobs"])?;
     generation.structured = fields::response_format(&value["response_format"])?;
@@ -250,34 +250,27 @@ pub fn parse_chat(body: &[u8]) -> Result<(Generation, Vec<ChatMessage>), ApiErro
     Ok((generation, messages))
 }
 
-/// `stop`: a string, a list of strings, or null.
-fn stop_strings(value: &Value) -> Result<Vec<String>, ApiError> {
+/// `stop` (named `field` in errors): a string, a list of strings, or null, within the
+/// stop-string bounds.
+pub(crate) fn stop_strings(field: &str, value: &Value) -> Result<Vec<String>, ApiError> {
     let bad = || {
-        ApiError::invalid_field("stop", format!("stop: expected a string or a list of strings, got {value}"))
+        ApiError::invalid_field(
+            field,
+            format!("{field}: expected a string or a list of strings, got {value}"),
+        )
     };
     let strings: Vec<String> = match value {
         Value::Null => Vec::new(),
         Value::String(s) => vec![s.clone()],
-        Value::Array(items) if items.len() <= MAX_STOP_STRINGS => {
-            items.iter().map(|v| v.as_str().map(str::to_string).ok_or_else(bad)).collect::<Result<_, _>>()?
-        }
         Value::Array(items) => {
-            let msg = format!("stop: at most {MAX_STOP_STRINGS} strings, got {}", items.len());
-            return Err(ApiError::invalid_field("stop", msg));
+            if let Some(why) = too_many_stop_strings(items.len()) {
+                return Err(ApiError::invalid_field(field, format!("{field}: {why}")));
+            }
+            items.iter().map(|v| v.as_str().map(str::to_string).ok_or_else(bad)).collect::<Result<_, _>>()?
         }
         _ => return Err(bad()),
     };
-    if let Some(long) = strings.iter().find(|s| s.len() > MAX_STOP_STRING_BYTES) {
-        let msg =
-            format!("stop: each string at most {MAX_STOP_STRING_BYTES} bytes, got one of {}", long.len());
-        return Err(ApiError::invalid_field("stop", msg));
-    }
-    let total: usize = strings.iter().map(String::len).sum();
-    if total > MAX_STOP_TOTAL_BYTES {
-        let msg =
-            format!("stop: the strings may take at most {MAX_STOP_TOTAL_BYTES} bytes together, got {total}");
-        return Err(ApiError::invalid_field("stop", msg));
-    }
+    check_stop_strings(&strings).map_err(|why| ApiError::invalid_field(field, format!("{field}: {why}")))?;
     Ok(strings)
 }
 

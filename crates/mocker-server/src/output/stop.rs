@@ -17,6 +17,29 @@ pub const MAX_STOP_STRING_BYTES: usize = 4096;
 /// Most bytes all of a request's stop strings may take together.
 pub const MAX_STOP_TOTAL_BYTES: usize = 65_536;
 
+/// Why `count` stop strings are too many, if they are (checked before they are read).
+pub fn too_many_stop_strings(count: usize) -> Option<String> {
+    (count > MAX_STOP_STRINGS).then(|| format!("at most {MAX_STOP_STRINGS} strings, got {count}"))
+}
+
+/// Why a request's stop strings exceed the bounds, if they do: every route and protocol
+/// that takes stop strings checks them here.
+pub fn check_stop_strings(strings: &[String]) -> Result<(), String> {
+    if let Some(why) = too_many_stop_strings(strings.len()) {
+        return Err(why);
+    }
+    if let Some(long) = strings.iter().find(|s| s.len() > MAX_STOP_STRING_BYTES) {
+        return Err(format!("each string at most {MAX_STOP_STRING_BYTES} bytes, got one of {}", long.len()));
+    }
+    let total: usize = strings.iter().map(String::len).sum();
+    if total > MAX_STOP_TOTAL_BYTES {
+        return Err(format!(
+            "the strings may take at most {MAX_STOP_TOTAL_BYTES} bytes together, got {total}"
+        ));
+    }
+    Ok(())
+}
+
 /// Why the output stopped early, as `stop_reason` reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StopReason {

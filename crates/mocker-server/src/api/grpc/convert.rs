@@ -12,7 +12,7 @@ use super::pb::{GenerateRequest, SamplingParams};
 use crate::error::ApiError;
 use crate::openai::fields;
 use crate::openai::request::{Generation, PromptInput};
-use crate::output::stop::{StopRules, MAX_STOP_STRINGS, MAX_STOP_STRING_BYTES, MAX_STOP_TOTAL_BYTES};
+use crate::output::stop::{check_stop_strings, StopRules};
 use crate::pd::KvTransfer;
 
 /// An HTTP-shaped error as a gRPC status (the message already names the field).
@@ -221,19 +221,7 @@ pub fn choices(n: u32) -> Result<u32, Status> {
 
 /// Stop strings within the HTTP path's limits.
 pub fn stop_strings(field: &str, stop: &[String]) -> Result<Vec<String>, Status> {
-    if stop.len() > MAX_STOP_STRINGS {
-        return Err(refuse(field, &format!("at most {MAX_STOP_STRINGS} strings, got {}", stop.len())));
-    }
-    if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_STRING_BYTES) {
-        return Err(refuse(
-            field,
-            &format!("each string at most {MAX_STOP_STRING_BYTES} bytes, got one of {}", long.len()),
-        ));
-    }
-    let total: usize = stop.iter().map(String::len).sum();
-    if total > MAX_STOP_TOTAL_BYTES {
-        return Err(refuse(field, &format!("at most {MAX_STOP_TOTAL_BYTES} bytes together, got {total}")));
-    }
+    check_stop_strings(stop).map_err(|why| refuse(field, &why))?;
     Ok(stop.to_vec())
 }
 
