@@ -398,6 +398,31 @@ fn api_key_protects_v1_and_state_changing_routes() {
     assert_eq!(post(&server, "/detokenize", None, r#"{"tokens": [100]}"#).status, 200);
 }
 
+/// A refusal (here the 401 for a missing key) keeps the connection when the body arrives
+/// after the head, as clients send them in separate writes: the server reads the body, then
+/// answers, and the next request on that connection is served. Before, the answer went out
+/// at once and hyper closed the connection with the body unread, so a client reusing it saw
+/// "server disconnected".
+#[test]
+fn a_refused_request_with_a_late_body_keeps_its_connection() {
+    let server = Server::start(&[]);
+    let mut s = connect(&server);
+    let body = r#"{"model": "m", "prompt": "hello", "max_tokens": 1}"#;
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    s.write_all(body.as_bytes()).unwrap();
+    read_response(&mut s).assert_openai_error(401);
+    s.write_all(
+        format!("GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(read_response(&mut s).status, 200, "the connection still serves");
+}
+
 #[test]
 fn an_empty_api_key_is_refused_at_start() {
     for (args, env) in [(&["--api-key", ""][..], None), (&[][..], Some(""))] {

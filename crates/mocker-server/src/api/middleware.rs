@@ -14,7 +14,17 @@ use crate::auth::{authorized, is_protected};
 use crate::error::ApiError;
 use crate::faults::{requested_error, FailureInjector};
 use crate::sleep::SleepMode;
-use crate::state::AppState;
+use crate::state::{body, AppState};
+
+/// Answers `refusal` after reading the request's body (within the body limits), so the
+/// connection stays reusable. hyper closes a keep-alive connection whose request body was
+/// not read when the answer went out, and a client that sent its next request before the
+/// close arrived sees "server disconnected" instead of an answer.
+async fn refuse(state: &AppState, request: Request, refusal: Response) -> Response {
+    // A body past the limits cannot be kept: hyper closes the connection, as it must.
+    let _ = body(state, request).await;
+    refusal
+}
 
 /// The middleware: 401 JSON when a protected route lacks the key.
 pub async fn require_api_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
@@ -22,7 +32,7 @@ pub async fn require_api_key(State(state): State<Arc<AppState>>, request: Reques
         && is_protected(request.uri().path())
         && !authorized(state.api_key.as_ref(), request.headers())
     {
-        return ApiError::unauthorized().into_response();
+        return refuse(&state, request, ApiError::unauthorized().into_response()).await;
     }
     next.run(request).await
 }
@@ -36,7 +46,8 @@ fn served_while_starting(path: &str) -> bool {
 /// does not answer before its engine is loaded.
 pub async fn startup_gate(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     if !state.readiness.is_ready() && !served_while_starting(request.uri().path()) {
-        return state.readiness.starting_error().into_response();
+        let refusal = state.readiness.starting_error().into_response();
+        return refuse(&state, request, refusal).await;
     }
     next.run(request).await
 }
@@ -45,10 +56,10 @@ pub async fn startup_gate(State(state): State<Arc<AppState>>, request: Request, 
 /// failure when the draw says so, else the handler.
 pub async fn inject_failures(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     if let Some(response) = requested_error(request.headers(), &state.model_name) {
-        return response;
+        return refuse(&state, request, response).await;
     }
     if let Some(kind) = state.runtime.faults().and_then(|f| f.draw()) {
-        return FailureInjector::response(kind, &state.model_name);
+        return refuse(&state, request, FailureInjector::response(kind, &state.model_name)).await;
     }
     next.run(request).await
 }
@@ -60,7 +71,7 @@ pub async fn refuse_while_sleeping(
     next: Next,
 ) -> Response {
     if state.sleep.as_ref().is_some_and(SleepMode::is_sleeping) {
-        return SleepMode::sleeping_error().into_response();
+        return refuse(&state, request, SleepMode::sleeping_error().into_response()).await;
     }
     next.run(request).await
 }
