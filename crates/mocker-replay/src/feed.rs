@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use mocker_core::hashing::{chain_hash, extend_hashes, extend_unique_identities, mix_identity, PromptHashes};
 
 use crate::options::Workload;
-use crate::trace_source::TraceSource;
+use crate::trace::source::TraceSource;
 use crate::workload::SyntheticSource;
 
 /// One turn, ready to submit.

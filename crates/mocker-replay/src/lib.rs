@@ -15,14 +15,6 @@ pub mod report;
 pub mod request_log;
 pub use mocker_router as router;
 pub mod trace;
-pub mod trace_agentic;
-mod trace_applied;
-pub mod trace_dynamo;
-pub mod trace_generator;
-pub mod trace_keys;
-mod trace_scan;
-pub mod trace_source;
-mod trace_weka;
 pub mod workload;
 
 pub use driver::{run_replay, run_synthetic, Hooks, ReplayOutcome};

@@ -166,7 +166,7 @@ fn case_json(c: &Case) -> Value {
 
 /// The scale case: generates the trace to a temporary file, replays it, prints a line.
 fn scale(rows: u64, json_out: bool) -> Result<(), UsageError> {
-    use mocker_replay::trace_generator::{GeneratorOptions, TraceGenerator};
+    use mocker_replay::trace::generator::{GeneratorOptions, TraceGenerator};
     use std::io::Write;
     let generator = TraceGenerator::new(GeneratorOptions { rows, rate: 200.0, ..Default::default() })
         .map_err(|e| UsageError(format!("--scale: {e}")))?;

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use super::parse_corpus;
+use crate::trace::keys::{KeyCheck, WEKA_REQUEST, WEKA_SUBAGENT, WEKA_TRACE};
 use crate::trace::{Trace, TraceError, MAX_TRACE_BLOCK_SIZE, MAX_TRACE_TOKENS};
-use crate::trace_keys::{self, KeyCheck};
 
 /// One request of a play, as read.
 #[derive(Debug, Clone)]
@@ -134,7 +134,7 @@ pub(super) fn read_play(
         message,
     };
     let Value::Object(o) = v else { return Err(err("trace", format!("must be a JSON object (got {v})"))) };
-    keys.check(line, "", o.keys(), trace_keys::WEKA_TRACE);
+    keys.check(line, "", o.keys(), WEKA_TRACE);
     let id = match o.get("id") {
         Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
         Some(Value::Number(n)) => n.to_string(),
@@ -175,11 +175,11 @@ pub(super) fn read_play(
         let Value::Object(e) = e else { return Err(err(&field, "must be an object".into())) };
         match e.get("type").and_then(Value::as_str) {
             Some("n" | "s") => {
-                keys.check(line, "requests[].", e.keys(), trace_keys::WEKA_REQUEST);
+                keys.check(line, "requests[].", e.keys(), WEKA_REQUEST);
                 top.push(read_request(e, format!("outer:{i}"), i, &field, &err)?)
             }
             Some("subagent") => {
-                keys.check(line, "requests[].", e.keys(), trace_keys::WEKA_SUBAGENT);
+                keys.check(line, "requests[].", e.keys(), WEKA_SUBAGENT);
                 let num = |k: &str| e.get(k).and_then(Value::as_f64);
                 let t = num("t")
                     .filter(|t| t.is_finite() && *t >= 0.0)
@@ -220,7 +220,7 @@ pub(super) fn read_play(
                     if !matches!(r.get("type").and_then(Value::as_str), Some("n" | "s")) {
                         return Err(err(&format!("{f}.type"), "must be \"n\" or \"s\"".into()));
                     }
-                    keys.check(line, "requests[].requests[].", r.keys(), trace_keys::WEKA_REQUEST);
+                    keys.check(line, "requests[].requests[].", r.keys(), WEKA_REQUEST);
                     requests.push(read_request(r, format!("outer:{i}:inner:{j}"), j, &f, &err)?);
                 }
                 subagents.push(Subagent {

@@ -5,12 +5,21 @@
 //! map) until a turn is dispatched; `expand_prompt` then synthesises the tokens the way the
 //! reference does (each id repeated over its block, truncated to `input_length`).
 
+pub mod agentic;
+mod applied;
+pub mod dynamo;
+pub mod generator;
+pub mod keys;
+mod scan;
+pub mod source;
+mod weka;
+
 use std::path::{Path, PathBuf};
 
 use rustc_hash::FxHashMap;
 use serde_json::{Map, Value};
 
-use crate::trace_keys::{self, KeyCheck, UnknownKeys};
+use crate::trace::keys::{KeyCheck, UnknownKeys};
 
 /// Supported trace formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -22,16 +31,16 @@ pub enum TraceFormat {
     /// session history (earlier prompts and the outputs the engine produced) plus the delta.
     MooncakeDelta,
     /// Agentic request graphs: legacy rows (`request_id`, `wait_for`) or the v2 form (a
-    /// `dynamo.agentic_mooncake` header, rows with `dependencies`); see `trace_agentic`.
+    /// `dynamo.agentic_mooncake` header, rows with `dependencies`); see [`agentic`].
     AgenticMooncake,
     /// Weka/AgentX agent traces (a trace object per `.json` file or `.jsonl` line, or a
-    /// directory of them), lowered to an agentic request graph; see `trace_weka`.
+    /// directory of them), lowered to an agentic request graph; see `weka`.
     Weka,
     /// One agent conversation per line (turn lengths and tool latencies, no timestamps);
-    /// see `trace_applied`.
+    /// see `applied`.
     AppliedComputeAgentic,
     /// Dynamo's request traces (`dynamo.request.trace.v1` `request_end` records); see
-    /// `trace_dynamo`.
+    /// [`dynamo`].
     Dynamo,
 }
 
@@ -222,7 +231,7 @@ pub fn load_trace(path: &Path, format: TraceFormat, block_size: Option<usize>) -
     };
     if format == TraceFormat::Weka {
         // A file or a directory of them.
-        return crate::trace_weka::load_weka(path, block_size);
+        return crate::trace::weka::load_weka(path, block_size);
     }
     // A device (`/dev/zero`, a terminal) would be read forever or block; pipes are fine.
     let meta = std::fs::metadata(path).map_err(|e| fail(0, "trace", format!("cannot read: {e}")))?;
@@ -276,7 +285,7 @@ pub fn parse_trace(text: &str, format: TraceFormat, block_size: Option<usize>) -
         return Err(p.err(0, "trace_block_size", msg));
     }
     if format == TraceFormat::Weka {
-        return crate::trace_weka::parse_weka_text(text, block_size);
+        return crate::trace::weka::parse_weka_text(text, block_size);
     }
     let mut first = true;
     let plain = matches!(format, TraceFormat::Mooncake | TraceFormat::MooncakeDelta);
@@ -284,7 +293,7 @@ pub fn parse_trace(text: &str, format: TraceFormat, block_size: Option<usize>) -
         if line.trim().is_empty() {
             continue;
         }
-        if line.len() >= crate::trace_scan::SCAN_MIN_LINE {
+        if line.len() >= crate::trace::scan::SCAN_MIN_LINE {
             p.check_entries(i + 1, line)?;
         }
         if plain {
@@ -379,7 +388,7 @@ pub(crate) struct Parser {
     /// `dynamo`: the embedded block size, request ids seen and requests read.
     pub(crate) dynamo_block_size: Option<usize>,
     pub(crate) dynamo_ids: rustc_hash::FxHashSet<String>,
-    pub(crate) dynamo_requests: Vec<crate::trace_dynamo::DynamoRequest>,
+    pub(crate) dynamo_requests: Vec<crate::trace::dynamo::DynamoRequest>,
     /// Unknown keys found so far.
     pub(crate) keys: KeyCheck,
 }
@@ -441,13 +450,13 @@ impl Parser {
     }
 
     /// Refuses a long line with an array or object larger than any row needs, before it is
-    /// parsed (see [`crate::trace_scan`]).
+    /// parsed (see [`crate::trace::scan`]).
     fn check_entries(&self, line: usize, text: &str) -> Result<(), TraceError> {
         // A Dynamo record embeds its own block size (possibly 1).
         let bs = if self.format == TraceFormat::Dynamo { 1 } else { self.block_size };
         let ids = MAX_TRACE_TOKENS.div_ceil(bs);
         let max = ids.max(crate::limits::MAX_TURNS);
-        match crate::trace_scan::oversized(text, max) {
+        match crate::trace::scan::oversized(text, max) {
             None => Ok(()),
             Some(key) => Err(self.err(
                 line,
@@ -612,7 +621,7 @@ impl Parser {
         if self.format == TraceFormat::AgenticMooncake {
             return if self.v2 { self.v2_row(line, row) } else { self.legacy_row(line, row) };
         }
-        self.keys.check(line, "", row.keys(), trace_keys::MOONCAKE_ROW);
+        self.keys.check(line, "", row.keys(), keys::MOONCAKE_ROW);
         let timestamp = self.number(row, line, &["timestamp", "created_time"])?;
         let prompt = self.prompt(row, line)?;
         let explicit_delay = self.number(row, line, &["delay", "delay_ms"])?;

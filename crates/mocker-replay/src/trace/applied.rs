@@ -17,7 +17,7 @@ use crate::trace::{Parser, SessionName, TraceError, TraceTurn, MAX_DELAY_MS, MAX
 impl Parser {
     /// One conversation line.
     pub(crate) fn applied_row(&mut self, line: usize, row: &Map<String, Value>) -> Result<(), TraceError> {
-        self.keys.check(line, "", row.keys(), crate::trace_keys::APPLIED_ROW);
+        self.keys.check(line, "", row.keys(), crate::trace::keys::APPLIED_ROW);
         let n = self
             .count(row, line, &["num_turns"])?
             .ok_or_else(|| self.err(line, "num_turns", "missing (the number of tool-calling turns)".into()))?

@@ -26,9 +26,9 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
+use crate::trace::agentic::RawDep;
+use crate::trace::keys::KeyCheck;
 use crate::trace::{DepTrigger, Parser, RowPrompt, Trace, TraceError, TraceFormat};
-use crate::trace_agentic::RawDep;
-use crate::trace_keys::KeyCheck;
 
 mod read;
 
@@ -171,9 +171,7 @@ fn parse_corpus(files: &[(PathBuf, String, String)], block_size: Option<usize>) 
     // its marker (corpus-wide), else absolute.
     let relative =
         plays.iter().flat_map(|p| &p.subagents).any(|s| s.requests.iter().any(|r| r.t < s.t - EPS_S));
-    let mut parser = Parser::default();
-    parser.format = TraceFormat::Weka;
-    parser.block_size = bs;
+    let mut parser = Parser { format: TraceFormat::Weka, block_size: bs, ..Parser::default() };
     let mut ids: HashMap<(usize, u64), u32> = HashMap::new();
     for play in &plays {
         let rows = lower(play, relative)?;

@@ -11,8 +11,8 @@
 
 use serde_json::{Map, Value};
 
+use crate::trace::keys;
 use crate::trace::{Parser, RowPrompt, SessionName, TraceError, TraceTurn, MAX_TIMESTAMP_MS};
-use crate::trace_keys;
 
 /// The schema a record must carry.
 pub const DYNAMO_SCHEMA: &str = "dynamo.request.trace.v1";
@@ -34,7 +34,7 @@ impl Parser {
             _ => outer,
         };
         // A wrapper's own keys are its sink's business; the record's are the schema's.
-        self.keys.check(line, "", row.keys(), trace_keys::DYNAMO_RECORD);
+        self.keys.check(line, "", row.keys(), keys::DYNAMO_RECORD);
         let kind = match row.get("event_type") {
             Some(Value::String(s)) => s.as_str(),
             v => {
@@ -73,9 +73,9 @@ impl Parser {
             return Ok(());
         }
         if let Some(Value::Object(request)) = row.get("request") {
-            self.keys.check(line, "request.", request.keys(), trace_keys::DYNAMO_REQUEST);
+            self.keys.check(line, "request.", request.keys(), keys::DYNAMO_REQUEST);
             if let Some(Value::Object(replay)) = request.get("replay") {
-                self.keys.check(line, "request.replay.", replay.keys(), trace_keys::DYNAMO_REPLAY);
+                self.keys.check(line, "request.replay.", replay.keys(), keys::DYNAMO_REPLAY);
             }
         }
         let event_ms = self
