@@ -21,5 +21,6 @@ pub use driver::{run_replay, run_synthetic, Hooks, ReplayOutcome};
 pub use options::{Cluster, Pool, ReplayError, ReplayOptions, RouterMode, Sla, TraceWorkload, Workload};
 pub use pass_log::PassRecord;
 pub use request_log::RequestRecord;
-pub use trace::{load_trace, Trace, TraceError, TraceFormat, DEFAULT_TRACE_BLOCK_SIZE};
+pub use trace::load::load_trace;
+pub use trace::{Trace, TraceError, TraceFormat, DEFAULT_TRACE_BLOCK_SIZE};
 pub use workload::{Load, SyntheticWorkload};

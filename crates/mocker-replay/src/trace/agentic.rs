@@ -19,9 +19,8 @@
 use serde_json::{Map, Value};
 
 use crate::trace::keys;
-use crate::trace::{
-    DepTrigger, Parser, Placed, RowPrompt, TraceDep, TraceError, TraceGate, TraceTurn, MAX_TRACE_BLOCK_SIZE,
-};
+use crate::trace::parser::{Parser, Placed, RowPrompt};
+use crate::trace::{DepTrigger, TraceDep, TraceError, TraceGate, TraceTurn, MAX_TRACE_BLOCK_SIZE};
 
 /// The schema name a v2 header must carry.
 pub const V2_SCHEMA: &str = "dynamo.agentic_mooncake";
@@ -292,7 +291,8 @@ fn show(v: Option<&Value>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use crate::trace::{parse_trace, DepTrigger, Trace, TraceDep, TraceError, TraceFormat};
+    use crate::trace::load::parse_trace;
+    use crate::trace::{DepTrigger, Trace, TraceDep, TraceError, TraceFormat};
 
     fn parse(text: &str, bs: Option<usize>) -> Result<Trace, TraceError> {
         parse_trace(text, TraceFormat::AgenticMooncake, bs)

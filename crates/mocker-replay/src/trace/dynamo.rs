@@ -12,19 +12,11 @@
 use serde_json::{Map, Value};
 
 use crate::trace::keys;
-use crate::trace::{Parser, RowPrompt, SessionName, TraceError, TraceTurn, MAX_TIMESTAMP_MS};
+use crate::trace::parser::{DynamoRequest, Parser, RowPrompt};
+use crate::trace::{SessionName, TraceError, TraceTurn, MAX_TIMESTAMP_MS};
 
 /// The schema a record must carry.
 pub const DYNAMO_SCHEMA: &str = "dynamo.request.trace.v1";
-
-/// A request as read, before the file is sorted.
-pub(crate) struct DynamoRequest {
-    start_ms: f64,
-    end_ms: f64,
-    id: String,
-    line: u32,
-    prompt: RowPrompt,
-}
 
 impl Parser {
     /// One record of a Dynamo request trace.
@@ -196,7 +188,8 @@ impl Parser {
 
 #[cfg(test)]
 mod tests {
-    use crate::trace::{parse_trace, TraceFormat};
+    use crate::trace::load::parse_trace;
+    use crate::trace::TraceFormat;
 
     fn record(id: &str, received: u64, total: u64, hashes: &str, extra: &str) -> String {
         format!(

@@ -28,7 +28,8 @@ use serde_json::Value;
 
 use crate::trace::agentic::RawDep;
 use crate::trace::keys::KeyCheck;
-use crate::trace::{DepTrigger, Parser, RowPrompt, Trace, TraceError, TraceFormat};
+use crate::trace::parser::{Parser, RowPrompt};
+use crate::trace::{DepTrigger, Trace, TraceError, TraceFormat};
 
 mod read;
 
@@ -171,7 +172,9 @@ fn parse_corpus(files: &[(PathBuf, String, String)], block_size: Option<usize>) 
     // its marker (corpus-wide), else absolute.
     let relative =
         plays.iter().flat_map(|p| &p.subagents).any(|s| s.requests.iter().any(|r| r.t < s.t - EPS_S));
-    let mut parser = Parser { format: TraceFormat::Weka, block_size: bs, ..Parser::default() };
+    let mut parser = Parser::default();
+    parser.format = TraceFormat::Weka;
+    parser.block_size = bs;
     let mut ids: HashMap<(usize, u64), u32> = HashMap::new();
     for play in &plays {
         let rows = lower(play, relative)?;
