@@ -170,10 +170,12 @@ impl Parser {
         }
     }
 
+    /// An error at `line`, without a path: `load_trace` adds the file.
     pub(crate) fn err(&self, line: usize, field: &str, message: String) -> TraceError {
         TraceError { path: PathBuf::new(), line, field: field.into(), message }
     }
 
+    /// The row as a JSON object, for the formats that read it generically.
     pub(crate) fn object(&self, line: usize, text: &str) -> Result<Map<String, Value>, TraceError> {
         match serde_json::from_str::<Value>(text) {
             Ok(Value::Object(m)) => Ok(m),
@@ -182,6 +184,8 @@ impl Parser {
         }
     }
 
+    /// A time or delay (ms): the first of the spellings `names` the row gives (null counts
+    /// as absent), within its field's bound.
     pub(crate) fn number(
         &self,
         row: &Map<String, Value>,
@@ -208,6 +212,8 @@ impl Parser {
         Ok(None)
     }
 
+    /// A length or count: the first of the spellings `names` the row gives (null counts as
+    /// absent), a non-negative integer that fits a `u32`.
     pub(crate) fn count(
         &self,
         row: &Map<String, Value>,
@@ -228,6 +234,7 @@ impl Parser {
         Ok(None)
     }
 
+    /// An id (`session_id`, `request_id`): a string, or an integer read as its digits.
     pub(crate) fn key(
         &self,
         row: &Map<String, Value>,
@@ -269,6 +276,7 @@ impl Parser {
         self.checked_prompt(line, ids, input_length, output_length)
     }
 
+    /// Refuses an output length out of range; the typed Mooncake reading shares it.
     pub(crate) fn check_output_length(&self, line: usize, output_length: u32) -> Result<(), TraceError> {
         if !(1..=MAX_TRACE_TOKENS).contains(&(output_length as usize)) {
             let msg = format!("must be in 1..={MAX_TRACE_TOKENS} (got {output_length})");
