@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use mocker_core::hashing::{chain_hash, extend_hashes, extend_unique_identities, mix_identity, PromptHashes};
 
 use crate::options::Workload;
-use crate::trace_source::TraceSource;
+use crate::trace::source::TraceSource;
 use crate::workload::SyntheticSource;
 
 /// One turn, ready to submit.
@@ -549,7 +549,7 @@ mod tests {
                     {\"timestamp\": 2, \"output_length\": 2, \"hash_ids\": [1, 5, 5, 7]}\n\
                     {\"timestamp\": 3, \"output_length\": 2, \"hash_ids\": [8]}";
         let trace = std::sync::Arc::new(
-            crate::trace::parse_trace(text, crate::trace::TraceFormat::Mooncake, Some(4)).unwrap(),
+            crate::trace::load::parse_trace(text, crate::trace::TraceFormat::Mooncake, Some(4)).unwrap(),
         );
         for bs in [1, 2, 3, 4] {
             let w = Workload::Trace(crate::options::TraceWorkload {
@@ -579,7 +579,7 @@ mod tests {
                     {\"timestamp\": 4, \"output_length\": 2, \"hash_ids\": [1, 2, 3, 4, 8], \"input_length\": 19}\n\
                     {\"timestamp\": 5, \"output_length\": 2, \"hash_ids\": [8]}";
         let trace = std::sync::Arc::new(
-            crate::trace::parse_trace(text, crate::trace::TraceFormat::Mooncake, Some(4)).unwrap(),
+            crate::trace::load::parse_trace(text, crate::trace::TraceFormat::Mooncake, Some(4)).unwrap(),
         );
         for repeat in [1, 2] {
             let w = Workload::Trace(crate::options::TraceWorkload {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use mocker_core::config::LaunchConfig;
-use mocker_replay::trace::parse_trace;
+use mocker_replay::trace::load::parse_trace;
 use mocker_replay::{
     run_replay, Cluster, Hooks, ReplayOptions, RequestRecord, TraceFormat, TraceWorkload, Workload,
 };

@@ -4,7 +4,7 @@
 use mocker_core::config::LaunchConfig;
 use std::sync::Arc;
 
-use mocker_replay::trace::parse_trace;
+use mocker_replay::trace::load::parse_trace;
 use mocker_replay::{
     run_replay, Cluster, Hooks, Load, Pool, ReplayOptions, RequestRecord, RouterMode, SyntheticWorkload,
     TraceFormat, TraceWorkload, Workload,

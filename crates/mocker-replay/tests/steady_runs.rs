@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use mocker_core::config::{LaunchConfig, TimingModelConfig};
-use mocker_replay::trace::parse_trace;
+use mocker_replay::trace::load::parse_trace;
 use mocker_replay::{
     run_replay, Cluster, Hooks, Load, ReplayOptions, RouterMode, SyntheticWorkload, TraceFormat,
     TraceWorkload, Workload,

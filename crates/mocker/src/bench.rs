@@ -166,7 +166,7 @@ fn case_json(c: &Case) -> Value {
 
 /// The scale case: generates the trace to a temporary file, replays it, prints a line.
 fn scale(rows: u64, json_out: bool) -> Result<(), UsageError> {
-    use mocker_replay::trace_generator::{GeneratorOptions, TraceGenerator};
+    use mocker_replay::trace::generator::{GeneratorOptions, TraceGenerator};
     use std::io::Write;
     let generator = TraceGenerator::new(GeneratorOptions { rows, rate: 200.0, ..Default::default() })
         .map_err(|e| UsageError(format!("--scale: {e}")))?;
@@ -182,7 +182,7 @@ fn scale(rows: u64, json_out: bool) -> Result<(), UsageError> {
     write().map_err(|e| UsageError(format!("--scale: writing {}: {e}", path.display())))?;
     let started = std::time::Instant::now();
     let trace =
-        mocker_replay::trace::load_trace(&path, mocker_replay::trace::TraceFormat::Mooncake, Some(512));
+        mocker_replay::trace::load::load_trace(&path, mocker_replay::trace::TraceFormat::Mooncake, Some(512));
     let _ = std::fs::remove_file(&path);
     let trace = trace.map_err(|e| UsageError(format!("--scale: {e}")))?;
     let options = ReplayOptions {

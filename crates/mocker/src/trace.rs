@@ -4,7 +4,7 @@
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 
-use mocker_replay::trace_generator::{GeneratorOptions, TraceGenerator};
+use mocker_replay::trace::generator::{GeneratorOptions, TraceGenerator};
 
 use crate::UsageError;
 

@@ -12,12 +12,13 @@
 
 use serde_json::{Map, Value};
 
-use crate::trace::{Parser, SessionName, TraceError, TraceTurn, MAX_DELAY_MS, MAX_TRACE_TOKENS};
+use crate::trace::parser::Parser;
+use crate::trace::{SessionName, TraceError, TraceTurn, MAX_DELAY_MS, MAX_TRACE_TOKENS};
 
 impl Parser {
     /// One conversation line.
     pub(crate) fn applied_row(&mut self, line: usize, row: &Map<String, Value>) -> Result<(), TraceError> {
-        self.keys.check(line, "", row.keys(), crate::trace_keys::APPLIED_ROW);
+        self.keys.check(line, "", row.keys(), crate::trace::keys::APPLIED_ROW);
         let n = self
             .count(row, line, &["num_turns"])?
             .ok_or_else(|| self.err(line, "num_turns", "missing (the number of tool-calling turns)".into()))?
@@ -123,7 +124,8 @@ impl Parser {
 
 #[cfg(test)]
 mod tests {
-    use crate::trace::{parse_trace, TraceFormat};
+    use crate::trace::load::parse_trace;
+    use crate::trace::TraceFormat;
 
     const LINE: &str = r#"{"num_turns": 2, "input_prompt_length": 500, "assistant_response_length": [20, 30], "tool_call_output_length": [100, 50], "tool_call_latency": [0.5, 0.25], "final_assistant_response_length": 10}"#;
 

@@ -22,18 +22,18 @@
 //! to the file (a missing id makes a block private); a partial last block is private.
 
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::trace::{DepTrigger, Parser, RowPrompt, Trace, TraceError, TraceFormat};
-use crate::trace_agentic::RawDep;
-use crate::trace_keys::KeyCheck;
+use crate::trace::agentic::RawDep;
+use crate::trace::keys::KeyCheck;
+use crate::trace::parser::{Parser, RowPrompt};
+use crate::trace::{DepTrigger, Trace, TraceError, TraceFormat};
 
 mod read;
 
-pub(crate) use read::load_weka;
-use read::{read_play, Play, Req};
+use read::{read_play, source_files, Play, Req};
 
 const EPS_S: f64 = 1e-6;
 const SEAM_MAX_GAP_S: f64 = 3600.0;
@@ -104,6 +104,28 @@ fn push_dep(
     if !deps.iter().any(|e| e.0 == d.0 && e.1 == d.1 && e.3 == d.3) {
         deps.push(d);
     }
+}
+
+/// Reads a Weka corpus (file or directory); `block_size` is the explicit
+/// `--trace-block-size`, which must then equal the corpus's.
+pub(crate) fn load_weka(path: &Path, block_size: Option<usize>) -> Result<Trace, TraceError> {
+    let fail = |p: &Path, line: usize, field: &str, message: String| TraceError {
+        path: p.to_path_buf(),
+        line,
+        field: field.into(),
+        message,
+    };
+    let files = source_files(path).map_err(|m| fail(path, 0, "trace", m))?;
+    if files.is_empty() {
+        return Err(fail(path, 0, "trace", "contains no .json or .jsonl files".into()));
+    }
+    let mut texts = Vec::new();
+    for (f, name) in &files {
+        let bytes = std::fs::read(f).map_err(|e| fail(f, 0, "trace", format!("cannot read: {e}")))?;
+        let text = String::from_utf8(bytes).map_err(|_| fail(f, 0, "trace", "is not UTF-8".into()))?;
+        texts.push((f.clone(), name.clone(), text));
+    }
+    parse_corpus(&texts, block_size)
 }
 
 /// Parses Weka text as one `.jsonl` file (tests and `parse_trace`).

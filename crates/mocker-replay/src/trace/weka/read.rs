@@ -5,9 +5,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
-use super::parse_corpus;
-use crate::trace::{Trace, TraceError, MAX_TRACE_BLOCK_SIZE, MAX_TRACE_TOKENS};
-use crate::trace_keys::{self, KeyCheck};
+use crate::trace::keys::{KeyCheck, WEKA_REQUEST, WEKA_SUBAGENT, WEKA_TRACE};
+use crate::trace::{TraceError, MAX_TRACE_BLOCK_SIZE, MAX_TRACE_TOKENS};
 
 /// One request of a play, as read.
 #[derive(Debug, Clone)]
@@ -54,30 +53,8 @@ pub(super) struct Play {
     pub(super) subagents: Vec<Subagent>,
 }
 
-/// Reads a Weka corpus (file or directory); `block_size` is the explicit
-/// `--trace-block-size`, which must then equal the corpus's.
-pub(crate) fn load_weka(path: &Path, block_size: Option<usize>) -> Result<Trace, TraceError> {
-    let fail = |p: &Path, line: usize, field: &str, message: String| TraceError {
-        path: p.to_path_buf(),
-        line,
-        field: field.into(),
-        message,
-    };
-    let files = source_files(path).map_err(|m| fail(path, 0, "trace", m))?;
-    if files.is_empty() {
-        return Err(fail(path, 0, "trace", "contains no .json or .jsonl files".into()));
-    }
-    let mut texts = Vec::new();
-    for (f, name) in &files {
-        let bytes = std::fs::read(f).map_err(|e| fail(f, 0, "trace", format!("cannot read: {e}")))?;
-        let text = String::from_utf8(bytes).map_err(|_| fail(f, 0, "trace", "is not UTF-8".into()))?;
-        texts.push((f.clone(), name.clone(), text));
-    }
-    parse_corpus(&texts, block_size)
-}
-
 /// The corpus's files: `(path, name relative to the corpus)`, in name order.
-fn source_files(path: &Path) -> Result<Vec<(PathBuf, String)>, String> {
+pub(super) fn source_files(path: &Path) -> Result<Vec<(PathBuf, String)>, String> {
     let meta = std::fs::symlink_metadata(path).map_err(|e| format!("cannot read: {e}"))?;
     if meta.file_type().is_symlink() {
         return Err("a Weka source may not be a symlink".into());
@@ -134,7 +111,7 @@ pub(super) fn read_play(
         message,
     };
     let Value::Object(o) = v else { return Err(err("trace", format!("must be a JSON object (got {v})"))) };
-    keys.check(line, "", o.keys(), trace_keys::WEKA_TRACE);
+    keys.check(line, "", o.keys(), WEKA_TRACE);
     let id = match o.get("id") {
         Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
         Some(Value::Number(n)) => n.to_string(),
@@ -175,11 +152,11 @@ pub(super) fn read_play(
         let Value::Object(e) = e else { return Err(err(&field, "must be an object".into())) };
         match e.get("type").and_then(Value::as_str) {
             Some("n" | "s") => {
-                keys.check(line, "requests[].", e.keys(), trace_keys::WEKA_REQUEST);
+                keys.check(line, "requests[].", e.keys(), WEKA_REQUEST);
                 top.push(read_request(e, format!("outer:{i}"), i, &field, &err)?)
             }
             Some("subagent") => {
-                keys.check(line, "requests[].", e.keys(), trace_keys::WEKA_SUBAGENT);
+                keys.check(line, "requests[].", e.keys(), WEKA_SUBAGENT);
                 let num = |k: &str| e.get(k).and_then(Value::as_f64);
                 let t = num("t")
                     .filter(|t| t.is_finite() && *t >= 0.0)
@@ -220,7 +197,7 @@ pub(super) fn read_play(
                     if !matches!(r.get("type").and_then(Value::as_str), Some("n" | "s")) {
                         return Err(err(&format!("{f}.type"), "must be \"n\" or \"s\"".into()));
                     }
-                    keys.check(line, "requests[].requests[].", r.keys(), trace_keys::WEKA_REQUEST);
+                    keys.check(line, "requests[].requests[].", r.keys(), WEKA_REQUEST);
                     requests.push(read_request(r, format!("outer:{i}:inner:{j}"), j, &f, &err)?);
                 }
                 subagents.push(Subagent {

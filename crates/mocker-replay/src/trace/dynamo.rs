@@ -11,20 +11,12 @@
 
 use serde_json::{Map, Value};
 
-use crate::trace::{Parser, RowPrompt, SessionName, TraceError, TraceTurn, MAX_TIMESTAMP_MS};
-use crate::trace_keys;
+use crate::trace::keys;
+use crate::trace::parser::{DynamoRequest, Parser, RowPrompt};
+use crate::trace::{SessionName, TraceError, TraceTurn, MAX_TIMESTAMP_MS};
 
 /// The schema a record must carry.
 pub const DYNAMO_SCHEMA: &str = "dynamo.request.trace.v1";
-
-/// A request as read, before the file is sorted.
-pub(crate) struct DynamoRequest {
-    start_ms: f64,
-    end_ms: f64,
-    id: String,
-    line: u32,
-    prompt: RowPrompt,
-}
 
 impl Parser {
     /// One record of a Dynamo request trace.
@@ -34,7 +26,7 @@ impl Parser {
             _ => outer,
         };
         // A wrapper's own keys are its sink's business; the record's are the schema's.
-        self.keys.check(line, "", row.keys(), trace_keys::DYNAMO_RECORD);
+        self.keys.check(line, "", row.keys(), keys::DYNAMO_RECORD);
         let kind = match row.get("event_type") {
             Some(Value::String(s)) => s.as_str(),
             v => {
@@ -73,9 +65,9 @@ impl Parser {
             return Ok(());
         }
         if let Some(Value::Object(request)) = row.get("request") {
-            self.keys.check(line, "request.", request.keys(), trace_keys::DYNAMO_REQUEST);
+            self.keys.check(line, "request.", request.keys(), keys::DYNAMO_REQUEST);
             if let Some(Value::Object(replay)) = request.get("replay") {
-                self.keys.check(line, "request.replay.", replay.keys(), trace_keys::DYNAMO_REPLAY);
+                self.keys.check(line, "request.replay.", replay.keys(), keys::DYNAMO_REPLAY);
             }
         }
         let event_ms = self
@@ -196,7 +188,8 @@ impl Parser {
 
 #[cfg(test)]
 mod tests {
-    use crate::trace::{parse_trace, TraceFormat};
+    use crate::trace::load::parse_trace;
+    use crate::trace::TraceFormat;
 
     fn record(id: &str, received: u64, total: u64, hashes: &str, extra: &str) -> String {
         format!(

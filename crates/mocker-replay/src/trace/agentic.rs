@@ -18,10 +18,9 @@
 
 use serde_json::{Map, Value};
 
-use crate::trace::{
-    DepTrigger, Parser, Placed, RowPrompt, TraceDep, TraceError, TraceGate, TraceTurn, MAX_TRACE_BLOCK_SIZE,
-};
-use crate::trace_keys;
+use crate::trace::keys;
+use crate::trace::parser::{Parser, Placed, RowPrompt};
+use crate::trace::{DepTrigger, TraceDep, TraceError, TraceGate, TraceTurn, MAX_TRACE_BLOCK_SIZE};
 
 /// The schema name a v2 header must carry.
 pub const V2_SCHEMA: &str = "dynamo.agentic_mooncake";
@@ -36,7 +35,7 @@ pub(crate) struct RawDep {
 impl Parser {
     /// Reads a v2 header (the file's first row, which has a `schema` key).
     pub(crate) fn header(&mut self, line: usize, row: &Map<String, Value>) -> Result<(), TraceError> {
-        self.keys.check(line, "", row.keys(), trace_keys::AGENTIC_V2_HEADER);
+        self.keys.check(line, "", row.keys(), keys::AGENTIC_V2_HEADER);
         match row.get("schema") {
             Some(Value::String(s)) if s == V2_SCHEMA => {}
             v => {
@@ -92,7 +91,7 @@ impl Parser {
 
     /// A legacy agentic row: `wait_for` requests complete, then `delay + tool_wait_ms`.
     pub(crate) fn legacy_row(&mut self, line: usize, row: &Map<String, Value>) -> Result<(), TraceError> {
-        self.keys.check(line, "", row.keys(), trace_keys::AGENTIC_LEGACY_ROW);
+        self.keys.check(line, "", row.keys(), keys::AGENTIC_LEGACY_ROW);
         if row.contains_key("dependencies") {
             return Err(self.err(
                 line,
@@ -149,7 +148,7 @@ impl Parser {
 
     /// A v2 row: ready at `max(not_before_ms, each dependency's trigger + delay_ms)`.
     pub(crate) fn v2_row(&mut self, line: usize, row: &Map<String, Value>) -> Result<(), TraceError> {
-        self.keys.check(line, "", row.keys(), trace_keys::AGENTIC_V2_ROW);
+        self.keys.check(line, "", row.keys(), keys::AGENTIC_V2_ROW);
         let id = self.key(row, line, "request_id")?.ok_or_else(|| {
             self.err(line, "request_id", "agentic Mooncake v2 rows need a request_id".into())
         })?;
@@ -176,7 +175,7 @@ impl Parser {
         let Value::Object(d) = d else {
             return Err(self.err(line, "dependencies", format!("must hold objects (got {d})")));
         };
-        self.keys.check(line, "dependencies.", d.keys(), trace_keys::AGENTIC_V2_DEPENDENCY);
+        self.keys.check(line, "dependencies.", d.keys(), keys::AGENTIC_V2_DEPENDENCY);
         let id = self.key(d, line, "request_id")?.ok_or_else(|| {
             self.err(line, "dependencies.request_id", "each dependency needs a request_id".into())
         })?;
@@ -292,7 +291,8 @@ fn show(v: Option<&Value>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use crate::trace::{parse_trace, DepTrigger, Trace, TraceDep, TraceError, TraceFormat};
+    use crate::trace::load::parse_trace;
+    use crate::trace::{DepTrigger, Trace, TraceDep, TraceError, TraceFormat};
 
     fn parse(text: &str, bs: Option<usize>) -> Result<Trace, TraceError> {
         parse_trace(text, TraceFormat::AgenticMooncake, bs)

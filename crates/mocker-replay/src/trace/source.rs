@@ -203,7 +203,7 @@ impl TraceSource {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::parse_trace;
+    use crate::trace::load::parse_trace;
 
     fn source(text: &str, format: TraceFormat, concurrency: Option<usize>, repeat: usize) -> TraceSource {
         let trace = Arc::new(parse_trace(text, format, Some(4)).unwrap());

@@ -1,0 +1,141 @@
+//! Reading a trace, from a file or text: row by row, each handed to its format's reader
+//! (a Weka corpus is handed over whole). Above the formats, since it picks one.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use crate::trace::mooncake::PlainRow;
+use crate::trace::parser::Parser;
+use crate::trace::{Trace, TraceError, TraceFormat, MAX_TRACE_BLOCK_SIZE};
+
+/// Reads and parses a trace file; `block_size` is the explicit `--trace-block-size`, if
+/// given (a v2 agentic header's `block_size` must then agree with it).
+pub fn load_trace(path: &Path, format: TraceFormat, block_size: Option<usize>) -> Result<Trace, TraceError> {
+    let fail = |line: usize, field: &str, message: String| TraceError {
+        path: path.to_path_buf(),
+        line,
+        field: field.into(),
+        message,
+    };
+    if format == TraceFormat::Weka {
+        // A file or a directory of them.
+        return crate::trace::weka::load_weka(path, block_size);
+    }
+    // A device (`/dev/zero`, a terminal) would be read forever or block; pipes are fine.
+    let meta = std::fs::metadata(path).map_err(|e| fail(0, "trace", format!("cannot read: {e}")))?;
+    if !(meta.is_file() || is_fifo(&meta)) {
+        return Err(fail(0, "trace", "not a regular file (or a pipe); give a trace file".into()));
+    }
+    let bytes = std::fs::read(path).map_err(|e| fail(0, "trace", format!("cannot read: {e}")))?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        let bytes = e.as_bytes();
+        let at = e.utf8_error().valid_up_to();
+        let line_start = bytes[..at].iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        let line = bytes[..at].iter().filter(|&&b| b == b'\n').count() + 1;
+        fail(line, "row", format!("invalid UTF-8 at byte {} of the line", at - line_start + 1))
+    })?;
+    let mut trace = parse_trace(&text, format, block_size).map_err(|mut e| {
+        e.path = path.to_path_buf();
+        e
+    })?;
+    trace.path = path.to_path_buf();
+    trace.unknown_keys.set_path(path);
+    Ok(trace)
+}
+
+#[cfg(unix)]
+fn is_fifo(meta: &std::fs::Metadata) -> bool {
+    std::os::unix::fs::FileTypeExt::is_fifo(&meta.file_type())
+}
+
+#[cfg(not(unix))]
+fn is_fifo(_: &std::fs::Metadata) -> bool {
+    false
+}
+
+/// Parses trace text (errors carry an empty path; [`load_trace`] fills it in).
+pub fn parse_trace(text: &str, format: TraceFormat, block_size: Option<usize>) -> Result<Trace, TraceError> {
+    let mut p = Parser::new(format, block_size);
+    if !(1..=MAX_TRACE_BLOCK_SIZE).contains(&p.block_size) {
+        let msg = format!("must be in 1..={MAX_TRACE_BLOCK_SIZE} (got {})", p.block_size);
+        return Err(p.err(0, "trace_block_size", msg));
+    }
+    if format == TraceFormat::Weka {
+        return crate::trace::weka::parse_weka_text(text, block_size);
+    }
+    let mut first = true;
+    let plain = matches!(format, TraceFormat::Mooncake | TraceFormat::MooncakeDelta);
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        if line.len() >= crate::trace::scan::SCAN_MIN_LINE {
+            p.check_entries(i + 1, line)?;
+        }
+        if plain {
+            if let Ok(row) = serde_json::from_str::<PlainRow>(line) {
+                if p.plain_row(i + 1, row)? {
+                    continue;
+                }
+            }
+        }
+        let row = p.object(i + 1, line)?;
+        let header = std::mem::take(&mut first)
+            && format == TraceFormat::AgenticMooncake
+            && row.contains_key("schema");
+        let read = if header { p.header(i + 1, &row) } else { p.row(i + 1, &row) };
+        // A field the row lacks may be there under a misspelt key: say so.
+        read.map_err(|mut e| {
+            if let Some(note) = p.keys.note(e.line, &e.field) {
+                e.message += &note;
+            }
+            e
+        })?;
+    }
+    if format == TraceFormat::Dynamo {
+        p.finish_dynamo()?;
+    }
+    Ok(p.finish())
+}
+
+impl Parser {
+    /// A row read generically, by its format's reader.
+    fn row(&mut self, line: usize, row: &Map<String, Value>) -> Result<(), TraceError> {
+        match self.format {
+            TraceFormat::AppliedComputeAgentic => return self.applied_row(line, row),
+            TraceFormat::Dynamo => return self.dynamo_row(line, row),
+            _ => {}
+        }
+        if self.format == TraceFormat::AgenticMooncake {
+            return if self.v2 { self.v2_row(line, row) } else { self.legacy_row(line, row) };
+        }
+        self.mooncake_row(line, row)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invalid_utf8_and_devices_are_reported_with_their_place() {
+        let dir = std::env::temp_dir().join(format!("mocker-trace-utf8-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("bad.jsonl");
+        std::fs::write(&path, b"{\"output_length\": 1, \"hash_ids\": [1]}\n{\"output_length\": \xff}\n")
+            .unwrap();
+        let e = load_trace(&path, TraceFormat::Mooncake, None).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (2, "row"), "{e}");
+        assert!(
+            e.to_string().starts_with(&format!("{}:2: row: invalid UTF-8 at byte 19", path.display())),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        #[cfg(unix)]
+        {
+            let e = load_trace(Path::new("/dev/zero"), TraceFormat::Mooncake, None).unwrap_err();
+            assert!(e.to_string().starts_with("/dev/zero: not a regular file"), "{e}");
+        }
+    }
+}
