@@ -1,5 +1,5 @@
 //! `mocker trace generate`: a Mooncake-format trace with prefix families, follow-up turns,
-//! Poisson arrivals and log-normal lengths, streamed to a file or stdout.
+//! Poisson or bursty arrivals and log-normal lengths, streamed to a file or stdout.
 
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
@@ -36,6 +36,10 @@ struct GenerateArgs {
     /// separated, in order; the last rate lasts to the end (e.g. 100:600,400:60,100:1).
     #[arg(long, value_name = "RATE:SECONDS,...", conflicts_with = "rate")]
     rate_schedule: Option<String>,
+    /// vLLM's burstiness: gaps between arrivals follow a gamma distribution of this shape at
+    /// the same mean rate; 1 is Poisson, below 1 burstier, above 1 more even (0.01 to 100).
+    #[arg(long, default_value_t = 1.0)]
+    burstiness: f64,
     /// System-prompt families.
     #[arg(long, default_value_t = 32)]
     families: usize,
@@ -102,6 +106,7 @@ fn generate(g: GenerateArgs) -> Result<(), UsageError> {
         rows: g.rows,
         rate: g.rate.unwrap_or(10.0),
         rate_schedule: g.rate_schedule.as_deref().map(schedule).transpose()?.unwrap_or_default(),
+        burstiness: g.burstiness,
         families: g.families,
         zipf: g.zipf,
         family_tokens: g.family_tokens,

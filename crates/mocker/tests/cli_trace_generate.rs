@@ -70,9 +70,13 @@ fn a_generated_trace_replays_with_prefix_reuse_and_is_reproducible() {
 
 #[test]
 fn bad_generator_options_exit_2_naming_the_flag() {
-    for (flag, value) in
-        [("--rate", "0"), ("--follow-up", "2"), ("--families", "0"), ("--prompt-median", "0")]
-    {
+    for (flag, value) in [
+        ("--rate", "0"),
+        ("--follow-up", "2"),
+        ("--families", "0"),
+        ("--prompt-median", "0"),
+        ("--burstiness", "0"),
+    ] {
         let out = mocker(&["trace", "generate", flag, value]);
         assert_eq!(out.status.code(), Some(2), "{flag} {value}");
         assert!(

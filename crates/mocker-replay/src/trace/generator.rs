@@ -1,11 +1,12 @@
 //! A Mooncake-format trace with the structure chat and agent traffic has: prompts that start
 //! with one of a few popular system prompts (Zipf-like), follow-up turns that extend an open
-//! conversation, Poisson arrivals, log-normal lengths. Rows come out one at a time from a
+//! conversation, Poisson or bursty (gamma) arrivals, log-normal lengths. Rows come out one at a time from a
 //! seeded iterator whose state is bounded (open conversations are capped), so a trace of any
 //! length streams in constant memory.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rand_distr::Distribution;
 
 /// What to generate.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,6 +18,10 @@ pub struct GeneratorOptions {
     /// A rate that changes over time instead: (arrivals per second, seconds) segments in
     /// order, the last one lasting to the end (empty: `rate` throughout).
     pub rate_schedule: Vec<(f64, f64)>,
+    /// vLLM's `--burstiness`: the shape of the gamma distribution gaps between arrivals
+    /// follow, at the same mean rate. 1 is Poisson; below 1 arrivals come in bursts (the
+    /// gaps' coefficient of variation is 1/sqrt(burstiness)), above 1 more evenly.
+    pub burstiness: f64,
     /// System-prompt families.
     pub families: usize,
     /// Zipf exponent of the families' popularity (0: uniform).
@@ -49,6 +54,7 @@ impl Default for GeneratorOptions {
             rows: 1000,
             rate: 10.0,
             rate_schedule: Vec::new(),
+            burstiness: 1.0,
             families: 32,
             zipf: 1.0,
             family_tokens: 2048,
@@ -139,6 +145,9 @@ impl TraceGenerator {
                     ),
                 );
             }
+        }
+        if !(o.burstiness.is_finite() && o.burstiness >= 0.01 && o.burstiness <= 100.0) {
+            return bad("burstiness", format!("must be in [0.01, 100], got {}", o.burstiness));
         }
         if !(1..=1_000_000).contains(&o.families) {
             return bad("families", format!("must be 1 to 1,000,000, got {}", o.families));
@@ -248,10 +257,17 @@ impl Iterator for TraceGenerator {
             return None;
         }
         self.emitted += 1;
-        // Poisson arrivals: a unit exponential of expected arrivals, spent at the rate in
-        // force (across schedule segments, each at its own rate).
-        let u: f64 = self.rng.random::<f64>().max(f64::MIN_POSITIVE);
-        self.clock_ms = self.advance(self.clock_ms, -u.ln());
+        // The gap, in expected arrivals (mean 1), spent at the rate in force (across
+        // schedule segments, each at its own rate): a unit exponential for Poisson
+        // arrivals (drawn as before, so Poisson traces keep their bytes), else a gamma.
+        let gap = if self.o.burstiness == 1.0 {
+            let u: f64 = self.rng.random::<f64>().max(f64::MIN_POSITIVE);
+            -u.ln()
+        } else {
+            let k = self.o.burstiness;
+            rand_distr::Gamma::new(k, 1.0 / k).expect("validated shape").sample(&mut self.rng)
+        };
+        self.clock_ms = self.advance(self.clock_ms, gap);
         let new_tokens = self.lognormal(self.o.prompt_median, self.o.prompt_max);
         let output_length = self.lognormal(self.o.output_median, self.o.output_max);
         let follow = !self.open.is_empty() && self.rng.random::<f64>() < self.o.follow_up;
@@ -351,6 +367,28 @@ mod tests {
         assert!((count(120_000, 220_000) - 500.0).abs() < 80.0, "{}", count(120_000, 220_000));
     }
 
+    /// Gaps between arrivals: mean and squared coefficient of variation.
+    fn gap_stats(r: &[Row]) -> (f64, f64) {
+        let gaps: Vec<f64> = r.windows(2).map(|w| (w[1].timestamp_ms - w[0].timestamp_ms) as f64).collect();
+        let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+        let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64;
+        (mean, var / (mean * mean))
+    }
+
+    #[test]
+    fn burstiness_keeps_the_rate_and_sets_the_spread_of_gaps() {
+        let o = GeneratorOptions { rows: 40_000, rate: 2.0, ..Default::default() };
+        let poisson = rows(o.clone());
+        assert_eq!(poisson, rows(GeneratorOptions { burstiness: 1.0, ..o.clone() }), "1 is Poisson");
+        let (mean, cv2) = gap_stats(&poisson);
+        assert!((mean - 500.0).abs() < 10.0 && (cv2 - 1.0).abs() < 0.05, "{mean} {cv2}");
+        for k in [0.25, 4.0] {
+            let (mean, cv2) = gap_stats(&rows(GeneratorOptions { burstiness: k, ..o.clone() }));
+            assert!((mean - 500.0).abs() < 15.0, "burstiness {k}: mean gap {mean} ms");
+            assert!((cv2 * k - 1.0).abs() < 0.08, "burstiness {k}: squared CV {cv2}, expected {}", 1.0 / k);
+        }
+    }
+
     #[test]
     fn bad_options_name_the_field() {
         for (o, field) in [
@@ -360,6 +398,7 @@ mod tests {
             (GeneratorOptions { prompt_median: 1e9, ..Default::default() }, "prompt_median"),
             (GeneratorOptions { block_size: 0, ..Default::default() }, "block_size"),
             (GeneratorOptions { rate_schedule: vec![(5.0, 0.0)], ..Default::default() }, "rate_schedule"),
+            (GeneratorOptions { burstiness: 0.0, ..Default::default() }, "burstiness"),
         ] {
             assert_eq!(TraceGenerator::new(o).unwrap_err().field, field);
         }
