@@ -163,6 +163,20 @@ struct Sim {
     frontend_ns: u64,
     /// Turns in the API server: (due at the router, session, record, turn), by due time.
     ingress: VecDeque<(u64, SessionId, RecordId, PlannedTurn)>,
+    /// `kv_event_lag_ms` in ns (0: routers see KV events as passes deliver them).
+    kv_lag_ns: u64,
+    /// KV events on their way to a router, in delivery order (so in due order too).
+    lagged: VecDeque<LaggedEvents>,
+}
+
+/// One pass's KV events, due at a KV router later.
+struct LaggedEvents {
+    due: u64,
+    /// For the decode pool's router (else the aggregated or prefill pool's).
+    decode: bool,
+    /// The worker's index in that router.
+    worker: usize,
+    events: Vec<mocker_core::events::KvEvent>,
 }
 
 /// Started sessions and their remaining turns.
@@ -349,6 +363,8 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
             mocker_core::timing::scaled_nanos(ms, entry.launch.engine.speedup_ratio)
         },
         ingress: VecDeque::new(),
+        kv_lag_ns: options.kv_event_lag_ms.map_or(0, ms_to_ns),
+        lagged: VecDeque::new(),
     };
     let total = options.workload.total_requests();
     let cap = options.max_sim_time_ms.map(ms_to_ns);
@@ -647,12 +663,19 @@ impl Sim {
         let pass = worker.engine.last_pass();
         let mut handoffs = self.disagg.as_mut().map(|d| std::mem::take(&mut d.started));
         // Each pool has its own router; a decode worker's index there is its place in its pool.
+        let decode = role == Role::Decode && self.disagg.is_some();
         let (router, rw) = match (role, self.disagg.as_mut()) {
             (Role::Decode, Some(d)) => (&mut d.router, w - d.first_decode),
             _ => (&mut self.router, w),
         };
         if let Router::Kv(r) = router {
-            r.apply_events(rw, &pass.kv_events);
+            if self.kv_lag_ns == 0 {
+                r.apply_events(rw, &pass.kv_events);
+            } else if !pass.kv_events.is_empty() {
+                let due = t.saturating_add(self.kv_lag_ns);
+                let events = pass.kv_events.clone();
+                self.lagged.push_back(LaggedEvents { due, decode, worker: rw, events });
+            }
         }
         // A decode worker's admissions are its activated destinations joining the batch
         // (SGLang's are recorded as they activate) and their re-admissions; a request's
@@ -804,7 +827,22 @@ impl Sim {
     }
 
     /// Places router-queued turns while some worker has room.
+    /// Hands the routers the lagged KV events due by `now`, before they decide anything.
+    fn apply_lagged(&mut self, now: u64) {
+        while self.lagged.front().is_some_and(|l| l.due <= now) {
+            let l = self.lagged.pop_front().expect("checked");
+            let router = match (l.decode, self.disagg.as_mut()) {
+                (true, Some(d)) => &mut d.router,
+                _ => &mut self.router,
+            };
+            if let Router::Kv(r) = router {
+                r.apply_events(l.worker, &l.events);
+            }
+        }
+    }
+
     fn release_queued(&mut self, now: u64) {
+        self.apply_lagged(now);
         loop {
             let Router::Kv(r) = &self.router else { return };
             if r.all_busy() {
@@ -937,6 +975,7 @@ impl Sim {
         handoff: Option<HandoffId>,
         now: u64,
     ) {
+        self.apply_lagged(now);
         let hashes = request.block_hashes.as_ref().map_or(&[][..], |h| &h.sequence[..]);
         let p = self.router.route(RouteRequest {
             isl: request.prompt_len(),

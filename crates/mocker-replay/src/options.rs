@@ -307,6 +307,10 @@ pub struct ReplayOptions {
     pub max_sim_time_ms: Option<f64>,
     /// Goodput thresholds.
     pub sla: Sla,
+    /// The reference's `kv_event_lag_ms`: the KV router's index sees the engines' stored
+    /// and removed blocks this long after they happen (simulated ms), as a router fed by a
+    /// slow event bus would; completions still free their blocks at once. Kv router only.
+    pub kv_event_lag_ms: Option<f64>,
 }
 
 impl Default for ReplayOptions {
@@ -319,6 +323,7 @@ impl Default for ReplayOptions {
             router_config: KvRouterConfig::default(),
             max_sim_time_ms: None,
             sla: Sla::default(),
+            kv_event_lag_ms: None,
         }
     }
 }
@@ -400,6 +405,18 @@ impl ReplayOptions {
         check_ms("sla_itl_ms", self.sla.itl_ms)?;
         check_ms("sla_e2e_ms", self.sla.e2e_ms)?;
         self.router_config.validate().map_err(|(field, message)| invalid(field, message))?;
+        check_ms("kv_event_lag_ms", self.kv_event_lag_ms)?;
+        if self.kv_event_lag_ms.is_some_and(|ms| ms > 0.0) {
+            if self.router != RouterMode::Kv {
+                return Err(invalid("kv_event_lag_ms", "only applies to the kv router".into()));
+            }
+            if mode != "offline" {
+                return Err(invalid(
+                    "kv_event_lag_ms",
+                    format!("only applies to offline replay (not {mode})"),
+                ));
+            }
+        }
         Ok(())
     }
 

@@ -117,6 +117,10 @@ pub struct ReplayArgs {
     /// Goodput SLA: end-to-end latency, ms.
     #[arg(long, allow_negative_numbers = true)]
     pub sla_e2e_ms: Option<f64>,
+    /// The KV router's index sees the engines' stored and removed blocks this many simulated
+    /// ms late, as behind a slow event bus (the reference's kv_event_lag_ms; --router kv).
+    #[arg(long, allow_negative_numbers = true)]
+    pub kv_event_lag_ms: Option<f64>,
     /// Engine configuration as JSON (flat or {"engine": {...}}) or @file.
     #[arg(long, visible_alias = "extra-engine-args")]
     pub engine_args: Option<String>,
@@ -421,6 +425,7 @@ impl ReplayArgs {
             router_config,
             max_sim_time_ms: self.max_sim_time_seconds.map(|s| s * 1e3),
             sla: Sla { ttft_ms: self.sla_ttft_ms, itl_ms: self.sla_itl_ms, e2e_ms: self.sla_e2e_ms },
+            kv_event_lag_ms: self.kv_event_lag_ms,
         };
         // Worker roles, block sizes and modes are checked before anything runs, under the
         // flags that set them.
@@ -544,7 +549,8 @@ fn cluster_error(e: ReplayError, cluster: &Cluster) -> String {
                 | "turns_per_session"
                 | "sla_ttft_ms"
                 | "sla_itl_ms"
-                | "sla_e2e_ms"),
+                | "sla_e2e_ms"
+                | "kv_event_lag_ms"),
             message,
         } => format!("--{}: {message}", field.replace('_', "-")),
         ReplayError::Workload(e) => format!("--{}: {}", e.field.replace('_', "-"), e.message),

@@ -88,6 +88,36 @@ fn max_sim_time_and_slas_shape_the_report() {
     let good = sla["goodput_completed_requests"].as_u64().unwrap();
     assert!(good > 0 && good <= sla["completed_requests"].as_u64().unwrap());
     assert!(full.get("goodput_completed_requests").is_none());
+    // A router that learns of cached blocks only after the whole run routes by load alone.
+    let shared = [
+        "--input-tokens",
+        "1024",
+        "--output-tokens",
+        "32",
+        "--request-count",
+        "300",
+        "--request-rate",
+        "30",
+        "--shared-prefix-ratio",
+        "0.5",
+        "--num-prefix-groups",
+        "4",
+        "--num-workers",
+        "4",
+        "--router",
+        "kv",
+    ];
+    let kv = report(&dir, "kv", &shared);
+    let lagged = report(&dir, "lag", &[&shared[..], &["--kv-event-lag-ms", "1e9"]].concat());
+    assert_eq!(lagged["completed_requests"], kv["completed_requests"]);
+    let simulated = |r: &serde_json::Value| {
+        let mut r = r.clone();
+        for key in ["wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s"] {
+            r.as_object_mut().unwrap().remove(key);
+        }
+        r
+    };
+    assert_ne!(simulated(&lagged), simulated(&kv), "the lag changes the kv router's placements");
     // Concurrency mode ignores timestamps: one session at a time.
     let c1 = report(&dir, "c1", &[t, "--concurrency", "1"]);
     assert_eq!(c1["completed_requests"], 60);
@@ -129,6 +159,8 @@ fn malformed_traces_and_bad_flags_exit_2_with_line_and_field() {
     assert_exit_2(&["replay", g, "--trace-block-size", "0"], &["--trace-block-size"]);
     assert_exit_2(&["replay", g, "--trace-repeat", "0"], &["--trace-repeat"]);
     assert_exit_2(&["replay", g, "--sla-ttft-ms=-1"], &["--sla-ttft-ms"]);
+    assert_exit_2(&["replay", g, "--kv-event-lag-ms", "5"], &["--kv-event-lag-ms", "kv router"]);
+    assert_exit_2(&["replay", g, "--router", "kv", "--kv-event-lag-ms=-1"], &["--kv-event-lag-ms"]);
     assert_exit_2(&["replay", "--max-sim-time-seconds", "3"], &["--max-sim-time-seconds", "trace"]);
 }
 

@@ -267,6 +267,7 @@ impl Sim {
     /// Routes handoff `h` to a decode worker at `t` (recorded on the request and the
     /// handoff); returns the worker's index among all workers and within the decode pool.
     fn route_decode(&mut self, h: HandoffId, t: u64) -> (usize, usize) {
+        self.apply_lagged(t);
         let d = self.disagg();
         // Field by field: the router is borrowed mutably beside the request.
         let r = &d.handoffs[h as usize].as_ref().expect("live handoff").request;
