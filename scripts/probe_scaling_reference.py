@@ -15,13 +15,12 @@ the whole probe takes a few seconds on 2 cores, one reference process. Not part 
 Determinism: round-robin cases are bit-reproducible. kv_router cases are not (the reference breaks
 routing ties with an unseeded RNG), so their figures vary slightly from run to run.
 """
-import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
+
+import reference_probe
 
 # Headline figures kept from the reference's summary.
 SUMMARY_KEYS = [
@@ -720,44 +719,15 @@ def run_child(only):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--fixture", help="also write the cases and figures to this JSON file")
-    ap.add_argument("--only", default="", help="run only the cases whose name starts so")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.child:
-        run_child(a.only)
-        return
-    py = os.environ.get("MOCKER_DYNAMO_PYTHON") or sys.executable
-    env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "error"))
-    proc = subprocess.run([py, os.path.abspath(__file__), "--child", "--only", a.only],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                          timeout=600)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    for ln in lines:
-        print(ln)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-4000:])
-        sys.exit(f"reference probe failed (exit {proc.returncode}); is ai-dynamo-runtime==1.6.1 "
-                 f"installed in {py}?")
-    if a.fixture:
-        doc = {
-            "reference": "ai-dynamo-runtime==1.6.1 (dynamo._core; engine core aisimulate-core "
-                         "0.13.0)",
-            "generated_by": "scripts/probe_scaling_reference.py",
-            "notes": "One object per case. A*: scripted scaling runs with every snapshot the "
+    reference_probe.main(__file__, __doc__.split("\n")[0], run_child,
+                         "One object per case. A*: scripted scaling runs with every snapshot the "
                      "policy received ('snapshots'), its decisions, lifecycle_operations, "
                      "telemetry samples, summary, and checks recomputed from per-request "
                      "records (which are not kept). S*/T*/F*: scaling semantics and tick "
                      "rules (condensed ticks: [active, starting, draining] per pool). M*: "
                      "telemetry. G*: goodput. L*: kv_event_lag_ms. E*: verbatim errors. "
                      "kv_router cases ('deterministic': false) vary slightly run to run. "
-                     "See docs/scaling.md.",
-            "cases": [json.loads(ln) for ln in lines],
-        }
-        with open(a.fixture, "w") as f:
-            json.dump(doc, f, separators=(",", ":"))
-            f.write("\n")
+                     "See docs/scaling.md.", compact=True)
 
 
 if __name__ == "__main__":
