@@ -115,6 +115,30 @@ impl KvRouterConfig {
         Ok(c)
     }
 
+    /// The JSON object [`KvRouterConfig::from_json`] reads back as this config: every key,
+    /// `prefill_load_scale` for the scale (not its alias).
+    pub fn to_json(&self) -> String {
+        let policy = match self.router_queue_policy {
+            QueuePolicy::Fcfs => "fcfs",
+            QueuePolicy::Lcfs => "lcfs",
+            QueuePolicy::Wspt => "wspt",
+        };
+        serde_json::json!({
+            "overlap_score_credit": self.overlap_score_credit,
+            "overlap_score_credit_decay": self.overlap_score_credit_decay,
+            "prefill_load_scale": self.prefill_load_scale,
+            "decode_active_request_weight": self.decode_active_request_weight,
+            "router_temperature": self.router_temperature,
+            "router_track_active_blocks": self.router_track_active_blocks,
+            "router_assume_kv_reuse": self.router_assume_kv_reuse,
+            "router_track_prefill_tokens": self.router_track_prefill_tokens,
+            "router_queue_threshold": self.router_queue_threshold,
+            "router_queue_policy": policy,
+            "seed": self.seed,
+        })
+        .to_string()
+    }
+
     /// Applies the router keys a worker's engine args carry in their `dynamo` object, as
     /// the reference does: `dynamo.router_queue_policy` overrides `router_queue_policy`.
     pub fn with_runtime(self, runtime: &mocker_core::config::RuntimeConfig) -> Self {
@@ -193,5 +217,25 @@ mod tests {
             .unwrap_err()
             .contains("overlap_score_credit_decay"));
         assert!(KvRouterConfig::from_json("[]").unwrap_err().contains("object"));
+    }
+
+    #[test]
+    fn to_json_reads_back_as_the_same_config() {
+        let c = KvRouterConfig {
+            overlap_score_credit: 0.5,
+            overlap_score_credit_decay: 0.25,
+            prefill_load_scale: 2.0,
+            decode_active_request_weight: 3.0,
+            router_temperature: 0.1,
+            router_track_active_blocks: false,
+            router_assume_kv_reuse: false,
+            router_track_prefill_tokens: false,
+            router_queue_threshold: Some(1.5),
+            router_queue_policy: QueuePolicy::Lcfs,
+            seed: 7,
+        };
+        for c in [c, KvRouterConfig::default()] {
+            assert_eq!(KvRouterConfig::from_json(&c.to_json()).unwrap(), c);
+        }
     }
 }

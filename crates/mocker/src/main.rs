@@ -3,14 +3,10 @@
 #![warn(missing_docs)]
 
 mod bench;
-mod engine_args;
 mod fleet;
-mod online;
-mod output;
 mod profiles;
 mod progress;
 mod replay;
-mod run_facts;
 mod serve;
 mod sweep;
 mod tls_args;
@@ -66,9 +62,9 @@ enum Command {
     Trace(trace::TraceArgs),
 }
 
-/// A user error: printed with the field it concerns, exit code 2.
-#[derive(Debug)]
-pub struct UsageError(pub String);
+// The replay command's library: its engine args and report files serve the other
+// subcommands too, and its user error is every subcommand's.
+use mocker_args::{engine_args, output, UsageError};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -1,8 +1,10 @@
 //! The README's quick start, run as written: every `sh` block of its "Quick start" section
 //! in one bash session (so `mocker serve ... &` and `kill %1` pair up as in a terminal),
 //! each `python` block through `$MOCKER_PYTHON` (the venv `.ci/run` installs `openai`
-//! into), with the built `mocker` first on `PATH`. `cargo` lines (the install) are the
-//! build this test already ran, so they are left out, and port 8000 becomes a free one.
+//! into), with the built `mocker` first on `PATH`; then the "Python" section's blocks, in
+//! the same directory (they read the quick start's trace). `cargo` lines (the install) are
+//! the build this test already ran and `pip` lines the Python module `.ci/run` installed,
+//! so they are left out, and port 8000 becomes a free one.
 
 use std::io::Read;
 use std::path::Path;
@@ -40,8 +42,9 @@ fn free_port() -> u16 {
 fn the_quick_start_runs_as_written() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
-    let blocks = blocks(&readme, "## Quick start");
+    let mut blocks = blocks(&readme, "## Quick start");
     assert!(blocks.iter().filter(|(info, _)| info == "sh").count() >= 4, "{blocks:?}");
+    blocks.extend(self::blocks(&readme, "## Python"));
     let python = std::env::var("MOCKER_PYTHON").ok();
     if python.is_none() {
         eprintln!("MOCKER_PYTHON is unset (.ci/run sets it): the README's python blocks are skipped");
@@ -53,7 +56,7 @@ fn the_quick_start_runs_as_written() {
         let body = body.replace("8000", &port);
         match info.as_str() {
             "sh" => {
-                for line in body.lines().filter(|l| !l.starts_with("cargo ")) {
+                for line in body.lines().filter(|l| !l.starts_with("cargo ") && !l.starts_with("pip ")) {
                     script.push_str(line);
                     script.push('\n');
                 }

@@ -1,10 +1,7 @@
 //! Online replay (`mocker replay --mode online`) against offline replay of the same
 //! workload: the live path and the offline path are one engine.
 
-#[path = "../src/online.rs"]
-#[allow(dead_code)]
-mod online;
-
+use mocker_args::online;
 use mocker_core::config::LaunchConfig;
 use mocker_replay::report::Summary;
 use mocker_replay::{run_synthetic, Cluster, Load, ReplayOptions, SyntheticWorkload};
@@ -89,7 +86,7 @@ fn online_refuses_what_offline_refuses() {
 // The acceptance workload on the real wall clock: ISL 1000 / OSL 100, 200
 // requests, concurrency 16, speedup 10: mean TTFT and mean ITL within 2% of offline.
 // Ignored by default: on the wall clock its margin depends on the machine's load (run with
-// `cargo test --release -p mocker --test online_replay -- --ignored`).
+// `cargo test --release -p mocker-args --test online_replay -- --ignored`).
 #[test]
 #[ignore]
 fn online_acceptance_workload_within_two_percent_on_the_wall_clock() {

@@ -1,4 +1,4 @@
-//! `--engine-args` and `--engine-type`, shared by `serve` and `replay`.
+//! `--engine-args` and `--engine-type`, shared by `serve` and `replay` (and the Python module).
 
 use clap::ValueEnum;
 use std::path::PathBuf;

@@ -1,0 +1,37 @@
+//! The Python module `mocker` (python/) through its pytest suite,
+//! tests/python/test_python_api.py: the reference's two calls and `mocker.replay` against
+//! this binary's JSON report for the same workload, per-request records, refusals by name,
+//! the CLI's messages for bad values, the interpreter left free during a replay, and, when
+//! Dynamo's reference is importable (`MOCKER_DYNAMO_PYTHON`, or MOCKER_PYTHON itself), the
+//! reference's numbers. The module is the one installed in MOCKER_PYTHON's environment:
+//! .ci/run builds it from this tree (`pip install ./python`) after building the tests.
+
+mod common;
+
+use std::process::Command;
+
+#[test]
+fn python_api_matches_the_cli_and_the_reference() {
+    let python = common::python();
+    let probe = Command::new(&python).args(["-c", "import mocker, pytest"]).output().expect("python runs");
+    assert!(
+        probe.status.success(),
+        "{python} cannot import mocker and pytest: run .ci/run, or `pip install ./python` and pytest into \
+         its environment\n{}",
+        String::from_utf8_lossy(&probe.stderr)
+    );
+    let out = Command::new(&python)
+        // No cache or bytecode files left in the source tree.
+        .args(["-B", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"])
+        .arg(common::repo_root().join("tests/python/test_python_api.py"))
+        .env("MOCKER_BIN", env!("CARGO_BIN_EXE_mocker"))
+        .output()
+        .expect("pytest runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "pytest failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    // The summary line (e.g. `43 passed in 2.0s`), and skips with their reasons, for the log.
+    eprintln!(
+        "{}",
+        stdout.lines().filter(|l| l.contains("passed") || l.contains("SKIP")).collect::<Vec<_>>().join("\n")
+    );
+}
