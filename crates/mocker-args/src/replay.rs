@@ -535,6 +535,7 @@ fn cluster_error(e: ReplayError, cluster: &Cluster) -> String {
             format!("{flags}: {e}")
         }
         ReplayError::Invalid { field: "mode", message } => format!("--mode: {message}"),
+        ReplayError::Invalid { field: "router", message } => format!("--router: {message}"),
         ReplayError::Invalid { field: "max_sim_time", message } => {
             format!("--max-sim-time-seconds: {message}")
         }

@@ -6,7 +6,7 @@ use crate::kv::{BlockPool, RadixCache};
 use crate::metrics::{EngineMetrics, LoraActivity};
 use crate::request::{Request, SeqKey};
 use crate::scheduler::sglang::SglangScheduler;
-use crate::scheduler::vllm::{Reservation, ReserveError, VllmScheduler};
+use crate::scheduler::vllm::{GroupedFault, Reservation, ReserveError, VllmScheduler};
 use crate::scheduler::{Pass, PrefixCacheBusy, SchedulerOptions, SubmitError};
 use crate::timing::{build_timing_model, TimingModelError};
 
@@ -325,6 +325,16 @@ impl Engine {
         match &self.core {
             Core::Vllm(s) => s.pool().capacity(),
             Core::Sglang(s) => s.cache().total_pages(),
+        }
+    }
+
+    /// The first forward pass this engine could never run, if any: a pass of cache groups
+    /// larger than the whole byte budget (its request was rejected). A shell that mirrors
+    /// the reference stops with it (offline replay does).
+    pub fn fault(&self) -> Option<&GroupedFault> {
+        match &self.core {
+            Core::Vllm(s) => s.fault(),
+            Core::Sglang(_) => None,
         }
     }
 

@@ -31,6 +31,11 @@ pub struct EngineMetrics {
     pub prompt_tokens_computed_total: u64,
     /// Tokens generated since start.
     pub generation_tokens_total: u64,
+    /// With `kv_cache_groups`: bytes held by requests (`active_blocks` then counts pages
+    /// of all groups and `total_blocks` is 0, as in the reference).
+    pub kv_cache_used_bytes: Option<u64>,
+    /// With `kv_cache_groups`: the rank's byte budget (`kv_cache_capacity_bytes`).
+    pub kv_cache_capacity_bytes: Option<u64>,
 }
 
 /// What one forward pass did (Dynamo's forward-pass metrics).

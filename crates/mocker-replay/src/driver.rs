@@ -581,6 +581,9 @@ impl Sim {
                     worker.engine.set_destinations_pending(pending);
                 }
                 let end = worker.engine.step(now).end_ns;
+                if let Some(fault) = worker.engine.fault() {
+                    return Err(fault.clone().into());
+                }
                 if end > now {
                     // Each pass end retries a waiting reservation: no run while one could.
                     if !decode || self.disagg.as_ref().is_none_or(|d| d.inbox_settled(w, &worker.engine)) {
@@ -631,6 +634,9 @@ impl Sim {
             return Ok(false);
         }
         let end = self.waves[g].step(group, now, |w| (&mut w.engine, true));
+        if let Some(fault) = group.iter().find_map(|w| w.engine.fault()) {
+            return Err(fault.clone().into());
+        }
         let mut effect = false;
         for (i, w) in ranks.enumerate() {
             if !self.waves[g].stepped(i) {

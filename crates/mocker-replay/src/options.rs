@@ -348,6 +348,10 @@ pub enum ReplayError {
     /// A trace row is unusable for this replay (names file, line and field).
     #[error(transparent)]
     Trace(#[from] crate::trace::TraceError),
+    /// An engine met a forward pass it can never run: a pass of cache groups
+    /// (`kv_cache_groups`) larger than the whole byte budget. The reference stops there too.
+    #[error("engine error: {0}")]
+    EngineFault(#[from] mocker_core::scheduler::vllm::GroupedFault),
     /// The simulation cannot make progress.
     #[error("offline replay reached a dead end with {0} in-flight requests remaining")]
     DeadEnd(usize),
@@ -416,6 +420,15 @@ impl ReplayOptions {
                     format!("only applies to offline replay (not {mode})"),
                 ));
             }
+        }
+        // The KV router turns the engines' KV events on, which cache groups do not emit
+        // (the reference fails the same way, from its engine).
+        if self.router == RouterMode::Kv
+            && self.cluster.pools().any(|p| p.launch.engine.has_kv_cache_groups())
+        {
+            let msg = "kv_cache_groups currently do not support KV event or token-ID emission, which the \
+                       KV router reads; use the round-robin router";
+            return Err(invalid("router", msg.to_string()));
         }
         Ok(())
     }

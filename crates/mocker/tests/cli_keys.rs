@@ -126,6 +126,10 @@ const HOST: &str = r#"{"num_gpu_blocks": 24, "block_size": 16, "kv_cache_bytes_p
 const REASONING: &str =
     r#"{"reasoning": {"start_thinking_token_id": 1, "end_thinking_token_id": 2, "thinking_ratio": 0.5}}"#;
 const XFER: &str = r#"{"kv_transfer_bytes_per_token": 200000, "kv_transfer_bandwidth": 1}"#;
+/// Two cache groups (full attention and a 64-token window) and the capacity they need.
+const GROUPS: &str = r#"{"enable_prefix_caching": false, "block_size": 16, "kv_cache_capacity_bytes": 1073741824,
+    "kv_cache_groups": [{"name": "full", "kind": "attention", "num_layers": 1, "block_size_tokens": 16, "page_size_bytes": 1024},
+    {"name": "swa", "kind": "attention", "num_layers": 1, "block_size_tokens": 16, "page_size_bytes": 1024, "sliding_window": 64}]}"#;
 const CORE: O =
     Serve("the live engine runs the same core (serve_e2e::stream_arrivals_follow_the_modelled_pass_times)");
 
@@ -199,6 +203,12 @@ fn rows() -> Vec<Row> {
         r("native_host_offload.kv_layout_id", HOST, r#"{"native_host_offload": {"kv_layout_id": 1}}"#, SMALL,
           [Refused, Refused, Refused, Refused]),
         r("g3_offload", "{}", r#"{"g3_offload": {}}"#, SMALL, [Refused, Refused, Refused, Refused]),
+        r("kv_cache_groups", r#"{"enable_prefix_caching": false, "block_size": 16}"#,
+          r#"{"kv_cache_capacity_bytes": 65536, "kv_cache_groups": [{"name": "full", "kind": "attention", "num_layers": 1,
+              "block_size_tokens": 16, "page_size_bytes": 1024}]}"#, SMALL, [Affects, Refused, Affects, CORE]),
+        r("kv_cache_capacity_bytes", GROUPS, r#"{"kv_cache_capacity_bytes": 40000}"#, SMALL,
+          [Affects, RefusedAs("kv_cache_groups"), Affects, CORE]),
+        r("kv_cache_capacity_bytes", "{}", r#"{"kv_cache_capacity_bytes": 40000}"#, SMALL, [Refused, Refused, Refused, Refused]),
         r("timing_model", "{}", r#"{"timing_model": {"type": "fixed", "prefill_ms": 30, "decode_ms": 3}}"#, SMALL,
           [Affects, Affects, Affects, CORE]),
         r("sglang.schedule_policy", r#"{"backend": "sglang", "max_num_seqs": 2}"#, r#"{"sglang": {"schedule_policy": "lpm"}}"#,

@@ -94,6 +94,9 @@ macro_rules! string_enum {
     };
 }
 
+mod groups;
+pub use groups::{CacheGroupKind, KvCacheGroup, MAX_EXACT_BYTES};
+
 string_enum! {
     /// Which inference engine is simulated; selects the scheduler core and block-size default.
     Backend {
@@ -307,6 +310,13 @@ pub struct EngineConfig {
     /// vLLM's native host-memory KV tier (OffloadingConnector), if configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub native_host_offload: Option<HostOffloadConfig>,
+    /// Hybrid KV cache groups sharing `kv_cache_capacity_bytes` (empty: the linear block
+    /// pool of `num_gpu_blocks`, which groups replace).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kv_cache_groups: Vec<KvCacheGroup>,
+    /// The rank's byte budget for `kv_cache_groups`, page padding included.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_cache_capacity_bytes: Option<u64>,
     /// Transfer bandwidth in GB/s; None or 0 means instantaneous.
     pub kv_transfer_bandwidth: Option<f64>,
     /// Which tokens a transfer is charged for.
@@ -345,6 +355,8 @@ impl Default for EngineConfig {
             kv_transfer_bytes_per_token: None,
             kv_cache_bytes_per_token: None,
             native_host_offload: None,
+            kv_cache_groups: Vec::new(),
+            kv_cache_capacity_bytes: None,
             kv_transfer_bandwidth: None,
             kv_transfer_timing_mode: KvTransferTimingMode::FullPrompt,
             timing_model: TimingModelConfig::Polynomial,

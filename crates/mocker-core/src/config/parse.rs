@@ -16,7 +16,7 @@ const ENGINE_KEYS: &str = "backend num_gpu_blocks block_size max_model_len max_n
     enable_prefix_caching enable_chunked_prefill speedup_ratio decode_speedup_ratio aic_nextn \
     aic_nextn_accept_rates aic_mtp_seed worker_type preemption_mode eviction_policy emit_kv_events \
     emit_kv_token_ids kv_transfer_bytes_per_token kv_bytes_per_token kv_cache_bytes_per_token \
-    native_host_offload g3_offload kv_transfer_bandwidth kv_transfer_timing_mode timing_model sglang trtllm";
+    native_host_offload g3_offload kv_cache_groups kv_cache_capacity_bytes kv_transfer_bandwidth kv_transfer_timing_mode timing_model sglang trtllm";
 const HOST_OFFLOAD_KEYS: &str = "scope num_host_blocks d2h_bandwidth_gbps h2d_bandwidth_gbps \
     shared_d2h_bandwidth_gbps shared_h2d_bandwidth_gbps latency_to_first_byte_ms kv_layout_id";
 const LAUNCH_KEYS: &str = "engine dp_size tensor_parallel_size startup_time \
@@ -302,6 +302,8 @@ fn parse_engine(v: &Value, path: &str) -> Result<EngineConfig> {
     }
     set_opt!(o, c.kv_cache_bytes_per_token, to_uint);
     set_opt!(o, c.native_host_offload, parse_host_offload);
+    set!(o, c.kv_cache_groups, super::groups::parse_groups);
+    set_opt!(o, c.kv_cache_capacity_bytes, to_uint);
     if o.map.get("g3_offload").is_some_and(|v| !v.is_null()) {
         // Its G3 tier (a third, disk/remote level) is not simulated.
         let msg = "the G3 tier is not simulated by mocker; remove g3_offload (native_host_offload alone is)";
@@ -436,7 +438,7 @@ impl<'a> Obj<'a> {
         Ok(())
     }
 
-    fn opt<T>(&self, key: &str, conv: Conv<T>) -> Result<Option<T>> {
+    pub(super) fn opt<T>(&self, key: &str, conv: Conv<T>) -> Result<Option<T>> {
         match self.map.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => conv(v, &self.path(key)).map(Some),
@@ -468,7 +470,7 @@ fn unknown_field(path: &str, allowed: &str) -> ConfigError {
     ConfigError::new(path, format!("unknown field; expected one of: {expected}"))
 }
 
-fn to_uint<T: TryFrom<u64>>(v: &Value, path: &str) -> Result<T> {
+pub(super) fn to_uint<T: TryFrom<u64>>(v: &Value, path: &str) -> Result<T> {
     let n = v.as_u64().ok_or_else(|| type_err(path, "a non-negative integer", v))?;
     let ty = std::any::type_name::<T>();
     T::try_from(n).map_err(|_| ConfigError::new(path, format!("{n} is out of range for {ty}")))

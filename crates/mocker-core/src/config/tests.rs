@@ -335,3 +335,24 @@ fn numeric_keys_have_upper_bounds_named_in_the_message() {
     parse(r#"{"engine":{"block_size":65536,"num_gpu_blocks":1073741824,"max_num_seqs":1048576}}"#);
     parse(r#"{"engine":{"speedup_ratio":0,"decode_speedup_ratio":1e6,"kv_transfer_bandwidth":0}}"#);
 }
+
+#[test]
+fn kv_cache_groups_echo_like_the_reference() {
+    let c = parse(
+        r#"{"engine":{"enable_prefix_caching":false,"kv_cache_capacity_bytes":100,
+           "kv_cache_groups":[{"name":"a","kind":"attention","num_layers":1,"block_size_tokens":16,"page_size_bytes":10}]}}"#,
+    );
+    let e = &c.to_canonical_json()["engine"];
+    let group = json!({"name": "a", "kind": "attention", "num_layers": 1, "block_size_tokens": 16,
+                       "page_size_bytes": 10, "sliding_window": null});
+    assert_eq!(e["kv_cache_groups"], json!([group]));
+    assert_eq!(e["kv_cache_capacity_bytes"], json!(100));
+    assert_eq!(LaunchConfig::from_value(c.to_canonical_json()).unwrap().engine, c.engine);
+    let plain = LaunchConfig::default().to_canonical_json();
+    assert!(
+        plain["engine"].get("kv_cache_groups").is_none()
+            && plain["engine"].get("kv_cache_capacity_bytes").is_none()
+    );
+    let e = err(r#"{"engine":{"enable_prefix_caching":false,"kv_cache_groups":null}}"#);
+    assert_eq!(e.field, "engine.kv_cache_groups");
+}

@@ -173,6 +173,9 @@ impl EngineConfig {
         if let Some(bw) = self.kv_transfer_bandwidth {
             zero_or_range(f("kv_transfer_bandwidth"), bw, BANDWIDTH_RANGE)?;
         }
+        // Before the host tier's rules: the reference refuses a host tier (or
+        // kv_cache_bytes_per_token) beside groups with the groups' messages.
+        self.validate_kv_cache_groups(p)?;
         self.validate_host_offload(p)?;
         validate_timing(&self.timing_model, &f("timing_model"))?;
         let policy = &self.trtllm.capacity_scheduler_policy;

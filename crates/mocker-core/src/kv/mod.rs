@@ -1,10 +1,12 @@
-//! KV-cache management: the vLLM-style paged block pool, its host-memory tier and SGLang's
-//! radix prefix cache.
+//! KV-cache management: the vLLM-style paged block pool, its host-memory tier, the byte
+//! budget of hybrid cache groups and SGLang's radix prefix cache.
 
+pub mod groups;
 pub mod host_tier;
 mod pool;
 pub mod radix;
 
+pub use groups::{GroupLease, GroupedPool};
 pub use host_tier::{HostTier, HostTierOptions};
 pub use pool::{BlockId, BlockPool, PrefixMatch, Scope};
 pub use radix::RadixCache;

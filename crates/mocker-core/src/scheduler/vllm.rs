@@ -7,17 +7,19 @@ use std::collections::VecDeque;
 use crate::config::{Backend, EngineConfig, PreemptionMode, WorkerType};
 use crate::events::{KvEvent, KvEventData, StoredBlock};
 use crate::hashing::{chain_hash, extend_hashes, local_block_hash, unique_block_identity, PromptHashes};
-use crate::kv::{BlockId, BlockPool, Scope};
+use crate::kv::{BlockId, BlockPool, GroupLease, GroupedPool, Scope};
 use crate::metrics::{EngineMetrics, ForwardPassMetrics, LoraActivity};
 use crate::request::{Admission, LoraRef, Output, OutputToken, Request, SeqKey};
 use crate::timing::{pass_ms, scaled_nanos, PassWork, TimingModel};
 
 use super::{Pass, PrefixCacheBusy, RunEntry, SchedulerOptions, SubmitError};
 
+mod grouped;
 mod handoff;
 mod mtp;
 mod offload;
 mod steady;
+pub use grouped::GroupedFault;
 pub use handoff::{Reservation, ReserveError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +80,9 @@ struct Seq {
     pass_decode: bool,
     /// Host-offload connector state (only with `native_host_offload`).
     host: Option<offload::HostSeq>,
+    /// What it holds in the cache groups (only with `kv_cache_groups`; `blocks` stays
+    /// empty then).
+    lease: GroupLease,
     /// The LoRA adapter it runs with.
     lora: Option<LoraRef>,
     /// What its first block's hash chains onto (the adapter's root; `None` for the base model).
@@ -152,6 +157,11 @@ pub struct VllmScheduler {
     cadence: Cadence,
     /// The host-memory KV tier (`native_host_offload`), if configured.
     offload: Option<Box<offload::Offload>>,
+    /// The cache groups' byte budget (`kv_cache_groups`), if configured: it replaces the
+    /// block pool's capacity, and requests then hold leases, not blocks.
+    groups: Option<GroupedPool>,
+    /// The first pass that needed more than the whole group budget (see [`GroupedFault`]).
+    fault: Option<GroupedFault>,
     /// Most distinct LoRA adapters per batch (0: requests may name none).
     max_loras: u32,
     /// The adapters of the batch being scheduled, and the waiting requests passed over
@@ -227,6 +237,7 @@ impl VllmScheduler {
     /// A scheduler for `config` (backend vllm or trtllm) with the given timing model.
     pub fn new(config: &EngineConfig, timing: Box<dyn TimingModel>, options: SchedulerOptions) -> Self {
         let prefix_caching = config.enable_prefix_caching;
+        let groups = GroupedPool::from_config(config);
         Self {
             block_size: config.block_size as u32,
             num_gpu_blocks: config.num_gpu_blocks,
@@ -244,10 +255,12 @@ impl VllmScheduler {
             record_kv_events: options.record_kv_events && prefix_caching,
             kv_token_ids: config.emit_kv_token_ids,
             // Bursts vary per pass: no two passes are alike, so no steady runs; host
-            // transfers complete between passes, which a run would step over.
+            // transfers complete between passes, which a run would step over; a grouped
+            // lease moves with every token (windows), so each pass allocates.
             aggregate_steady: options.aggregate_steady_tokens
                 && config.aic_nextn.is_none()
-                && config.native_host_offload.is_none(),
+                && config.native_host_offload.is_none()
+                && groups.is_none(),
             opaque_output_blocks: options.opaque_output_blocks,
             timing,
             mtp: config.aic_nextn.map(|_| {
@@ -266,6 +279,8 @@ impl VllmScheduler {
                 let bytes = config.kv_cache_bytes_per_token.unwrap_or(1);
                 Box::new(offload::Offload::new(h, config.block_size, bytes, config.num_gpu_blocks))
             }),
+            groups,
+            fault: None,
             max_loras: options.max_loras,
             batch_loras: Vec::new(),
             lora_skipped: Vec::new(),
@@ -315,7 +330,11 @@ impl VllmScheduler {
         let bs = self.block_size as usize;
         // Sized once for the whole generation (never beyond the pool), so neither list
         // reallocates as decode crosses block boundaries.
-        let final_blocks = (prompt_len + max_output).div_ceil(bs).min(self.num_gpu_blocks + 1);
+        let final_blocks = if self.groups.is_some() {
+            0 // a grouped request holds a lease, no blocks
+        } else {
+            (prompt_len + max_output).div_ceil(bs).min(self.num_gpu_blocks + 1)
+        };
         let record = self.record_kv_events;
         let prompt_blocks = prompt_len / bs;
         let private_from = match request.shareable_blocks {
@@ -391,6 +410,7 @@ impl VllmScheduler {
             pass_prefix: 0,
             pass_decode: false,
             host: self.offload.is_some().then(offload::HostSeq::new),
+            lease: GroupLease::default(),
             lora: request.lora,
             hash_root,
         };
@@ -423,6 +443,22 @@ impl VllmScheduler {
 
     /// Current engine metrics.
     pub fn metrics(&self) -> EngineMetrics {
+        if let Some(g) = &self.groups {
+            // As the reference: no block count; usage is bytes over the budget.
+            let usage = g.used_bytes() as f64 / g.capacity_bytes() as f64;
+            return EngineMetrics {
+                running_requests: self.running.len(),
+                waiting_requests: self.waiting.len(),
+                active_blocks: g.active_pages() as usize,
+                inactive_blocks: 0,
+                total_blocks: 0,
+                gpu_cache_usage_perc: usage,
+                physical_gpu_cache_usage_perc: usage,
+                kv_cache_used_bytes: Some(g.used_bytes()),
+                kv_cache_capacity_bytes: Some(g.capacity_bytes()),
+                ..self.totals
+            };
+        }
         let total = self.pool.capacity();
         let active = self.pool.num_active();
         let inactive = self.pool.num_inactive();
@@ -662,6 +698,9 @@ impl VllmScheduler {
     /// does not round-trip the budget through memory.
     #[inline]
     fn plain_decode_run(&mut self, i: &mut usize, budget: u32) -> (usize, usize) {
+        if self.groups.is_some() {
+            return (0, 0); // every grouped token reallocates its lease (windows move)
+        }
         let bs = self.block_size;
         let pass_id = self.pass_id;
         let check_boundary = self.prefix_caching;
@@ -746,6 +785,17 @@ impl VllmScheduler {
                 self.reject(key, pass);
                 continue;
             }
+            if let Some(groups) = &self.groups {
+                match self.grouped_admission(groups, seq, b.tokens) {
+                    grouped::GroupedAdmission::Admit => {}
+                    grouped::GroupedAdmission::Wait => break,
+                    grouped::GroupedAdmission::Reject => {
+                        self.waiting.pop_front();
+                        self.reject(key, pass);
+                        continue;
+                    }
+                }
+            }
             let cost = self.prefill_cost(seq, &mut matched);
             self.matched = matched;
             let seq = self.seq(key);
@@ -765,7 +815,7 @@ impl VllmScheduler {
                     free_capacity,
                 )
             };
-            if needed > available {
+            if needed > available && self.groups.is_none() {
                 if self.running.is_empty() && self.unblock_landed() {
                     continue;
                 }
@@ -821,6 +871,9 @@ impl VllmScheduler {
         }
         if self.trtllm {
             return self.to_completion_blocks(seq) > self.num_gpu_blocks;
+        }
+        if self.groups.is_some() {
+            return false; // `grouped_admission` judges bytes
         }
         // The last sampled token is never computed, so the peak footprint is
         // prompt + output - 1 tokens.
@@ -900,7 +953,21 @@ impl VllmScheduler {
             // Only an admission's cost matched this request's blocks.
             let matched = if cost.is_some() { &self.matched[..] } else { &[] };
             let prev = seq.blocks.len();
-            if self.pool.allocate_matched(&mut seq.blocks, target, hits, matched, &mut self.evicted) {
+            if self.groups.is_some() {
+                match self.grouped_allocate(key, before, before + want) {
+                    Ok(true) => {
+                        self.seq_mut(key).num_computed = before + want;
+                        break;
+                    }
+                    Ok(false) => {}
+                    Err(()) => {
+                        // Larger than the whole budget: it can never run.
+                        self.remove_running_or_waiting(key, cursor);
+                        self.reject(key, pass);
+                        return Scheduled::CurrentPreempted;
+                    }
+                }
+            } else if self.pool.allocate_matched(&mut seq.blocks, target, hits, matched, &mut self.evicted) {
                 seq.num_computed = before + want;
                 if let Some(off) = self.offload.as_mut() {
                     // Fresh blocks may still be read by a store to the host tier.
@@ -1039,6 +1106,7 @@ impl VllmScheduler {
             seq.published = true;
         }
         self.pool.release(&mut seq.blocks);
+        Self::release_lease(&mut self.groups, seq);
         self.capacity_generation += 1;
         seq.num_computed = 0;
         seq.status = Status::Preempted;
@@ -1177,7 +1245,9 @@ impl VllmScheduler {
             work.decode_requests = batch;
             work.decode_kv_tokens = kv;
         }
-        let total_kv_tokens = self.kv_capacity_tokens();
+        // With groups the reference prices decode against the active tokens themselves
+        // (utilisation 1): the linear pool it would divide by does not exist.
+        let total_kv_tokens = if self.groups.is_some() { kv } else { self.kv_capacity_tokens() };
         let (prefill_ms, decode_ms) = pass_ms(self.timing.as_ref(), &work, total_kv_tokens);
         (scaled_nanos(prefill_ms, self.speedup), scaled_nanos(decode_ms, self.decode_speedup))
     }
@@ -1294,7 +1364,7 @@ impl VllmScheduler {
     fn retire(&mut self, key: SeqKey) {
         let seq = self.seq(key);
         // A finish frees a batch slot even when a source keeps its blocks.
-        if seq.done || !seq.blocks.is_empty() {
+        if seq.done || !seq.blocks.is_empty() || seq.lease.bytes() > 0 {
             self.capacity_generation += 1;
         }
         if let Some(seq) = self.seqs[key.0 as usize].as_mut().filter(|s| s.hold && s.done) {
@@ -1304,6 +1374,7 @@ impl VllmScheduler {
         }
         let mut seq = self.seqs[key.0 as usize].take().expect("live seq");
         self.pool.release(&mut seq.blocks);
+        Self::release_lease(&mut self.groups, &mut seq);
         self.retired_slots.push(key.0);
     }
 
