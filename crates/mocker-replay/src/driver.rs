@@ -139,11 +139,13 @@ struct Sim {
     passes: BinaryHeap<Reverse<PassKey>>,
     /// Workers that may be idle with work, to look at in index order.
     dirty: Vec<usize>,
-    /// Sessions whose next turn is due at a future time: (due, tie-break, session).
+    /// Sessions whose next turn is due (now or later): (due, session order, session).
+    /// Turns due at the same instant are released in workload order
+    /// (`PlannedSession::order`), as the reference's ready heap orders them by session
+    /// index, whatever order their previous turns completed in.
     delayed: BinaryHeap<Reverse<(u64, u64, SessionId)>>,
     /// Sessions whose next turn is due now.
     ready: VecDeque<SessionId>,
-    delayed_seq: u64,
     /// Agentic traces: dependency gates (and failure cascades).
     deps: Option<Deps>,
     /// Requests that ended in the pass being delivered: (session, id, rejected).
@@ -206,6 +208,11 @@ impl SessionTable {
     /// Delay before the session's next turn and its `not_before_ms`, if it has one.
     fn next_delay_ms(&self, sid: SessionId) -> Option<(f64, Option<f64>)> {
         self.slots[sid as usize].as_ref()?.turns.front().map(|t| (t.delay_ms, t.not_before_ms))
+    }
+
+    /// The session's `PlannedSession::order` (0 for an ended one).
+    fn order(&self, sid: SessionId) -> u64 {
+        self.slots[sid as usize].as_ref().map_or(0, |s| s.order)
     }
 
     fn next_turn(&mut self, sid: SessionId) -> Option<PlannedTurn> {
@@ -348,7 +355,6 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
         dirty: Vec::new(),
         delayed: BinaryHeap::new(),
         ready: VecDeque::new(),
-        delayed_seq: 0,
         deps: match &options.workload {
             Workload::Trace(t) => Deps::new(&t.trace, options.arrival_speedup_ratio),
             Workload::Synthetic(_) => None,
@@ -778,14 +784,14 @@ impl Sim {
             }
             match self.sessions.next_delay_ms(sid) {
                 None => self.sessions.end(sid),
-                Some((0.0, None)) => self.ready.push_back(sid),
+                // A zero delay is due at once, yet still behind the sessions due now that
+                // come first in workload order.
                 Some((d, not_before)) => {
                     let mut due = t + ms_to_ns(d / self.speedup);
                     if let Some(nb) = not_before {
                         due = due.max(ms_to_ns(nb / self.speedup));
                     }
-                    self.delayed_seq += 1;
-                    self.delayed.push(Reverse((due, self.delayed_seq, sid)));
+                    self.delayed.push(Reverse((due, self.sessions.order(sid), sid)));
                 }
             }
         }
@@ -811,8 +817,7 @@ impl Sim {
             } else if due <= now {
                 self.ready.push_back(sid);
             } else {
-                self.delayed_seq += 1;
-                self.delayed.push(Reverse((due, self.delayed_seq, sid)));
+                self.delayed.push(Reverse((due, self.sessions.order(sid), sid)));
             }
         }
     }

@@ -47,6 +47,10 @@ pub struct PlannedSession {
     pub turns: VecDeque<PlannedTurn>,
     /// The gate its first turn waits on (agentic dependencies), see `crate::deps`.
     pub gate: Option<u64>,
+    /// Its index in workload order (generation order; a trace's file order), as the
+    /// reference indexes sessions: turns due at the same instant are released in this
+    /// order, not in the order their previous turns completed.
+    pub order: u64,
 }
 
 impl PromptHashing {
@@ -107,6 +111,8 @@ enum Generator {
 struct Planner {
     source: Generator,
     keys: KeyMaker,
+    /// Synthetic sessions generated so far (the next one's `PlannedSession::order`).
+    generated: u64,
 }
 
 /// Computes prompts' block hashes and identities.
@@ -189,7 +195,9 @@ impl Planner {
                         session: t.session,
                     });
                 }
-                Some(PlannedSession { arrival_ms, turns, gate: None })
+                let order = self.generated;
+                self.generated += 1;
+                Some(PlannedSession { arrival_ms, turns, gate: None, order })
             }
             Generator::Trace(source) => {
                 let arrival_ms = source.next_arrival_ms();
@@ -226,7 +234,7 @@ impl Planner {
                         session: None,
                     });
                 }
-                Some(PlannedSession { arrival_ms, turns, gate: session.gate })
+                Some(PlannedSession { arrival_ms, turns, gate: session.gate, order: session.order })
             }
         }
     }
@@ -340,7 +348,7 @@ impl SessionFeed {
             }
         };
         let keys = KeyMaker { block_size, hashing, private_tails, group_prefixes: Vec::new() };
-        let mut planner = Planner { source, keys };
+        let mut planner = Planner { source, keys, generated: 0 };
         let source = if total_prompt_tokens < THREAD_MIN_PROMPT_TOKENS {
             Source::Inline(Box::new(planner))
         } else {

@@ -40,6 +40,10 @@ pub struct SourcedSession {
     pub turns: Vec<SourcedTurn>,
     /// Gate of the first turn: `copy * trace.gates.len() + gate index`.
     pub gate: Option<u64>,
+    /// Its index in file order (first appearance of its session id), counting on across
+    /// copies: `copy * sessions + index`. The reference's session index, which orders
+    /// turns due at the same instant.
+    pub order: u64,
 }
 
 /// Sessions of a [`TraceWorkload`], one at a time.
@@ -196,7 +200,8 @@ impl TraceSource {
             });
         }
         let gate = session.gate.map(|g| copy as u64 * self.trace.gates.len() as u64 + u64::from(g));
-        Some(SourcedSession { turns, gate })
+        let order = copy as u64 * self.order.len() as u64 + u64::from(index);
+        Some(SourcedSession { turns, gate, order })
     }
 }
 
