@@ -23,3 +23,23 @@ pub async fn read(limit: usize, timeout: Duration, request: Request) -> Result<B
         }
     })
 }
+
+/// Reads and discards the body, at most `limit` bytes within `timeout`: what a refusal does
+/// before answering, so the connection stays reusable without buffering a body (possibly an
+/// unauthenticated client's) it will never look at. Gives up silently past either limit
+/// (hyper then closes the connection, as it must).
+pub async fn drain(limit: usize, timeout: Duration, request: Request) {
+    use http_body_util::BodyExt;
+    let mut body = request.into_body();
+    let mut left = limit;
+    let _ = tokio::time::timeout(timeout, async {
+        while let Some(Ok(frame)) = body.frame().await {
+            let n = frame.data_ref().map_or(0, |d| d.len());
+            if n > left {
+                return;
+            }
+            left -= n;
+        }
+    })
+    .await;
+}

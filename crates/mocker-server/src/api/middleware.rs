@@ -14,15 +14,14 @@ use crate::auth::{authorized, is_protected};
 use crate::error::ApiError;
 use crate::faults::{requested_error, FailureInjector};
 use crate::sleep::SleepMode;
-use crate::state::{body, AppState};
+use crate::state::AppState;
 
-/// Answers `refusal` after reading the request's body (within the body limits), so the
-/// connection stays reusable. hyper closes a keep-alive connection whose request body was
-/// not read when the answer went out, and a client that sent its next request before the
-/// close arrived sees "server disconnected" instead of an answer.
+/// Answers `refusal` after reading the request's body (within the body limits, discarding
+/// it), so the connection stays reusable. hyper closes a keep-alive connection whose
+/// request body was not read when the answer went out, and a client that sent its next
+/// request before the close arrived sees "server disconnected" instead of an answer.
 async fn refuse(state: &AppState, request: Request, refusal: Response) -> Response {
-    // A body past the limits cannot be kept: hyper closes the connection, as it must.
-    let _ = body(state, request).await;
+    crate::body::drain(state.max_body_bytes, state.body_timeout, request).await;
     refusal
 }
 
