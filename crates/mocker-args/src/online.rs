@@ -153,7 +153,7 @@ pub async fn replay_online(options: &ReplayOptions) -> Result<ReplayOutcome, Onl
     inputs.decode_gpus_per_worker = (pool.launch.tensor_parallel_size * pool.launch.dp_size) as u64;
     let mut summary = Summary::from_inputs(inputs);
     summary.kv_eviction_policy = engine_config.eviction_policy.as_str().to_string();
-    Ok(ReplayOutcome { summary, worker_tokens: Vec::new() })
+    Ok(ReplayOutcome { summary, worker_tokens: Vec::new(), lifecycle_operations: Vec::new() })
 }
 
 struct Driver<'a> {

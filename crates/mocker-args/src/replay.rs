@@ -9,7 +9,9 @@ use clap::Args;
 use mocker_core::output_length::OutputLengthDistribution;
 use mocker_replay::report::plot::{PlotData, RenderOptions};
 use mocker_replay::report::RunDescription;
+use mocker_replay::report::WorkerCounts;
 use mocker_replay::router::KvRouterConfig;
+use mocker_replay::scaling::{PoolName, ScalingPlan, ScalingPolicy};
 use mocker_replay::{
     load_trace, Cluster, Load, Pool, ReplayError, ReplayOptions, ReplayOutcome, RequestRecord, RouterMode,
     Sla, SyntheticWorkload, TraceFormat, TraceWorkload, Workload,
@@ -120,6 +122,16 @@ pub struct ReplayArgs {
     /// ms late, as behind a slow event bus (the reference's kv_event_lag_ms; --router kv).
     #[arg(long, allow_negative_numbers = true)]
     pub kv_event_lag_ms: Option<f64>,
+    /// Scale the pools on a timetable: a JSON file (or @-less path) holding
+    /// `[{"at_ms": .., "prefill": .., "decode": ..}]`. From each step's time the pools move
+    /// to its counts (an aggregated cluster's pool is "decode"): new workers serve after
+    /// their launch's `startup_time`, removed ones (highest ids) drain. Offline only.
+    #[arg(long, value_name = "FILE")]
+    pub scaling_plan: Option<PathBuf>,
+    /// Set by callers that bring their own scaling policy (the Python module): the launch
+    /// key `startup_time` then acts, so no warning says it does not.
+    #[arg(skip)]
+    pub policy_given: bool,
     /// Engine configuration as JSON (flat or {"engine": {...}}) or @file.
     #[arg(long, visible_alias = "extra-engine-args")]
     pub engine_args: Option<String>,
@@ -448,12 +460,13 @@ impl ReplayArgs {
     /// the reference's offline replay, and says where they apply.
     fn warn_inactive_launch_keys(&self, cluster: &Cluster) {
         let flag = if cluster.decode().is_some() { "--prefill-engine-args" } else { "--engine-args" };
+        let scaled = self.scaling_plan.is_some() || self.policy_given;
         for pool in cluster.pools() {
-            if pool.launch.startup_time.is_some() {
+            if pool.launch.startup_time.is_some() && !scaled {
                 let flag = if std::ptr::eq(pool, cluster.entry()) { flag } else { "--decode-engine-args" };
                 eprintln!(
-                    "warning: {flag}: startup_time not used by replay (its workers are up from the start, as \
-                     in the reference's replay); it applies to serve"
+                    "warning: {flag}: startup_time not used by this replay (its workers are up from the start, \
+                     as in the reference's replay); it applies to workers a scaling plan or policy adds, and to serve"
                 );
             }
         }
@@ -583,6 +596,11 @@ pub struct RunHooks<'a> {
     pub progress: Option<&'a mut dyn FnMut(usize, usize, f64)>,
     /// Called with each request's record as it ends, in the `--report-jsonl` order; offline only.
     pub request_ended: Option<&'a mut dyn FnMut(&RequestRecord)>,
+    /// Scales the pools on simulated-time ticks (instead of `--scaling-plan`); offline only.
+    pub scaling_policy: Option<&'a mut dyn mocker_replay::scaling::ScalingPolicy>,
+    /// With a policy: record every worker's lifecycle in the outcome (the reference's
+    /// `capture_planner_details`, default true there).
+    pub capture_planner_details: bool,
 }
 
 impl ReplayArgs {
@@ -613,6 +631,15 @@ impl ReplayArgs {
         run: &RunDescription,
         hooks: RunHooks<'_>,
     ) -> Result<ReplayOutcome, UsageError> {
+        if self.mode == Mode::Online && (self.scaling_plan.is_some() || hooks.scaling_policy.is_some()) {
+            return Err(UsageError(
+                "--scaling-plan: only offline replays (--mode offline) scale their pools".into(),
+            ));
+        }
+        let plan = match &self.scaling_plan {
+            Some(path) if hooks.scaling_policy.is_none() => Some(read_scaling_plan(path)?),
+            _ => None,
+        };
         let outcome = match self.mode {
             Mode::Offline => run_offline(
                 options,
@@ -620,6 +647,7 @@ impl ReplayArgs {
                 self.report_passes.as_deref(),
                 self.plot.as_deref().map(|dir| (dir, run)),
                 hooks,
+                plan,
             )?,
             Mode::Online
                 if self.report_jsonl.is_some() || self.report_passes.is_some() || self.plot.is_some() =>
@@ -639,6 +667,28 @@ impl ReplayArgs {
     }
 }
 
+/// A scaled run's active workers over time (`None` when its pools never changed, or its
+/// lifecycle was not recorded).
+pub fn worker_counts(options: &ReplayOptions, outcome: &ReplayOutcome) -> Option<WorkerCounts> {
+    if outcome.lifecycle_operations.is_empty() {
+        return None;
+    }
+    let initial = match options.cluster.decode() {
+        Some(decode) => {
+            vec![(PoolName::Prefill, options.cluster.entry().workers), (PoolName::Decode, decode.workers)]
+        }
+        None => vec![(PoolName::Agg, options.cluster.entry().workers)],
+    };
+    Some(WorkerCounts::from_operations(&initial, &outcome.lifecycle_operations))
+}
+
+/// Reads `--scaling-plan`'s file.
+fn read_scaling_plan(path: &Path) -> Result<ScalingPlan, UsageError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| UsageError(format!("--scaling-plan: cannot read {}: {e}", path.display())))?;
+    ScalingPlan::from_json(&text).map_err(|e| UsageError(format!("--scaling-plan {}: {e}", path.display())))
+}
+
 /// The offline replay, streaming per-request records to `jsonl` and `hooks`, per-pass
 /// records to `passes`, and charting the requests into `plot`'s directory (subtitled with
 /// its run).
@@ -648,6 +698,7 @@ fn run_offline(
     passes: Option<&Path>,
     plot: Option<(&Path, &RunDescription)>,
     hooks: RunHooks<'_>,
+    mut plan: Option<ScalingPlan>,
 ) -> Result<ReplayOutcome, UsageError> {
     let (plot, run) = (plot.map(|p| p.0), plot.map(|p| p.1));
     let plot_error = |p: &Path, e: &dyn std::fmt::Display| {
@@ -664,7 +715,16 @@ fn run_offline(
         Some(p) => Some(AtomicFile::create(p).map_err(|e| jsonl_error(p, &e))?),
         None => None,
     };
-    let RunHooks { mut progress, request_ended: mut on_record } = hooks;
+    let RunHooks { mut progress, request_ended: mut on_record, mut scaling_policy, capture_planner_details } =
+        hooks;
+    // A plan's run always records the lifecycle (the report shows the worker counts).
+    let capture_planner_details = capture_planner_details || plan.is_some();
+    // Reborrowed, as `progress` below: the driver's hooks share one lifetime.
+    let scaling_policy: Option<&mut dyn ScalingPolicy> = match (scaling_policy.as_mut(), plan.as_mut()) {
+        (Some(p), _) => Some(&mut **p),
+        (None, Some(p)) => Some(p),
+        (None, None) => None,
+    };
     let wants_records = jsonl.is_some() || plot.is_some() || on_record.is_some();
     // The first write error is kept and reported after the run; the run itself goes on.
     let mut write_error: Option<std::io::Error> = None;
@@ -712,6 +772,8 @@ fn run_offline(
         },
         request_ended: if wants_records { Some(&mut write_record) } else { None },
         pass_ended: if passes.is_some() { Some(&mut write_pass) } else { None },
+        scaling_policy,
+        capture_planner_details,
     };
     let outcome = mocker_replay::run_replay(options, hooks).map_err(|e| UsageError(e.to_string()))?;
     if let (Some(f), Some(p)) = (file, jsonl) {
@@ -726,6 +788,7 @@ fn run_offline(
             None => f.commit().map_err(|e| passes_error(p, &e))?,
         }
     }
+    let counts = worker_counts(options, &outcome);
     if let (Some(c), Some(dir), Some(run)) = (charts, plot, run) {
         let subtitle = run.subtitle();
         let o = RenderOptions {
@@ -733,6 +796,7 @@ fn run_offline(
             subtitle: &subtitle,
             // The per-worker figures are the entry pool's: its prefill pool when disaggregated.
             worker_pool: options.cluster.decode().is_some().then_some("prefill"),
+            worker_counts: counts.as_ref().map(|c| (c, outcome.summary.duration_ms)),
         };
         for (name, svg) in c.render(&o).map_err(|e| plot_error(dir, &e))? {
             write_atomically(&dir.join(name), svg.as_bytes()).map_err(|e| plot_error(dir, &e))?;

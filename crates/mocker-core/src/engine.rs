@@ -343,6 +343,14 @@ impl Engine {
         dispatch!(self, s => s.has_work())
     }
 
+    /// What waits in the scheduler's queue now (vLLM; SGLang reports nothing queued yet).
+    pub fn queued_work(&self) -> crate::metrics::QueuedWork {
+        match &self.core {
+            Core::Vllm(s) => s.queued_work(),
+            Core::Sglang(_) => crate::metrics::QueuedWork::default(),
+        }
+    }
+
     /// Requests held (running plus waiting).
     pub fn num_requests(&self) -> usize {
         dispatch!(self, s => s.num_requests())

@@ -61,6 +61,71 @@ pub struct ForwardPassMetrics {
     pub num_preempted: usize,
     /// Modelled pass duration in seconds.
     pub wall_time_secs: f64,
+    /// Full prompt lengths of the requests that computed prompt tokens (vLLM; for the
+    /// forward-pass metrics' variance).
+    pub prefill_lengths: Moments,
+    /// Sequence lengths of the requests decoding (vLLM).
+    pub decode_lengths: Moments,
+}
+
+/// Count, sum and sum of squares of integer samples: an exact population variance, and
+/// samples can be taken back out (a request preempted after it was counted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Moments {
+    /// Samples.
+    pub count: u64,
+    /// Their sum.
+    pub sum: u64,
+    /// Sum of their squares.
+    pub sum_sq: u128,
+}
+
+impl Moments {
+    /// Adds a sample.
+    #[inline]
+    pub fn add(&mut self, x: u64) {
+        self.count += 1;
+        self.sum += x;
+        self.sum_sq += u128::from(x) * u128::from(x);
+    }
+
+    /// Takes back a sample added before.
+    #[inline]
+    pub fn remove(&mut self, x: u64) {
+        self.count -= 1;
+        self.sum -= x;
+        self.sum_sq -= u128::from(x) * u128::from(x);
+    }
+
+    /// Adds `k` to every sample (a steady decode run: each request one token longer per pass).
+    pub fn shift(&mut self, k: i64) {
+        let (n, k) = (i128::from(self.count), i128::from(k));
+        let (sum, sum_sq) = (i128::from(self.sum), self.sum_sq as i128);
+        self.sum_sq = (sum_sq + 2 * k * sum + n * k * k) as u128;
+        self.sum = (sum + n * k) as u64;
+    }
+
+    /// Population variance (divide by n), 0 without samples.
+    pub fn variance(&self) -> f64 {
+        if self.count == 0 {
+            return 0.0;
+        }
+        let n = u128::from(self.count);
+        let s = u128::from(self.sum);
+        // n * sum_sq >= sum^2 (Cauchy-Schwarz), so the numerator is exact and non-negative.
+        (n * self.sum_sq - s * s) as f64 / (n * n) as f64
+    }
+}
+
+/// What waits in a scheduler's queue (forward-pass metrics' queued fields): fresh requests
+/// by prompt length, decode work (preempted requests, destinations whose KV has not
+/// landed) by KV length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QueuedWork {
+    /// Fresh requests' prompt lengths.
+    pub prefill: Moments,
+    /// Queued decode work's KV lengths.
+    pub decode: Moments,
 }
 
 /// The LoRA adapters with requests running and with requests waiting on a rank, each

@@ -58,6 +58,9 @@ pub struct Collector {
     workers: Vec<(u64, u64)>,
     /// Every token time of live requests, when per-request records are wanted.
     log: Option<RequestLog>,
+    /// Traffic windows (a scaling policy's, telemetry's), fed as requests arrive,
+    /// complete and are placed; empty when nobody reads them.
+    traffic: Vec<crate::scaling::TrafficWindow>,
 }
 
 impl Collector {
@@ -70,6 +73,32 @@ impl Collector {
     pub fn with_gap_thread(mut self) -> Self {
         self.gaps = GapStats::threaded();
         self
+    }
+
+    /// Also feeds `windows` traffic windows (see [`traffic`](Self::traffic)).
+    pub fn with_traffic_windows(mut self, windows: usize) -> Self {
+        self.traffic = vec![Default::default(); windows];
+        self
+    }
+
+    /// Traffic window `i` (as many as [`with_traffic_windows`](Self::with_traffic_windows) made).
+    pub fn traffic(&mut self, i: usize) -> &mut crate::scaling::TrafficWindow {
+        &mut self.traffic[i]
+    }
+
+    /// A KV router placed a request of `isl_blocks` blocks where it saw `overlap` cached.
+    pub fn on_kv_placement(&mut self, overlap_blocks: u32, isl_blocks: u32) {
+        self.traffic.iter_mut().for_each(|w| w.on_placement(overlap_blocks, isl_blocks));
+    }
+
+    /// A pass ran `forwards` decode forwards producing `tokens` tokens.
+    pub fn on_decode_forwards(&mut self, tokens: u64, forwards: u64) {
+        self.traffic.iter_mut().for_each(|w| w.on_decode(tokens, forwards));
+    }
+
+    /// Whether traffic windows are fed.
+    pub fn has_traffic(&self) -> bool {
+        !self.traffic.is_empty()
     }
 
     /// An empty collector that also counts goodput under `sla` (when any threshold is set).
@@ -205,6 +234,7 @@ impl Collector {
         if let Some(log) = &mut self.log {
             log.arrival(id, arrival_ns);
         }
+        self.traffic.iter_mut().for_each(|w| w.on_arrival());
         id
     }
 
@@ -339,6 +369,11 @@ impl Collector {
         if r.tokens >= 2 {
             self.ttst.push(ms(r.second_ns - r.first_ns));
             self.tpot.push(ms(r.last_ns - r.first_ns) / f64::from(r.tokens - 1));
+        }
+        if !self.traffic.is_empty() {
+            let itl =
+                if r.tokens >= 2 { ms(r.last_ns - r.first_ns) / f64::from(r.tokens - 1) } else { f64::NAN };
+            self.traffic.iter_mut().for_each(|w| w.on_completion(r.input_len, r.tokens, ttft, itl));
         }
     }
 

@@ -28,7 +28,11 @@ use crate::router::{RouteId, RouteRequest, Router, RouterQueue};
 use crate::trace::DepTrigger;
 
 mod handoff;
+mod scaling;
 use handoff::{Disagg, HandoffId};
+use scaling::Scaling;
+
+use crate::scaling::{LifecycleOperation, PoolName, ScalingPolicy};
 
 /// A finished replay.
 #[derive(Debug, Clone)]
@@ -37,6 +41,9 @@ pub struct ReplayOutcome {
     pub summary: Summary,
     /// Per worker: (input tokens, reused tokens) of the requests it completed.
     pub worker_tokens: Vec<(u64, u64)>,
+    /// Every worker's lifecycle in a scaled run (empty without a policy, or without
+    /// `Hooks::capture_planner_details`).
+    pub lifecycle_operations: Vec<LifecycleOperation>,
 }
 
 /// Callbacks a replay reports through while it runs.
@@ -49,6 +56,10 @@ pub struct Hooks<'a> {
     pub request_ended: Option<&'a mut dyn FnMut(RequestRecord)>,
     /// Called with each simulated forward pass as it completes (`--report-passes`).
     pub pass_ended: Option<&'a mut dyn FnMut(PassRecord)>,
+    /// Scales the pools on simulated-time ticks (the reference's `scaling_policy`).
+    pub scaling_policy: Option<&'a mut dyn ScalingPolicy>,
+    /// With a policy: record every worker's lifecycle in the outcome.
+    pub capture_planner_details: bool,
 }
 
 /// What a worker does with the requests it gets.
@@ -65,6 +76,9 @@ enum Role {
 struct Worker {
     engine: Engine,
     role: Role,
+    /// Its index in its pool's router: the id in the pool (aggregated with data
+    /// parallelism: worker `i`'s rank `r` is `i * dp + r`).
+    pool_id: usize,
     busy: bool,
     /// Bumped when the worker's pending heap entry is replaced (a truncated run): entries
     /// carrying an older value are stale.
@@ -114,9 +128,59 @@ fn pass_key(disaggregated: bool, end: u64, start: u64, at: u32, w: usize, genera
     }
 }
 
+/// How the run's engines are built (a scaled pool builds more as it runs).
+#[derive(Clone, Copy)]
+struct WorkerTemplate {
+    /// Per-request logs need every token's time; aggregate reports only counts.
+    aggregate_steady_tokens: bool,
+    opaque_output_blocks: bool,
+}
+
+fn build_worker(
+    template: WorkerTemplate,
+    launch: &LaunchConfig,
+    role: Role,
+    record_kv_events: bool,
+    index: usize,
+    rank: usize,
+) -> Result<Worker, ReplayError> {
+    let engine = Engine::new(EngineOptions {
+        // The reference seeds each rank's MTP sampler at `worker * dp_size + rank`.
+        seed_offset: (index * launch.dp_size + rank) as u64,
+        dp_rank: rank as u32,
+        dp_size: launch.dp_size,
+        config: launch.engine.clone(),
+        record_kv_events,
+        aggregate_steady_tokens: template.aggregate_steady_tokens,
+        opaque_output_blocks: template.opaque_output_blocks,
+        // Traces name no adapters.
+        max_loras: 0,
+    })?;
+    Ok(Worker {
+        engine,
+        role,
+        pool_id: index * launch.dp_size.max(1) + rank,
+        busy: false,
+        generation: 0,
+        iteration: 0,
+        dirty: false,
+        owners: Vec::new(),
+    })
+}
+
 struct Sim {
-    /// The aggregated or prefill pool (indices from 0), then the decode pool.
+    /// The aggregated or prefill pool (indices from 0), then the decode pool; a scaled
+    /// pool's new workers follow them all.
     workers: Vec<Worker>,
+    template: WorkerTemplate,
+    /// Pools a policy scales (`None`: fixed for the whole run).
+    scaling: Option<Box<Scaling>>,
+    /// A request found no worker to go to (a scaled pool at zero): the run stops.
+    placement_error: Option<ReplayError>,
+    /// Each aggregated or prefill worker rank's index among `workers`, by its router index.
+    entry_members: Vec<usize>,
+    /// Disaggregated: requests waiting for a prefill worker (a scaled pool at zero).
+    parked: VecDeque<(SessionId, RecordId, Request, Option<HandoffId>)>,
     feed: SessionFeed,
     sessions: SessionTable,
     collector: Collector,
@@ -254,30 +318,13 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     // block is never looked up by another request, and KV events stay with our router.
     let outputs_reappear = matches!(&options.workload,
         Workload::Trace(t) if t.trace.format == crate::trace::TraceFormat::MooncakeDelta);
+    let template = WorkerTemplate {
+        aggregate_steady_tokens: hooks.request_ended.is_none(),
+        opaque_output_blocks: !outputs_reappear,
+    };
     let new_worker =
         |launch: &LaunchConfig, role: Role, record_kv_events: bool, index: usize, rank: usize| {
-            let engine = Engine::new(EngineOptions {
-                // The reference seeds each rank's MTP sampler at `worker * dp_size + rank`.
-                seed_offset: (index * launch.dp_size + rank) as u64,
-                dp_rank: rank as u32,
-                dp_size: launch.dp_size,
-                config: launch.engine.clone(),
-                record_kv_events,
-                // Per-request logs need every token's time; aggregate reports only counts.
-                aggregate_steady_tokens: hooks.request_ended.is_none(),
-                opaque_output_blocks: !outputs_reappear,
-                // Traces name no adapters.
-                max_loras: 0,
-            })?;
-            Ok::<_, ReplayError>(Worker {
-                engine,
-                role,
-                busy: false,
-                generation: 0,
-                iteration: 0,
-                dirty: false,
-                owners: Vec::new(),
-            })
+            build_worker(template, launch, role, record_kv_events, index, rank)
         };
     let entry_role = if disaggregated { Role::Prefill } else { Role::Aggregated };
     let mut workers = Vec::with_capacity(options.cluster.total_workers() * dp);
@@ -337,8 +384,36 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     if options.workload.total_requests() >= GAP_THREAD_MIN_REQUESTS {
         collector = collector.with_gap_thread();
     }
+    let scaling = match hooks.scaling_policy.is_some() {
+        false => None,
+        true if dp > 1 => {
+            return Err(crate::options::invalid(
+                "scaling_policy",
+                "scaling pools with dp_size > 1 is not supported yet".into(),
+            ))
+        }
+        true => {
+            collector = collector.with_traffic_windows(1);
+            let entry_name = if disaggregated { PoolName::Prefill } else { PoolName::Agg };
+            let mut pools = vec![(entry_name, entry.launch.clone(), (0..entry.workers).collect())];
+            if let Some(decode) = options.cluster.decode() {
+                let first = entry.workers;
+                pools.push((
+                    PoolName::Decode,
+                    decode.launch.clone(),
+                    (first..first + decode.workers).collect(),
+                ));
+            }
+            Some(Box::new(Scaling::new(pools, workers.len(), hooks.capture_planner_details)))
+        }
+    };
     let mut sim = Sim {
         workers,
+        template,
+        scaling,
+        placement_error: None,
+        entry_members: (0..entry.workers * dp).collect(),
+        parked: VecDeque::new(),
         feed: SessionFeed::new(&options.workload, feed_options),
         sessions: SessionTable::default(),
         collector,
@@ -392,12 +467,19 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
 
     let committed: u64 = sim.workers.iter().map(|w| w.engine.metrics().prompt_tokens_computed_total).sum();
     let mut worker_tokens = sim.collector.worker_tokens().to_vec();
-    worker_tokens.resize(entry.workers, (0, 0));
+    // Every worker of the pool, idle ones too (a scaled pool's added ones come after).
+    let pool_size = sim.scaling.as_ref().map_or(entry.workers, |sc| sc.pools[0].members.len());
+    worker_tokens.resize(pool_size.max(worker_tokens.len()), (0, 0));
     let mut inputs = sim.collector.finish();
     let duration_s = (inputs.duration_ms / 1000.0).max(1e-9);
     inputs.committed_prefill_tokens = committed;
     inputs.wall_time_ms = wall_ms;
     let gpus = |l: &LaunchConfig| (l.tensor_parallel_size * l.dp_size) as u64;
+    let scaled_seconds = sim.scaling.as_ref().map(|sc| {
+        let end_ns = ms_to_ns(inputs.duration_ms);
+        let seconds: Vec<f64> = sc.pools.iter().map(|p| p.worker_seconds(end_ns)).collect();
+        seconds
+    });
     match &options.cluster {
         // Aggregated workers count as decode workers, as the reference reports them.
         Cluster::Aggregated(pool) => {
@@ -411,9 +493,21 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
             inputs.decode_gpus_per_worker = gpus(&decode.launch);
         }
     }
+    if let Some(seconds) = scaled_seconds {
+        // Live workers (starting and draining included) integrated over the run.
+        match seconds[..] {
+            [agg] => inputs.decode_worker_seconds = agg,
+            [prefill, decode, ..] => {
+                inputs.prefill_worker_seconds = prefill;
+                inputs.decode_worker_seconds = decode;
+            }
+            [] => {}
+        }
+    }
     let mut summary = Summary::from_inputs(inputs);
     summary.kv_eviction_policy = entry.launch.engine.eviction_policy.as_str().to_string();
-    Ok(ReplayOutcome { summary, worker_tokens })
+    let lifecycle_operations = sim.scaling.map(|sc| sc.operations).unwrap_or_default();
+    Ok(ReplayOutcome { summary, worker_tokens, lifecycle_operations })
 }
 
 impl Sim {
@@ -444,6 +538,12 @@ impl Sim {
         let mut reported = 0;
         loop {
             self.drain(now)?;
+            if let Some(policy) = hooks.scaling_policy.as_deref_mut() {
+                // A tick fires once the instant has settled; what it changed settles too.
+                if self.scaling_tick(now, policy)? {
+                    continue;
+                }
+            }
             self.take_passes(hooks);
             if let Some(sink) = hooks.request_ended.as_mut() {
                 self.collector.take_ended_requests().for_each(&mut **sink);
@@ -467,7 +567,8 @@ impl Sim {
             let next_handoff = self.disagg.as_ref().and_then(Disagg::next_due);
             let next_wake = self.next_wake();
             let next_ingress = self.ingress.front().map(|e| e.0);
-            match [next_arrival, next_delayed, next_pass, next_handoff, next_wake, next_ingress]
+            let next_scaling = self.scaling.as_ref().and_then(|sc| sc.next_event());
+            match [next_arrival, next_delayed, next_pass, next_handoff, next_wake, next_ingress, next_scaling]
                 .into_iter()
                 .flatten()
                 .min()
@@ -540,6 +641,10 @@ impl Sim {
                 }
                 changed = true;
             }
+            // Workers whose start-up ends now join their pool.
+            if self.scaling.is_some() {
+                changed |= self.ready_due(now);
+            }
             // KV transfers that end now (after the passes, as the reference orders them).
             changed |= self.activate_due(now);
             // 2. Arrivals. A disaggregated replay takes them up only after the passes
@@ -583,16 +688,22 @@ impl Sim {
                     continue;
                 }
                 if decode {
-                    let pending = self.disagg.as_ref().is_some_and(|d| !d.inbox_empty(w));
+                    let pending = self.disagg.as_ref().is_some_and(|d| !d.inbox_empty(worker.pool_id));
                     worker.engine.set_destinations_pending(pending);
                 }
                 let end = worker.engine.step(now).end_ns;
                 if let Some(fault) = worker.engine.fault() {
                     return Err(fault.clone().into());
                 }
+                if self.scaling.is_some() {
+                    self.note_stepped(w);
+                }
+                let worker = &mut self.workers[w];
                 if end > now {
                     // Each pass end retries a waiting reservation: no run while one could.
-                    if !decode || self.disagg.as_ref().is_none_or(|d| d.inbox_settled(w, &worker.engine)) {
+                    // A scaled run steps pass by pass: a policy reads each one's metrics.
+                    let settled = |d: &Disagg| d.inbox_settled(worker.pool_id, &worker.engine);
+                    if self.scaling.is_none() && (!decode || self.disagg.as_ref().is_none_or(settled)) {
                         worker.engine.extend_steady_run(self.max_end_ns);
                     }
                     let pass = worker.engine.last_pass();
@@ -625,7 +736,11 @@ impl Sim {
                 changed |= self.release_arrivals(now)?;
             }
             iteration += 1;
+            if let Some(e) = self.placement_error.take() {
+                return Err(e);
+            }
             if !changed {
+                self.settle_drained(now);
                 return Ok(());
             }
         }
@@ -670,6 +785,14 @@ impl Sim {
         if self.pass_log.is_some() {
             self.log_pass(w);
         }
+        if self.scaling.is_some() {
+            self.note_delivered(w, t);
+        }
+        if self.collector.has_traffic() {
+            let m = &self.workers[w].engine.last_pass().metrics;
+            let forwards = m.num_decode_requests as u64;
+            self.collector.on_decode_forwards(forwards, forwards);
+        }
         let worker = &mut self.workers[w];
         let role = worker.role;
         let pass = worker.engine.last_pass();
@@ -677,7 +800,7 @@ impl Sim {
         // Each pool has its own router; a decode worker's index there is its place in its pool.
         let decode = role == Role::Decode && self.disagg.is_some();
         let (router, rw) = match (role, self.disagg.as_mut()) {
-            (Role::Decode, Some(d)) => (&mut d.router, w - d.first_decode),
+            (Role::Decode, Some(d)) => (&mut d.router, worker.pool_id),
             _ => (&mut self.router, w),
         };
         if let Router::Kv(r) = router {
@@ -853,6 +976,12 @@ impl Sim {
     }
 
     fn release_queued(&mut self, now: u64) {
+        self.release_queued_into(now, None);
+    }
+
+    /// [`release_queued`](Self::release_queued), noting the released requests' ids in
+    /// `released` (a topology change records what it let through).
+    fn release_queued_into(&mut self, now: u64, mut released: Option<&mut Vec<u128>>) {
         self.apply_lagged(now);
         loop {
             let Router::Kv(r) = &self.router else { return };
@@ -860,6 +989,9 @@ impl Sim {
                 return;
             }
             let Some(q) = self.queue.as_mut().and_then(RouterQueue::pop) else { return };
+            if let Some(out) = released.as_deref_mut() {
+                out.push(q.turn.uuid);
+            }
             self.place(q.sid, q.record, q.turn, now);
         }
     }
@@ -987,6 +1119,20 @@ impl Sim {
         now: u64,
     ) {
         self.apply_lagged(now);
+        if !self.router.can_place() && self.disagg.is_some() {
+            // A scaled prefill pool at zero: the request waits for a worker.
+            self.parked.push_back((sid, rec, request, handoff));
+            return;
+        }
+        if !self.router.can_place() {
+            // A scaled pool at zero: the reference's placement refuses the request.
+            let message = match self.router {
+                Router::RoundRobin(_) => "no active workers for round-robin placement",
+                Router::Kv(_) => "no endpoints available to route work",
+            };
+            self.placement_error.get_or_insert(ReplayError::Placement(message.into()));
+            return;
+        }
         let hashes = request.block_hashes.as_ref().map_or(&[][..], |h| &h.sequence[..]);
         let p = self.router.route(RouteRequest {
             isl: request.prompt_len(),
@@ -995,10 +1141,10 @@ impl Sim {
         });
         let mut p = p;
         if self.dp > 1 {
-            if let Router::RoundRobin { n, .. } = self.router {
+            if let Router::RoundRobin(rr) = &self.router {
                 // Round robin over workers, and over each worker's ranks in turn: the
                 // i-th request goes to worker i mod W, rank (i div W) mod dp.
-                let workers = n / self.dp;
+                let workers = rr.len() / self.dp;
                 p.worker = p.worker % workers * self.dp + p.worker / workers;
             }
         }
@@ -1006,8 +1152,14 @@ impl Sim {
         let pool = if self.disagg.is_some() { PoolKind::Prefill } else { PoolKind::Agg };
         let overlap = (p.overlap_blocks, p.best_overlap_blocks);
         self.collector.on_routed(rec, pool, p.worker / self.dp, overlap, now);
-        self.interrupt_run(p.worker, now);
-        let worker = &mut self.workers[p.worker];
+        if p.best_overlap_blocks.is_some() && self.collector.has_traffic() {
+            let isl_blocks = request.prompt_len().div_ceil(self.block_size) as u32;
+            self.collector.on_kv_placement(p.overlap_blocks, isl_blocks);
+        }
+        // The worker's index among all workers (a scaled pool's new ones come last).
+        let w = self.entry_members[p.worker];
+        self.interrupt_run(w, now);
+        let worker = &mut self.workers[w];
         let (key, handoff) = if worker.role == Role::Prefill {
             // The prefill worker computes the prompt and samples one token; its KV stays
             // held until the decode worker has it.
@@ -1017,7 +1169,7 @@ impl Sim {
                     let prefill = Request { max_output_tokens: 1, ..request };
                     let key =
                         worker.engine.submit_held(prefill).expect("prompt length was checked at dispatch");
-                    d.set_source(h, p.worker, key);
+                    d.set_source(h, w, key);
                     (key, h)
                 }
                 None => {
@@ -1025,7 +1177,7 @@ impl Sim {
                     let prefill = handoff::prefill_leg(&mut request, self.block_size);
                     let key =
                         worker.engine.submit_held(prefill).expect("prompt length was checked at dispatch");
-                    (key, d.open(request, rec, sid, p.worker, key))
+                    (key, d.open(request, rec, sid, w, key))
                 }
             }
         } else {
@@ -1033,13 +1185,13 @@ impl Sim {
                 worker.engine.submit(request).expect("prompt and output lengths were checked at dispatch");
             (key, HandoffId::default())
         };
-        let worker = &mut self.workers[p.worker];
+        let worker = &mut self.workers[w];
         let slot = key.0 as usize;
         if worker.owners.len() <= slot {
             worker.owners.resize(slot + 1, SlotOwner::default());
         }
         worker.owners[slot] = SlotOwner { record: rec, session: sid, route: p.id, prefilling: true, handoff };
-        self.mark_dirty(p.worker);
+        self.mark_dirty(w);
     }
 
     /// A request joins worker `w` at `now`: the passes of its steady run that start from

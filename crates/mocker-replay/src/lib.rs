@@ -13,6 +13,7 @@ pub mod options;
 pub mod pass_log;
 pub mod report;
 pub mod request_log;
+pub mod scaling;
 pub use mocker_router as router;
 pub mod trace;
 pub mod workload;

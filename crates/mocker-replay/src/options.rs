@@ -352,6 +352,12 @@ pub enum ReplayError {
     /// (`kv_cache_groups`) larger than the whole byte budget. The reference stops there too.
     #[error("engine error: {0}")]
     EngineFault(#[from] mocker_core::scheduler::vllm::GroupedFault),
+    /// A scaling policy failed.
+    #[error(transparent)]
+    Policy(#[from] crate::scaling::PolicyError),
+    /// A request found no worker to go to (a scaled pool at zero workers).
+    #[error("placement policy error: {0}")]
+    Placement(String),
     /// The simulation cannot make progress.
     #[error("offline replay reached a dead end with {0} in-flight requests remaining")]
     DeadEnd(usize),

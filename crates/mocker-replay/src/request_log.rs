@@ -526,7 +526,7 @@ impl RequestLog {
 }
 
 /// `uuid` in the hyphenated UUID form.
-fn uuid_string(uuid: u128) -> String {
+pub(crate) fn uuid_string(uuid: u128) -> String {
     let h = format!("{uuid:032x}");
     format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
 }

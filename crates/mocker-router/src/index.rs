@@ -268,6 +268,68 @@ impl BlockIndex {
         }
     }
 
+    /// Workers the sets can name.
+    pub fn num_workers(&self) -> usize {
+        self.num_workers
+    }
+
+    /// Widens every set by one worker, who caches and holds nothing yet (a worker joining a
+    /// scaled pool). Slots keep their numbers, so live requests' slots stay valid; rare
+    /// (a topology change), so it may rewrite the whole index.
+    pub fn add_worker(&mut self) {
+        let (old_n, old_words) = (self.num_workers, self.words);
+        let n = old_n + 1;
+        let words = n.div_ceil(64).max(1);
+        self.num_workers = n;
+        self.words = words;
+        self.alive_cached = vec![0; words];
+        self.alive_held = vec![0; words];
+        if words == old_words {
+            if let Store::Slotted(s) = &mut self.store {
+                s.widen_counts(old_n, n);
+            }
+            return;
+        }
+        match &mut self.store {
+            Store::Flat(t) => {
+                // A flat table holds no held sets (and so no slots anyone kept).
+                let mut s = Slotted {
+                    slots: HashTable::new(),
+                    records: Vec::new(),
+                    stride: 1 + words,
+                    count_row: Vec::new(),
+                    counts: Vec::new(),
+                    free_rows: Vec::new(),
+                    free: Vec::new(),
+                };
+                for &(hash, mask) in t.iter() {
+                    let slot = s.slot_of(hash);
+                    s.records[slot as usize * s.stride + 1] = mask;
+                }
+                self.store = Store::Slotted(s);
+            }
+            Store::Slotted(s) => {
+                let holds = s.stride == 1 + 2 * old_words;
+                let stride = 1 + words * if holds { 2 } else { 1 };
+                let slots = s.records.len() / s.stride;
+                let mut records = vec![0; slots * stride];
+                for slot in 0..slots {
+                    let (from, to) = (slot * s.stride, slot * stride);
+                    records[to] = s.records[from];
+                    records[to + 1..to + 1 + old_words]
+                        .copy_from_slice(&s.records[from + 1..from + 1 + old_words]);
+                    if holds {
+                        let (hf, ht) = (from + 1 + old_words, to + 1 + words);
+                        records[ht..ht + old_words].copy_from_slice(&s.records[hf..hf + old_words]);
+                    }
+                }
+                s.records = records;
+                s.stride = stride;
+                s.widen_counts(old_n, n);
+            }
+        }
+    }
+
     /// Clears `worker` from every block's cached set (a cache reset).
     pub fn clear_worker(&mut self, worker: usize) {
         match &mut self.store {
@@ -386,6 +448,19 @@ impl Slotted {
                 s
             }
         }
+    }
+
+    /// Rewrites the per-row live-request counts from `old` to `new` workers a row.
+    fn widen_counts(&mut self, old: usize, new: usize) {
+        if self.counts.is_empty() {
+            return;
+        }
+        let rows = self.counts.len() / old;
+        let mut counts = vec![0; rows * new];
+        for r in 0..rows {
+            counts[r * new..r * new + old].copy_from_slice(&self.counts[r * old..(r + 1) * old]);
+        }
+        self.counts = counts;
     }
 
     /// The slot of `hash`, if some worker caches it or some live request holds it.
@@ -673,6 +748,36 @@ mod tests {
                     assert_eq!(o as usize, want, "{n} workers, worker {w}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn added_workers_keep_every_set_and_slot() {
+        // Across the 64-worker word boundary, with and without held sets.
+        for holds in [false, true] {
+            let mut ix = BlockIndex::new(63, holds);
+            ix.insert(7, 0);
+            ix.insert(7, 62);
+            ix.insert(8, 62);
+            let held = holds.then(|| ix.acquire(7, 5));
+            for _ in 0..3 {
+                ix.add_worker();
+            }
+            assert_eq!(ix.num_workers(), 66);
+            ix.insert(7, 65);
+            let (mut out, mut found) = (vec![0; 66], Vec::new());
+            let mut held_out = vec![0; 66];
+            let h = holds.then_some(&mut held_out[..]);
+            ix.prefix_overlaps(&[7, 8], &mut out, h, &mut found);
+            assert_eq!((out[0], out[62], out[65], out[64]), (1, 2, 1, 0), "holds {holds}");
+            if let Some((slot, _)) = held {
+                assert_eq!(held_out[5], 1);
+                // The slot taken before the growth still releases the block.
+                assert!(ix.release(slot, 5));
+            }
+            ix.clear_worker(62);
+            ix.prefix_overlaps(&[7, 8], &mut out, None, &mut found);
+            assert_eq!((out[0], out[62], out[65]), (1, 0, 1));
         }
     }
 }

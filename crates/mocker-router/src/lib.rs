@@ -99,6 +99,11 @@ pub struct KvRouter {
     cost: Vec<f64>,
     /// Fed no KV events (see [`Router::without_kv_events`]).
     no_events: bool,
+    /// Per worker, whether it may be chosen: a draining or removed worker of a scaled
+    /// pool is not (its live requests still finish and free through it).
+    eligible: Vec<bool>,
+    /// Workers not eligible (0 in a fixed pool, so routing skips the checks).
+    ineligible: usize,
 }
 
 impl KvRouter {
@@ -126,7 +131,48 @@ impl KvRouter {
             held_overlap: vec![0; num_workers],
             cost: vec![0.0; num_workers],
             no_events: false,
+            eligible: vec![true; num_workers],
+            ineligible: 0,
         }
+    }
+
+    /// Adds a worker (a scaled pool's new worker becoming ready); returns its index.
+    pub fn add_worker(&mut self) -> usize {
+        self.index.add_worker();
+        for v in [&mut self.active_blocks, &mut self.active_prefill_tokens, &mut self.active_requests] {
+            v.push(0);
+        }
+        self.overlap.push(0);
+        self.held_overlap.push(0);
+        self.cost.push(0.0);
+        self.eligible.push(true);
+        self.eligible.len() - 1
+    }
+
+    /// Stops choosing worker `w` (it drains): its cached blocks and live requests stay
+    /// known, so those requests still report and free through it.
+    pub fn set_ineligible(&mut self, w: usize) {
+        if std::mem::replace(&mut self.eligible[w], false) {
+            self.ineligible += 1;
+        }
+    }
+
+    /// Lets worker `w` be chosen again (a new worker became ready).
+    pub fn set_eligible(&mut self, w: usize) {
+        if !std::mem::replace(&mut self.eligible[w], true) {
+            self.ineligible -= 1;
+        }
+    }
+
+    /// Forgets worker `w`'s cached blocks (it was removed; its index is never reused).
+    pub fn remove_worker(&mut self, w: usize) {
+        self.set_ineligible(w);
+        self.index.clear_worker(w);
+    }
+
+    /// Whether some worker may be chosen.
+    pub fn has_eligible(&self) -> bool {
+        self.ineligible < self.eligible.len()
     }
 
     /// Applies worker `w`'s KV events (at the pass end that made them visible).
@@ -148,6 +194,11 @@ impl KvRouter {
     pub fn all_busy(&self) -> bool {
         let Some(t) = self.cfg.router_queue_threshold else { return false };
         let limit = t * self.max_batched_tokens;
+        if self.ineligible > 0 {
+            // No eligible worker at all counts as all busy: arrivals wait in the queue.
+            return (0..self.eligible.len())
+                .all(|w| !self.eligible[w] || self.active_prefill_tokens[w] as f64 > limit);
+        }
         self.active_prefill_tokens.iter().all(|&p| p as f64 > limit)
     }
 
@@ -177,8 +228,15 @@ impl KvRouter {
         let request_blocks = req.isl.div_ceil(self.block_size);
         let decay =
             cfg.router_track_prefill_tokens && cfg.overlap_score_credit_decay > 0.0 && request_blocks > 0;
-        let min_prefill =
-            if decay { self.active_prefill_tokens.iter().copied().min().unwrap_or(0) } else { 0 };
+        let min_prefill = match (decay, self.ineligible) {
+            (false, _) => 0,
+            (true, 0) => self.active_prefill_tokens.iter().copied().min().unwrap_or(0),
+            (true, _) => (0..self.eligible.len())
+                .filter(|&w| self.eligible[w])
+                .map(|w| self.active_prefill_tokens[w])
+                .min()
+                .unwrap_or(0),
+        };
         for w in 0..self.cost.len() {
             let prefill = if cfg.router_track_prefill_tokens {
                 let raw = (self.active_prefill_tokens[w] as f64 + req.isl as f64) / bs;
@@ -202,6 +260,14 @@ impl KvRouter {
             self.cost[w] =
                 prefill + decode + cfg.decode_active_request_weight * self.active_requests[w] as f64;
         }
+        if self.ineligible > 0 {
+            for w in 0..self.cost.len() {
+                if !self.eligible[w] {
+                    self.cost[w] = f64::INFINITY;
+                    self.overlap[w] = 0;
+                }
+            }
+        }
         let worker = self.select();
         let overlap_blocks = self.overlap[worker];
         let best_overlap_blocks = self.overlap.iter().copied().max();
@@ -210,8 +276,12 @@ impl KvRouter {
     }
 
     fn select(&mut self) -> usize {
-        let (min, max) =
-            self.cost.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &c| (a.min(c), b.max(c)));
+        // Ineligible workers cost infinity: they never set the range nor tie.
+        let (min, max) = self
+            .cost
+            .iter()
+            .filter(|c| c.is_finite())
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &c| (a.min(c), b.max(c)));
         let t = self.cfg.router_temperature;
         if t > 0.0 && max > min {
             // Softmax over normalised negative costs, one uniform draw over the cumulative sum.
@@ -223,7 +293,7 @@ impl KvRouter {
                     return w;
                 }
             }
-            return self.cost.len() - 1;
+            return self.cost.iter().rposition(|c| c.is_finite()).unwrap_or(0);
         }
         // Cheapest; ties broken uniformly by reservoir sampling on the seeded RNG.
         let mut best = 0;
@@ -318,14 +388,59 @@ impl KvRouter {
 #[derive(Debug)]
 pub enum Router {
     /// Cycle through workers.
-    RoundRobin {
-        /// Next worker.
-        next: usize,
-        /// Workers.
-        n: usize,
-    },
+    RoundRobin(RoundRobin),
     /// KV-aware.
     Kv(Box<KvRouter>),
+}
+
+/// Round robin over a pool's active workers: the next request goes to the active list's
+/// position `next mod len` (the list changes as a scaled pool's workers come and go).
+#[derive(Debug, Clone)]
+pub struct RoundRobin {
+    next: usize,
+    /// Active worker indices, ascending.
+    active: Vec<usize>,
+}
+
+impl RoundRobin {
+    /// Round robin over workers `0..n`.
+    pub fn new(n: usize) -> Self {
+        Self { next: 0, active: (0..n).collect() }
+    }
+
+    /// Active workers.
+    pub fn len(&self) -> usize {
+        self.active.len()
+    }
+
+    /// Whether no worker is active.
+    pub fn is_empty(&self) -> bool {
+        self.active.is_empty()
+    }
+
+    /// The next worker, or `None` without an active one.
+    pub fn next_worker(&mut self) -> Option<usize> {
+        if self.active.is_empty() {
+            return None;
+        }
+        let i = self.next % self.active.len();
+        self.next = i + 1;
+        Some(self.active[i])
+    }
+
+    /// Worker `w` becomes active.
+    pub fn add(&mut self, w: usize) {
+        if let Err(at) = self.active.binary_search(&w) {
+            self.active.insert(at, w);
+        }
+    }
+
+    /// Worker `w` leaves the rotation (it drains).
+    pub fn remove(&mut self, w: usize) {
+        if let Ok(at) = self.active.binary_search(&w) {
+            self.active.remove(at);
+        }
+    }
 }
 
 impl Router {
@@ -338,7 +453,7 @@ impl Router {
         max_batched: usize,
     ) -> Self {
         match mode {
-            RouterMode::RoundRobin => Self::RoundRobin { next: 0, n },
+            RouterMode::RoundRobin => Self::RoundRobin(RoundRobin::new(n)),
             RouterMode::Kv => Self::Kv(Box::new(KvRouter::new(cfg, n, block_size, max_batched))),
         }
     }
@@ -366,12 +481,19 @@ impl Router {
         }
     }
 
-    /// Places a request.
+    /// Whether some worker can take a request now.
+    pub fn can_place(&self) -> bool {
+        match self {
+            Self::RoundRobin(rr) => !rr.is_empty(),
+            Self::Kv(r) => r.has_eligible(),
+        }
+    }
+
+    /// Places a request; the caller checks [`can_place`](Self::can_place) first.
     pub fn route(&mut self, req: RouteRequest<'_>) -> Placement {
         match self {
-            Self::RoundRobin { next, n } => {
-                let worker = *next;
-                *next = (*next + 1) % *n;
+            Self::RoundRobin(rr) => {
+                let worker = rr.next_worker().expect("round robin over an empty pool");
                 Placement { worker, id: 0, overlap_blocks: 0, best_overlap_blocks: None }
             }
             Self::Kv(r) => r.route(req),
@@ -581,5 +703,44 @@ mod tests {
         assert!(r.all_busy());
         r.prefill_done(a.id);
         assert!(!r.all_busy());
+    }
+
+    #[test]
+    fn ineligible_workers_are_never_chosen_and_new_ones_are() {
+        let mut r = KvRouter::new(KvRouterConfig::default(), 2, 64, 8192);
+        r.apply_events(1, &[stored(&hashes(1, 4))]);
+        r.set_ineligible(1);
+        // Worker 1 holds the whole prefix, but drains: worker 0 takes everything.
+        for _ in 0..4 {
+            let p = r.route(RouteRequest::shared(256, &hashes(1, 4)));
+            assert_eq!(p.worker, 0);
+            assert_eq!(p.overlap_blocks, 0);
+        }
+        let w = r.add_worker();
+        assert_eq!(w, 2);
+        // The new worker is idle: the least loaded wins.
+        assert_eq!(r.route(RouteRequest::shared(256, &hashes(2, 4))).worker, 2);
+        r.remove_worker(1);
+        r.set_ineligible(0);
+        r.set_ineligible(2);
+        assert!(!r.has_eligible());
+        r.set_eligible(2);
+        assert!(r.has_eligible());
+    }
+
+    #[test]
+    fn round_robin_cycles_over_the_active_list() {
+        let mut rr = RoundRobin::new(3);
+        let mut next = || rr.next_worker().unwrap();
+        assert_eq!([next(), next()], [0, 1]);
+        rr.remove(2);
+        // Position 2 of a list of two wraps to its start.
+        assert_eq!(rr.next_worker(), Some(0));
+        rr.add(5);
+        assert_eq!([rr.next_worker(), rr.next_worker(), rr.next_worker()], [Some(1), Some(5), Some(0)]);
+        rr.remove(0);
+        rr.remove(1);
+        rr.remove(5);
+        assert_eq!(rr.next_worker(), None);
     }
 }

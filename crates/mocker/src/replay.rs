@@ -25,6 +25,9 @@ pub fn run(args: ReplayArgs) -> Result<(), UsageError> {
     let outcome = outcome?;
     let shown = args.report_path().map(|p| p.display().to_string());
     print!("{}{}", run.header(), render_table(&outcome.summary, shown.as_deref()));
+    if let Some(counts) = mocker_args::replay::worker_counts(&options, &outcome) {
+        print!("{}", counts.render());
+    }
     let s = &outcome.summary;
     if s.completed_requests < s.num_requests {
         // The table's figures cover completed requests only; say what the rest were.

@@ -8,7 +8,7 @@ use crate::config::{Backend, EngineConfig, PreemptionMode, WorkerType};
 use crate::events::{KvEvent, KvEventData, StoredBlock};
 use crate::hashing::{chain_hash, extend_hashes, local_block_hash, unique_block_identity, PromptHashes};
 use crate::kv::{BlockId, BlockPool, GroupLease, GroupedPool, Scope};
-use crate::metrics::{EngineMetrics, ForwardPassMetrics, LoraActivity};
+use crate::metrics::{EngineMetrics, ForwardPassMetrics, LoraActivity, Moments, QueuedWork};
 use crate::request::{Admission, LoraRef, Output, OutputToken, Request, SeqKey};
 use crate::timing::{pass_ms, scaled_nanos, PassWork, TimingModel};
 
@@ -216,6 +216,9 @@ struct Budget {
     /// Ready requests that decode in this pass (fresh prefills sample from their prefill).
     decode_batch: usize,
     decode_kv: usize,
+    /// Full prompt lengths of the prefilling requests, sequence lengths of the decoding ones.
+    prefill_lengths: Moments,
+    decode_lengths: Moments,
     /// This pass defers local prefill work (`prefill_schedule_interval`, DP only).
     defer_prefill: bool,
 }
@@ -441,6 +444,23 @@ impl VllmScheduler {
         self.running.len() + self.waiting.len() + self.offload.as_ref().map_or(0, |o| o.queued())
     }
 
+    /// What waits in the queue now (after a pass was scheduled, the forward-pass
+    /// metrics' queued fields): fresh requests by prompt length, preempted ones by prompt
+    /// plus generated tokens, destinations whose KV has not landed by prompt length.
+    pub fn queued_work(&self) -> QueuedWork {
+        let mut q = QueuedWork::default();
+        for key in &self.waiting {
+            let Some(seq) = self.seqs[key.0 as usize].as_ref() else { continue };
+            match seq.status {
+                Status::Preempted => q.decode.add(u64::from(seq.prompt_len + seq.generated)),
+                Status::Reserved => q.decode.add(u64::from(seq.prompt_len)),
+                Status::Landed => q.decode.add(u64::from(seq.prompt_len)),
+                _ => q.prefill.add(u64::from(seq.prompt_len)),
+            }
+        }
+        q
+    }
+
     /// Current engine metrics.
     pub fn metrics(&self) -> EngineMetrics {
         if let Some(g) = &self.groups {
@@ -624,6 +644,8 @@ impl VllmScheduler {
         m.scheduled_tokens = b.scheduled_tokens;
         m.num_preempted = b.preempted;
         m.wall_time_secs = (prefill_ns + decode_ns) as f64 / 1e9;
+        m.prefill_lengths = b.prefill_lengths;
+        m.decode_lengths = b.decode_lengths;
         self.totals.prompt_tokens_computed_total += b.prefill_work_tokens as u64;
         self.last_end_ns = pass.end_ns;
         self.pass = pass;
@@ -664,9 +686,12 @@ impl VllmScheduler {
     fn schedule_running(&mut self, b: &mut Budget, pass: &mut Pass) {
         let mut i = 0;
         while i < self.running.len() && b.tokens > 0 {
-            let (n, kv) = self.plain_decode_run(&mut i, b.tokens);
+            let (n, kv, kv_sq) = self.plain_decode_run(&mut i, b.tokens);
             b.decode_batch += n;
             b.decode_kv += kv;
+            b.decode_lengths.count += n as u64;
+            b.decode_lengths.sum += kv as u64;
+            b.decode_lengths.sum_sq += u128::from(kv_sq);
             b.scheduled_tokens += n;
             b.tokens -= n as u32;
             if i >= self.running.len() || b.tokens == 0 {
@@ -697,19 +722,23 @@ impl VllmScheduler {
     /// returns how many were scheduled and their KV. Counts stay in locals so the loop
     /// does not round-trip the budget through memory.
     #[inline]
-    fn plain_decode_run(&mut self, i: &mut usize, budget: u32) -> (usize, usize) {
+    fn plain_decode_run(&mut self, i: &mut usize, budget: u32) -> (usize, usize, u64) {
         if self.groups.is_some() {
-            return (0, 0); // every grouped token reallocates its lease (windows move)
+            return (0, 0, 0); // every grouped token reallocates its lease (windows move)
         }
         let bs = self.block_size;
         let pass_id = self.pass_id;
         let check_boundary = self.prefix_caching;
-        let (mut n, mut kv) = (0usize, 0usize);
+        // Squares for the forward-pass metrics' variance: a multiply per token, in u64
+        // (a batch of 1024 requests of 2^20 tokens sums to 2^50).
+        let (mut n, mut kv, mut kv_sq) = (0usize, 0usize, 0u64);
         while *i < self.running.len() && (n as u32) < budget {
             let entry = self.running[*i];
             if entry.is_steady(pass_id) {
+                let len = entry.kv_len(pass_id);
                 n += 1;
-                kv += entry.kv_len(pass_id);
+                kv += len;
+                kv_sq += (len * len) as u64;
                 *i += 1;
                 continue;
             }
@@ -734,9 +763,10 @@ impl VllmScheduler {
             seq.pass_decode = true;
             n += 1;
             kv += len as usize;
+            kv_sq += u64::from(len) * u64::from(len);
             *i += 1;
         }
-        (n, kv)
+        (n, kv, kv_sq)
     }
 
     /// (b) Admissions from the waiting head, FCFS, while sequences and blocks allow. With
@@ -1023,8 +1053,10 @@ impl VllmScheduler {
         if seq.pass_decode {
             b.decode_batch += 1;
             b.decode_kv += seq.len as usize;
+            b.decode_lengths.add(u64::from(seq.len));
         }
         if prompt_tokens > 0 && self.worker_type != WorkerType::Decode {
+            b.prefill_lengths.add(u64::from(prompt_len));
             b.batch_count += 1;
             b.total_isl += (prefix + prompt_tokens) as usize;
             b.total_prefix += prefix as usize;
@@ -1088,6 +1120,7 @@ impl VllmScheduler {
                 b.prefill_work_tokens -= seq.pass_tokens as usize;
             }
             if seq.pass_prompt_tokens > 0 && worker_type != WorkerType::Decode {
+                b.prefill_lengths.remove(u64::from(seq.prompt_len));
                 b.batch_count -= 1;
                 b.total_isl -= (seq.pass_prefix + seq.pass_prompt_tokens) as usize;
                 b.total_prefix -= seq.pass_prefix as usize;
@@ -1095,6 +1128,7 @@ impl VllmScheduler {
             if seq.pass_decode {
                 b.decode_batch -= 1;
                 b.decode_kv -= seq.len as usize;
+                b.decode_lengths.remove(u64::from(seq.len));
             }
             seq.pass_id = u64::MAX;
         }

@@ -61,8 +61,9 @@ struct Handoff {
 
 /// The decode pool's side of a disaggregated replay.
 pub(super) struct Disagg {
-    /// Index of the first decode worker among the driver's workers.
-    pub(super) first_decode: usize,
+    /// Each decode worker's index among the driver's workers, by its id in the pool (a
+    /// scaled pool's new workers are appended after every other).
+    pub(super) members: Vec<usize>,
     /// Router of the decode pool (indices within the pool).
     pub(super) router: Router,
     /// The prefill side's transfer settings, which set the delay (as in the reference).
@@ -92,13 +93,15 @@ pub(super) struct Disagg {
     untimed: VecDeque<HandoffId>,
     /// Scratch for `deliver`: handoffs whose prefill ended (`true`) or was rejected.
     pub(super) started: Vec<(HandoffId, bool)>,
+    /// Handoffs waiting for a decode worker (a scaled decode pool at zero), in order.
+    pub(super) parked: VecDeque<HandoffId>,
 }
 
 impl Disagg {
     /// A decode pool of `workers` engines placed after `first_decode` prefill workers.
     pub(super) fn new(first_decode: usize, workers: usize, router: Router, prefill: &EngineConfig) -> Self {
         Self {
-            first_decode,
+            members: (first_decode..first_decode + workers).collect(),
             router,
             transfer: KvTransfer::from_config(prefill),
             destination_first: prefill.backend == Backend::Sglang,
@@ -112,19 +115,34 @@ impl Disagg {
             blocked_at: vec![None; workers],
             untimed: VecDeque::new(),
             started: Vec::new(),
+            parked: VecDeque::new(),
         }
     }
 
-    /// Whether no handoff waits to be reserved on (driver index) worker `w`.
-    pub(super) fn inbox_empty(&self, w: usize) -> bool {
-        self.inbox[w - self.first_decode].is_empty()
+    /// Whether no handoff waits to be reserved on decode worker `i` (its id in the pool).
+    pub(super) fn inbox_empty(&self, i: usize) -> bool {
+        self.inbox[i].is_empty()
     }
 
-    /// Whether no pass end of (driver index) worker `w`, running `engine`, could reserve
-    /// a waiting handoff: none waits, or the oldest found no room and no request of the
-    /// worker has finished since (which ends a steady run anyway).
-    pub(super) fn inbox_settled(&self, w: usize, engine: &Engine) -> bool {
-        let i = w - self.first_decode;
+    /// Whether no handoff waits for, or has landed on, decode worker `i` (a draining
+    /// worker with one is not done).
+    pub(super) fn idle(&self, i: usize) -> bool {
+        self.inbox[i].is_empty() && self.landed[i].is_empty()
+    }
+
+    /// A new decode worker (driver index `w`) joins the pool; returns its id there.
+    pub(super) fn add_worker(&mut self, w: usize) -> usize {
+        self.members.push(w);
+        self.inbox.push(VecDeque::new());
+        self.landed.push(Vec::new());
+        self.blocked_at.push(None);
+        self.members.len() - 1
+    }
+
+    /// Whether no pass end of decode worker `i` (its id in the pool), running `engine`,
+    /// could reserve a waiting handoff: none waits, or the oldest found no room and no
+    /// request of the worker has finished since (which ends a steady run anyway).
+    pub(super) fn inbox_settled(&self, i: usize, engine: &Engine) -> bool {
         self.inbox[i].is_empty() || self.head_blocked(i, engine.capacity_generation())
     }
 
@@ -212,23 +230,45 @@ impl Sim {
                 self.disagg().close(h);
                 continue;
             }
-            let (w, i) = self.route_decode(h, t);
-            let d = self.disagg();
-            d.get_mut(h).held_ns = t;
-            // Reservations are served in order: an idle worker tries its oldest waiting
-            // one now; a busy one as its pass ends (a steady run is cut back to that).
-            d.inbox[i].push_back(h);
-            if self.workers[w].busy {
-                self.interrupt_run(w, t);
-            } else {
-                self.reserve_head(w, t);
-            }
-            self.mark_dirty(w);
+            self.disagg().get_mut(h).held_ns = t;
+            self.send_to_decode(h, t);
         }
         started.clear();
         self.disagg().started = started;
         // Only now do the untimed transfers land: every reservation above saw the pool
         // without them (the reference queues each activation behind them).
+        self.activate_untimed(t);
+    }
+
+    /// Source first: the prefill of `h` is held; a decode worker reserves for it (or it
+    /// waits for one, while a scaled decode pool has none).
+    fn send_to_decode(&mut self, h: HandoffId, t: u64) {
+        if !self.disagg().router.can_place() {
+            self.disagg().parked.push_back(h);
+            return;
+        }
+        let (w, i) = self.route_decode(h, t);
+        // Reservations are served in order: an idle worker tries its oldest waiting
+        // one now; a busy one as its pass ends (a steady run is cut back to that).
+        self.disagg().inbox[i].push_back(h);
+        if self.workers[w].busy {
+            self.interrupt_run(w, t);
+        } else {
+            self.reserve_head(w, t);
+        }
+        self.mark_dirty(w);
+    }
+
+    /// A decode worker became ready at `t`: the handoffs waiting for one go on, in order.
+    pub(super) fn unpark_handoffs(&mut self, t: u64) {
+        while self.disagg().router.can_place() {
+            let Some(h) = self.disagg().parked.pop_front() else { break };
+            if self.disagg().destination_first {
+                self.route_destination(h, t);
+            } else {
+                self.send_to_decode(h, t);
+            }
+        }
         self.activate_untimed(t);
     }
 
@@ -243,8 +283,8 @@ impl Sim {
     /// Decode worker `w` tries its oldest waiting handoff at `t` (unless that found no
     /// room and the worker has given none back since).
     fn reserve_head(&mut self, w: usize, t: u64) {
+        let i = self.workers[w].pool_id;
         let d = self.disagg();
-        let i = w - d.first_decode;
         let Some(&h) = d.inbox[i].front() else { return };
         let engine = &self.workers[w].engine;
         let generation = engine.capacity_generation();
@@ -274,7 +314,7 @@ impl Sim {
         let hashes = r.block_hashes.as_ref().map_or(&[][..], |x| &x.sequence[..]);
         let shareable = r.shareable_blocks.unwrap_or(hashes.len());
         let p = d.router.route(RouteRequest { isl: r.prompt_len(), hashes, shareable });
-        let w = d.first_decode + p.worker;
+        let w = d.members[p.worker];
         let record = d.get(h).record;
         let overlap = (p.overlap_blocks, p.best_overlap_blocks);
         self.collector.on_routed(record, PoolKind::Decode, p.worker, overlap, t);
@@ -318,12 +358,12 @@ impl Sim {
                 let delay =
                     d.transfer.delay_ms(handoff.request.prompt_len(), Some(res.transferable_prompt_tokens));
                 let (record, held_ns) = (handoff.record, handoff.held_ns);
-                let (first_decode, destination_first) = (d.first_decode, d.destination_first);
+                let destination_first = d.destination_first;
                 let handoff = d.get_mut(h);
                 let ordinal = handoff.ordinal;
                 handoff.destination = res.key;
                 handoff.transferable = res.transferable_prompt_tokens as u32;
-                self.collector.on_handoff_reserved(record, w - first_decode, held_ns, t);
+                self.collector.on_handoff_reserved(record, self.workers[w].pool_id, held_ns, t);
                 if destination_first {
                     // Now the prompt can be prefilled; the transfer starts at its end.
                     let (session, request) = (handoff.session, handoff.request.clone());
@@ -390,6 +430,10 @@ impl Sim {
     /// decode worker, which reserves its prompt at once when idle; otherwise it waits for
     /// the end of one of that worker's passes (the reference reserves only between them).
     pub(super) fn route_destination(&mut self, h: HandoffId, t: u64) {
+        if !self.disagg().router.can_place() {
+            self.disagg().parked.push_back(h);
+            return;
+        }
         let (w, i) = self.route_decode(h, t);
         self.disagg().inbox[i].push_back(h);
         let worker = &self.workers[w];
@@ -440,7 +484,7 @@ impl Sim {
         let d = self.disagg.as_mut().expect("a disaggregated replay");
         let w = d.get(h).decode_worker;
         if self.workers[w].busy {
-            d.landed[w - d.first_decode].push(h);
+            d.landed[self.workers[w].pool_id].push(h);
             // That pass's end is an event now: a steady run is cut back.
             self.interrupt_run(w, t);
         } else {
@@ -455,8 +499,9 @@ impl Sim {
     pub(super) fn decode_pass_ended(&mut self, w: usize, t: u64) {
         self.reserve_front(w, t);
         self.activate_untimed(t);
+        let i = self.workers[w].pool_id;
         let d = self.disagg();
-        if !d.landed[w - d.first_decode].is_empty() {
+        if !d.landed[i].is_empty() {
             d.pass_ended.push(w);
         }
     }
@@ -469,7 +514,7 @@ impl Sim {
         }
         let ended = std::mem::take(&mut d.pass_ended);
         for &w in &ended {
-            let i = w - self.disagg().first_decode;
+            let i = self.workers[w].pool_id;
             let landed = std::mem::take(&mut self.disagg().landed[i]);
             for &h in &landed {
                 self.activate(h, t);

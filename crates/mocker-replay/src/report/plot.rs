@@ -9,6 +9,8 @@
 
 use plotters::prelude::*;
 
+use crate::scaling::PoolName;
+
 use crate::request_log::RequestRecord;
 
 /// Most samples a CDF keeps; beyond it every other sample is dropped, deterministically.
@@ -135,6 +137,8 @@ pub struct RenderOptions<'a> {
     /// The pool those workers form, naming bars by pool and index ("prefill 0"); `None`
     /// for aggregated workers, named by index.
     pub worker_pool: Option<&'a str>,
+    /// A scaled run's worker counts and its end (ms): one `workers_<pool>.svg` per pool.
+    pub worker_counts: Option<(&'a super::WorkerCounts, f64)>,
 }
 
 /// The fraction of inter-token gaps the ITL chart's x axis covers.
@@ -192,7 +196,7 @@ impl PlotData {
             ),
         };
         let bars = Labels { title: bar_title, subtitle: o.subtitle, x: bar_x, y: "hit rate (%)" };
-        Ok(vec![
+        let mut charts = vec![
             (
                 "ttft_cdf.svg",
                 line_chart(
@@ -210,7 +214,19 @@ impl PlotData {
                 count_chart(&labels("Queue depth", "simulated time (s)".into(), "requests waiting"), &queue)?,
             ),
             ("worker_cache_hit_rate.svg", bar_chart(&bars, &hit, &bar_names)?),
-        ])
+        ];
+        if let Some((counts, end_ms)) = o.worker_counts {
+            for (i, (pool, _)) in counts.pools.iter().enumerate() {
+                let (file, title) = match pool {
+                    PoolName::Agg => ("workers_agg.svg", "Active workers"),
+                    PoolName::Prefill => ("workers_prefill.svg", "Active prefill workers"),
+                    PoolName::Decode => ("workers_decode.svg", "Active decode workers"),
+                };
+                let l = labels(title, "simulated time (s)".into(), "workers");
+                charts.push((file, count_chart(&l, &counts.step_points(i, end_ms))?));
+            }
+        }
+        Ok(charts)
     }
 
     fn tokens_per_second(&self) -> Vec<(f64, f64)> {
@@ -495,7 +511,7 @@ mod tests {
         p.add(&record(0.0, 0.0, &[10.0, 12.0]));
         let subtitle = "2 workers, router kv, vllm, timing: polynomial (reference fit)";
         let charts = p
-            .render(&RenderOptions { worker_tokens: &[(100, 40), (100, 0)], subtitle, worker_pool: None })
+            .render(&RenderOptions { worker_tokens: &[(100, 40), (100, 0)], subtitle, ..Default::default() })
             .unwrap();
         for (name, svg) in &charts {
             let t = texts(svg);
@@ -530,6 +546,7 @@ mod tests {
             worker_tokens: &[(100, 40), (100, 0)],
             subtitle: "",
             worker_pool: Some("prefill"),
+            worker_counts: None,
         };
         let charts = p.render(&o).unwrap();
         let t = texts(&charts.iter().find(|c| c.0 == "worker_cache_hit_rate.svg").unwrap().1);

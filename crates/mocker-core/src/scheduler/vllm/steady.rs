@@ -100,6 +100,11 @@ impl VllmScheduler {
         let duration = self.pass.end_ns - self.pass.last_start_ns();
         debug_assert!(n >= 2 || duration == self.pass.duration_ns());
         let m = &mut self.pass.metrics;
+        if m.decode_lengths.count > 0 {
+            // Every decoding request is as many tokens longer as the run has passes more.
+            let k = (kv as i64 - m.sum_decode_kv_tokens as i64) / m.decode_lengths.count as i64;
+            m.decode_lengths.shift(k);
+        }
         m.sum_decode_kv_tokens = kv;
         m.wall_time_secs = duration as f64 / 1e9;
     }
