@@ -118,11 +118,12 @@ class ReplayResult:
     @property
     def coverage(self) -> Dict[str, Any]:
         """``{"capture_per_request", "capture_planner_details", "per_request_records"}``;
-        ``capture_planner_details`` is False, as the reference's without a scaling policy."""
+        ``capture_planner_details`` is True only when a scaling policy ran with it."""
         ...
     @property
     def lifecycle_operations(self) -> List[Dict[str, Any]]:
-        """Worker lifecycle changes: empty, the pools being fixed for the whole run."""
+        """Worker lifecycle changes a scaling policy made (start, ready, drain, removal); empty
+        without a policy or with ``capture_planner_details=False``."""
         ...
     @property
     def telemetry(self) -> None:
@@ -175,7 +176,7 @@ def run_mocker_trace_replay(
     sla_e2e_ms: Optional[float] = None,
     capture_per_request: bool = False,
     capture_planner_details: bool = True,
-    scaling_policy: None = None,
+    scaling_policy: Optional[Any] = None,
     agentic_lanes: None = None,
     execution_model: None = None,
     weka_nested_timestamp_basis: Optional[Literal["auto"]] = None,
@@ -198,9 +199,10 @@ def run_mocker_trace_replay(
     records, ``max_sim_time_ms`` stops the simulated clock, ``sla_*_ms`` add the
     ``goodput_*`` keys, ``capture_per_request`` keeps the records in ``per_request``,
     ``kv_event_lag_ms`` delays the KV router's view of stored and removed blocks
-    (``--kv-event-lag-ms``; kv_router only).
+    (``--kv-event-lag-ms``; kv_router only), ``scaling_policy`` (an object with
+    ``initial_tick_ms()`` and ``on_tick(snapshot)``) scales the pools on simulated-time ticks.
 
-    Refused by name (``ValueError``) unless left at their defaults: ``scaling_policy``,
+    Refused by name (``ValueError``) unless left at their defaults:
     ``capture_telemetry``, ``telemetry_sample_interval_ms``, ``telemetry_callback``,
     ``telemetry_jsonl_path``, ``ais_perf_config``, ``model_name``, ``trace_shared_prefix_ratio``,
     ``trace_num_prefix_groups``, ``agentic_lanes``, ``execution_model`` and
@@ -256,7 +258,7 @@ def run_mocker_synthetic_trace_replay(
     sla_e2e_ms: Optional[float] = None,
     capture_per_request: bool = False,
     capture_planner_details: bool = True,
-    scaling_policy: None = None,
+    scaling_policy: Optional[Any] = None,
     capture_telemetry: Literal[False] = False,
     telemetry_sample_interval_ms: float = 1_000.0,
     telemetry_callback: None = None,

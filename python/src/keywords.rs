@@ -132,7 +132,7 @@ pub struct Common<'py, 'a> {
     pub sla_itl_ms: Option<f64>,
     /// `--sla-e2e-ms`.
     pub sla_e2e_ms: Option<f64>,
-    /// Refused unless None.
+    /// The policy that scales the pools (offline only).
     pub scaling_policy: Option<Bound<'py, PyAny>>,
     /// Refused unless False.
     pub capture_telemetry: bool,
@@ -149,8 +149,8 @@ pub struct Common<'py, 'a> {
 impl Common<'_, '_> {
     /// Refuses, by name, the keywords that ask for what mocker does not do yet.
     pub fn refuse_unsupported(&self) -> PyResult<()> {
-        if self.scaling_policy.is_some() {
-            return Err(unsupported("scaling_policy", "mocker's worker pools are fixed for the whole run"));
+        if self.scaling_policy.is_some() && self.replay_mode != "offline" {
+            return Err(PyValueError::new_err("scaling_policy only supports replay_mode='offline'"));
         }
         if self.capture_telemetry {
             return Err(unsupported("capture_telemetry", "mocker samples no telemetry during a replay"));
@@ -182,6 +182,13 @@ impl Common<'_, '_> {
             ));
         }
         Ok(())
+    }
+
+    /// The scaling policy, if one was given, with `capture_planner_details`.
+    pub fn scaler(&self, capture_planner_details: bool) -> Option<crate::Scaler> {
+        self.scaling_policy
+            .as_ref()
+            .map(|p| crate::Scaler { policy: p.clone().unbind(), capture_planner_details })
     }
 
     /// Pushes the flags these keywords stand for.

@@ -7,6 +7,7 @@
 //! mistake raises `ValueError` with the message the CLI prints.
 
 mod keywords;
+mod policy;
 mod router;
 
 use clap::Parser;
@@ -42,12 +43,12 @@ struct ReplayResult {
     /// One dict per request (`--report-jsonl`'s records) when captured, else None.
     #[pyo3(get)]
     per_request: Py<PyAny>,
-    /// What was captured: `capture_per_request`, `capture_planner_details` (False: no
-    /// scaling policy runs, as in the reference without one) and `per_request_records`.
+    /// What was captured: `capture_per_request`, `capture_planner_details` (True only when a
+    /// scaling policy ran with it, as in the reference) and `per_request_records`.
     #[pyo3(get)]
     coverage: Py<PyAny>,
-    /// Worker lifecycle changes: empty, since the pools are fixed for the whole run (what
-    /// the reference returns without a scaling policy).
+    /// Worker lifecycle changes a scaling policy made (empty without one, or without
+    /// `capture_planner_details`).
     #[pyo3(get)]
     lifecycle_operations: Py<PyAny>,
     /// Telemetry samples: None, as the reference's without `capture_telemetry`.
@@ -80,6 +81,14 @@ struct Finished {
     run: serde_json::Value,
     /// Each record's JSON text, when captured.
     records: Option<Vec<String>>,
+    /// A scaling policy ran, recording its lifecycle details.
+    planner_details: bool,
+}
+
+/// A scaling policy for a replay, and whether to record its decisions' details.
+struct Scaler {
+    policy: Py<PyAny>,
+    capture_planner_details: bool,
 }
 
 /// A `UsageError` as Python sees it.
@@ -96,16 +105,21 @@ fn run_command(
     argv: Argv,
     capture: Option<&str>,
     max_sim_time_ms: Option<f64>,
+    scaler: Option<Scaler>,
 ) -> PyResult<Finished> {
-    let args = ReplayCommand::try_parse_from(argv.into_vec())
+    let mut args = ReplayCommand::try_parse_from(argv.into_vec())
         .map_err(|e| PyValueError::new_err(clap_message(&e)))?
         .args;
+    args.policy_given = scaler.is_some();
+    let planner_details = scaler.as_ref().is_some_and(|s| s.capture_planner_details);
+    let capture_planner_details = planner_details;
+    let mut policy = scaler.map(|s| policy::PyPolicy::new(s.policy));
     if let (Some(keyword), Mode::Online) = (capture, args.mode) {
         return Err(PyValueError::new_err(format!(
             "{keyword}: only offline replays (replay_mode=\"offline\") capture per-request records"
         )));
     }
-    py.detach(|| {
+    let finished = py.detach(|| {
         let mut options = args.options()?;
         if max_sim_time_ms.is_some() {
             options.max_sim_time_ms = max_sim_time_ms;
@@ -119,12 +133,18 @@ fn run_command(
         };
         let hooks = RunHooks {
             request_ended: if capture.is_some() { Some(&mut keep) } else { None },
+            scaling_policy: policy.as_mut().map(|p| p as &mut dyn mocker_replay::scaling::ScalingPolicy),
+            capture_planner_details,
             ..Default::default()
         };
         let outcome = args.execute(&options, &run, hooks)?;
-        Ok(Finished { outcome, mode: args.mode, run: run.to_json(), records })
-    })
-    .map_err(value_error)
+        Ok(Finished { outcome, mode: args.mode, run: run.to_json(), records, planner_details })
+    });
+    // A policy's own exception stops the replay and reaches the caller unchanged.
+    if let Some(e) = policy.and_then(|p| p.error) {
+        return Err(e);
+    }
+    finished.map_err(value_error)
 }
 
 /// A clap error as the CLI prints it, without the `error: ` prefix and the usage and
@@ -154,13 +174,20 @@ fn offline_result(py: Python<'_>, f: Finished) -> PyResult<ReplayResult> {
     };
     let coverage = PyDict::new(py);
     coverage.set_item("capture_per_request", f.records.is_some())?;
-    coverage.set_item("capture_planner_details", false)?;
+    coverage.set_item("capture_planner_details", f.planner_details)?;
     coverage.set_item("per_request_records", f.records.as_ref().map_or(0, Vec::len))?;
     Ok(ReplayResult {
         summary: summary_dict(py, &f)?.unbind(),
         per_request: per_request.unbind(),
         coverage: coverage.into_any().unbind(),
-        lifecycle_operations: PyList::empty(py).into_any().unbind(),
+        lifecycle_operations: match f.outcome.lifecycle_operations.is_empty() {
+            true => PyList::empty(py).into_any().unbind(),
+            false => {
+                let ops =
+                    serde_json::to_string(&f.outcome.lifecycle_operations).expect("operations serialize");
+                from_json(py, &ops)?.unbind()
+            }
+        },
         telemetry: py.None(),
         run: from_json(py, &f.run.to_string())?.unbind(),
     })
@@ -275,11 +302,8 @@ fn run_mocker_trace_replay(
         telemetry_jsonl_path,
         kv_event_lag_ms,
     };
-    // `capture_planner_details` is accepted either way: it selects the details of a scaling
-    // policy's decisions, and no policy runs (so `coverage` reports it False, as the
-    // reference does without a policy).
-    let _ = capture_planner_details;
     common.refuse_unsupported()?;
+    let scaler = common.scaler(capture_planner_details);
     keywords::refuse_trace_unsupported(
         trace_shared_prefix_ratio,
         trace_num_prefix_groups,
@@ -304,7 +328,7 @@ fn run_mocker_trace_replay(
     };
     argv.trace(trace);
     let capture = capture_per_request.then_some("capture_per_request");
-    let finished = run_command(py, argv, capture, max_sim_time_ms)?;
+    let finished = run_command(py, argv, capture, max_sim_time_ms, scaler)?;
     reference_result(py, finished)
 }
 
@@ -410,11 +434,8 @@ fn run_mocker_synthetic_trace_replay(
         telemetry_jsonl_path,
         kv_event_lag_ms,
     };
-    // `capture_planner_details` is accepted either way: it selects the details of a scaling
-    // policy's decisions, and no policy runs (so `coverage` reports it False, as the
-    // reference does without a policy).
-    let _ = capture_planner_details;
     common.refuse_unsupported()?;
+    let scaler = common.scaler(capture_planner_details);
     let mut argv = Argv::new();
     common.push(py, &mut argv)?;
     argv.flag("input-tokens", input_tokens);
@@ -431,7 +452,7 @@ fn run_mocker_synthetic_trace_replay(
     argv.flag("num-prefix-groups", num_prefix_groups);
     argv.flag("inter-turn-delay-ms", inter_turn_delay_ms);
     let capture = capture_per_request.then_some("capture_per_request");
-    let finished = run_command(py, argv, capture, None)?;
+    let finished = run_command(py, argv, capture, None, scaler)?;
     reference_result(py, finished)
 }
 
@@ -457,7 +478,7 @@ fn replay(
     if let Some(trace) = &trace {
         argv.trace(trace);
     }
-    let finished = run_command(py, argv, per_request.then_some("per_request"), None)?;
+    let finished = run_command(py, argv, per_request.then_some("per_request"), None, None)?;
     offline_result(py, finished)
 }
 

@@ -12,6 +12,17 @@ use std::process::Command;
 
 #[test]
 fn python_api_matches_the_cli_and_the_reference() {
+    pytest("test_python_api.py");
+}
+
+/// tests/python/test_scaling_policy.py: a scaling policy in the loop, against the reference.
+#[test]
+fn scaling_policies_act_as_in_the_reference() {
+    pytest("test_scaling_policy.py");
+}
+
+/// Runs one pytest file of tests/python with the module installed in MOCKER_PYTHON.
+fn pytest(file: &str) {
     let python = common::python();
     let probe = Command::new(&python).args(["-c", "import mocker, pytest"]).output().expect("python runs");
     assert!(
@@ -23,7 +34,7 @@ fn python_api_matches_the_cli_and_the_reference() {
     let out = Command::new(&python)
         // No cache or bytecode files left in the source tree.
         .args(["-B", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"])
-        .arg(common::repo_root().join("tests/python/test_python_api.py"))
+        .arg(common::repo_root().join("tests/python").join(file))
         .env("MOCKER_BIN", env!("CARGO_BIN_EXE_mocker"))
         .output()
         .expect("pytest runs");

@@ -1,0 +1,171 @@
+"""A scaling policy in the loop (`scaling_policy=`): the reference's protocol, errors and
+results. With Dynamo's reference importable, the same policy gives the same summary, the same
+snapshot at every tick and the same lifecycle operations as there.
+
+Run by crates/mocker/tests/python_api.rs (`MOCKER_DYNAMO_PYTHON`: an interpreter with
+`dynamo._core`, when not this one).
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+import mocker
+
+ENGINE = {"engine": {"block_size": 64, "num_gpu_blocks": 16384, "max_num_seqs": 256, "max_num_batched_tokens": 8192}}
+WALL = {"wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s"}
+
+# The policy both sides run: ticks every `every` ms from 0, the plan's latest step wins.
+POLICY = '''
+class Timetable:
+    def __init__(self, plan, every=1000.0):
+        self.plan, self.every, self.snapshots = plan, every, []
+    def initial_tick_ms(self):
+        return 0.0
+    def on_tick(self, snap):
+        self.snapshots.append(snap)
+        tp = td = None
+        for at, p, d in self.plan:
+            if at <= snap["now_ms"]:
+                tp, td = p, d
+        return {"target_prefill": tp, "target_decode": td, "next_tick_ms": snap["now_ms"] + self.every}
+'''
+exec(POLICY)
+
+CASES = {
+    "aggregated": dict(extra_engine_args={**ENGINE, "startup_time": 1.5}, num_workers=1,
+                       plan=[(2000.0, None, 3), (8000.0, None, 1)]),
+    "disaggregated": dict(prefill_engine_args={"engine": {**ENGINE["engine"], "worker_type": "prefill"}, "startup_time": 1.0},
+                          decode_engine_args={"engine": {**ENGINE["engine"], "worker_type": "decode"}, "startup_time": 2.0},
+                          plan=[(2000.0, 2, 3), (8000.0, 1, 1)]),
+}
+
+REFERENCE_SCRIPT = POLICY + '''
+import json, sys
+import dynamo._core as c
+kwargs = json.loads(sys.stdin.read())
+policy = Timetable(kwargs.pop("plan"))
+r = c.run_mocker_synthetic_trace_replay(512, 256, 300, request_rate=20.0, arrival_seed=42,
+                                        scaling_policy=policy, **kwargs)
+print(json.dumps({"summary": r.summary, "snapshots": policy.snapshots,
+                  "lifecycle_operations": r.lifecycle_operations, "coverage": r.coverage}))
+'''
+
+
+def run(plan, **kwargs):
+    policy = Timetable(plan)
+    r = mocker.run_mocker_synthetic_trace_replay(512, 256, 300, request_rate=20.0, arrival_seed=42,
+                                                 scaling_policy=policy, **kwargs)
+    return r, policy
+
+
+def reference_python():
+    candidate = os.environ.get("MOCKER_DYNAMO_PYTHON") or sys.executable
+    probe = subprocess.run([candidate, "-c", "import dynamo._core"], capture_output=True)
+    return candidate if probe.returncode == 0 else None
+
+
+def same(a, b, path=""):
+    """Differences between two JSON-like values: floats to 1e-9 relative or 2e-6 absolute
+    (mocker's clock counts whole nanoseconds, the reference's float ms)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = [] if list(a) == list(b) else [f"{path}: keys {list(a)} vs {list(b)}"]
+        return out + [d for k in b if k in a for d in same(a[k], b[k], f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{path}: {len(a)} items vs {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in same(x, y, f"{path}[{i}]")]
+    if isinstance(a, float) or isinstance(b, float):
+        if a is None or b is None or not math.isclose(a, b, rel_tol=1e-9, abs_tol=2e-6):
+            return [f"{path}: {a} vs {b}"]
+        return []
+    return [] if a == b else [f"{path}: {a} vs {b}"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_policy_gives_the_reference_results_tick_by_tick(case):
+    python = reference_python()
+    if python is None:
+        pytest.skip("Dynamo's reference (dynamo._core, ai-dynamo-runtime 1.6.1) is not importable: set "
+                    "MOCKER_DYNAMO_PYTHON to an interpreter that has it")
+    kwargs = dict(CASES[case])
+    done = subprocess.run([python, "-c", REFERENCE_SCRIPT], input=json.dumps(kwargs), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ref = json.loads(done.stdout.splitlines()[-1])
+    plan = kwargs.pop("plan")
+    ours, policy = run(plan, **kwargs)
+    summary = {k: v for k, v in ours.summary.items() if k not in WALL}
+    differ = same(summary, {k: v for k, v in ref["summary"].items() if k not in WALL}, "summary")
+    differ += same(policy.snapshots, ref["snapshots"], "snapshots")
+    differ += same(ours.lifecycle_operations, ref["lifecycle_operations"], "lifecycle_operations")
+    assert not differ, "\n".join(differ[:40])
+    assert ours.coverage["capture_planner_details"] is ref["coverage"]["capture_planner_details"] is True
+
+
+def test_the_policy_sees_the_pools_change():
+    r, policy = run([(2000.0, None, 3), (8000.0, None, 1)], extra_engine_args={**ENGINE, "startup_time": 1.5})
+    ticks = {s["now_ms"]: s for s in policy.snapshots}
+    assert ticks[3000.0]["starting_decode_ids"] == [1, 2] and ticks[3000.0]["non_draining_decode_count"] == 3
+    assert ticks[4000.0]["active_decode_ids"] == [0, 1, 2]
+    assert ticks[9000.0]["draining_decode_ids"] == [1, 2]
+    assert len(policy.snapshots[0]) == 21
+    causes = [op["cause"] for op in r.lifecycle_operations]
+    assert causes == ["planner_scale", "worker_ready_event", "worker_ready_event", "planner_scale",
+                      "drain_settlement", "drain_settlement"]
+    assert r.summary["decode_worker_seconds"] > 1.5 * r.summary["duration_ms"] / 1e3
+    # Without details the pools still scale, and nothing is recorded.
+    quiet, _ = run([(2000.0, None, 3)], extra_engine_args=ENGINE, capture_planner_details=False)
+    assert quiet.lifecycle_operations == [] and quiet.coverage["capture_planner_details"] is False
+    assert quiet.summary["decode_worker_seconds"] > 2 * quiet.summary["duration_ms"] / 1e3
+
+
+class Raw:
+    def __init__(self, result):
+        self.result = result
+
+    def initial_tick_ms(self):
+        return 0.0
+
+    def on_tick(self, snap):
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+
+@pytest.mark.parametrize("result,error,message", [
+    (3, TypeError, "'int' object is not subscriptable"),
+    (None, TypeError, "'NoneType' object is not subscriptable"),
+    ({"target_decode": 1, "next_tick_ms": None}, KeyError, "target_prefill"),
+    ({"target_prefill": None, "target_decode": 1}, KeyError, "next_tick_ms"),
+    ({"target_prefill": None, "target_decode": -1, "next_tick_ms": None}, OverflowError, "negative"),
+    ({"target_prefill": -1, "target_decode": None, "next_tick_ms": None}, OverflowError, "negative"),
+    ({"target_prefill": None, "target_decode": 2.0, "next_tick_ms": None}, TypeError, "'float' object cannot be interpreted"),
+    ({"target_prefill": None, "target_decode": None, "next_tick_ms": "x"}, TypeError, "must be real number"),
+    (RuntimeError("boom from policy"), RuntimeError, "boom from policy"),
+])
+def test_policy_errors_reach_the_caller_as_the_reference_raises_them(result, error, message):
+    with pytest.raises(error, match=message):
+        mocker.run_mocker_synthetic_trace_replay(100, 10, 5, request_rate=10.0, scaling_policy=Raw(result))
+
+
+def test_policy_shapes_the_reference_accepts():
+    # A bool is an int; extra keys are ignored; an int next tick is a time.
+    for result in [{"target_prefill": None, "target_decode": True, "next_tick_ms": None},
+                   {"target_prefill": None, "target_decode": 1, "next_tick_ms": 500, "extra": 1}]:
+        r = mocker.run_mocker_synthetic_trace_replay(100, 10, 5, request_rate=10.0, scaling_policy=Raw(result))
+        assert r.summary["completed_requests"] == 5
+    with pytest.raises(AttributeError, match="initial_tick_ms"):
+        mocker.run_mocker_synthetic_trace_replay(100, 10, 5, request_rate=10.0, scaling_policy=object())
+    with pytest.raises(ValueError, match="scaling_policy only supports replay_mode='offline'"):
+        mocker.run_mocker_synthetic_trace_replay(100, 10, 5, request_rate=10.0, replay_mode="online",
+                                                 scaling_policy=Raw(None))
+
+
+def test_a_pool_scaled_to_zero_fails_the_next_arrival_as_the_reference():
+    policy = Raw({"target_prefill": None, "target_decode": 0, "next_tick_ms": None})
+    with pytest.raises(ValueError, match="no active workers for round-robin placement"):
+        mocker.run_mocker_synthetic_trace_replay(500, 50, 60, request_rate=20.0, scaling_policy=policy)
