@@ -7,7 +7,7 @@ use std::fmt::Display;
 use std::path::Path;
 
 use mocker_router::KvRouterConfig as RouterConfig;
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyList, PyString};
 
@@ -134,13 +134,13 @@ pub struct Common<'py, 'a> {
     pub sla_e2e_ms: Option<f64>,
     /// The policy that scales the pools (offline only).
     pub scaling_policy: Option<Bound<'py, PyAny>>,
-    /// Refused unless False.
+    /// Keep telemetry samples on the result.
     pub capture_telemetry: bool,
-    /// Refused unless its default 1000.
+    /// Simulated ms between samples (`--telemetry-interval-ms`).
     pub telemetry_sample_interval_ms: f64,
-    /// Refused unless None.
+    /// Called with each sample dict.
     pub telemetry_callback: Option<Bound<'py, PyAny>>,
-    /// Refused unless None.
+    /// `--telemetry-jsonl`.
     pub telemetry_jsonl_path: Option<Bound<'py, PyAny>>,
     /// `--kv-event-lag-ms` (None and 0 are no lag, as in the reference).
     pub kv_event_lag_ms: Option<f64>,
@@ -152,20 +152,27 @@ impl Common<'_, '_> {
         if self.scaling_policy.is_some() && self.replay_mode != "offline" {
             return Err(PyValueError::new_err("scaling_policy only supports replay_mode='offline'"));
         }
-        if self.capture_telemetry {
-            return Err(unsupported("capture_telemetry", "mocker samples no telemetry during a replay"));
+        if self.telemetry_callback.as_ref().is_some_and(|c| !c.is_callable()) {
+            return Err(PyTypeError::new_err("telemetry_callback must be callable or None"));
         }
-        if self.telemetry_sample_interval_ms != 1000.0 {
-            return Err(unsupported(
-                "telemetry_sample_interval_ms",
-                "mocker samples no telemetry during a replay",
+        let sampled = self.capture_telemetry
+            || self.telemetry_callback.is_some()
+            || self.telemetry_jsonl_path.is_some();
+        if sampled && self.replay_mode != "offline" {
+            return Err(PyValueError::new_err("replay telemetry only supports replay_mode='offline'"));
+        }
+        let interval = self.telemetry_sample_interval_ms;
+        if sampled && !(interval.is_finite() && interval > 0.0) {
+            return Err(PyValueError::new_err(
+                "telemetry_sample_interval_ms must be a positive finite number",
             ));
         }
-        if self.telemetry_callback.is_some() {
-            return Err(unsupported("telemetry_callback", "mocker samples no telemetry during a replay"));
-        }
-        if self.telemetry_jsonl_path.is_some() {
-            return Err(unsupported("telemetry_jsonl_path", "mocker samples no telemetry during a replay"));
+        if !sampled && interval != 1000.0 {
+            // The reference ignores it; mocker says it does nothing rather than ignore it.
+            return Err(PyValueError::new_err(
+                "telemetry_sample_interval_ms: applies only with capture_telemetry, telemetry_callback or \
+                 telemetry_jsonl_path",
+            ));
         }
         if self.ais_perf_config.is_some() {
             return Err(unsupported(
@@ -222,7 +229,24 @@ impl Common<'_, '_> {
         argv.opt("sla-itl-ms", self.sla_itl_ms);
         argv.opt("sla-e2e-ms", self.sla_e2e_ms);
         argv.opt("kv-event-lag-ms", self.kv_event_lag_ms);
+        if let Some(path) = &self.telemetry_jsonl_path {
+            let path: std::path::PathBuf = path.extract()?;
+            argv.path("telemetry-jsonl", &path);
+        }
+        if self.capture_telemetry || self.telemetry_callback.is_some() || self.telemetry_jsonl_path.is_some()
+        {
+            argv.flag("telemetry-interval-ms", self.telemetry_sample_interval_ms);
+        }
         Ok(())
+    }
+
+    /// Where telemetry samples go besides the JSONL file: kept, and/or handed to a callable.
+    pub fn sampler(&self) -> Option<crate::Sampler> {
+        (self.capture_telemetry || self.telemetry_callback.is_some()).then(|| crate::Sampler {
+            capture: self.capture_telemetry,
+            callback: self.telemetry_callback.as_ref().map(|c| c.clone().unbind()),
+            interval_ms: self.telemetry_sample_interval_ms,
+        })
     }
 }
 

@@ -51,7 +51,7 @@ struct ReplayResult {
     /// `capture_planner_details`).
     #[pyo3(get)]
     lifecycle_operations: Py<PyAny>,
-    /// Telemetry samples: None, as the reference's without `capture_telemetry`.
+    /// Telemetry samples with `capture_telemetry`: `{"sample_interval_ms", "samples"}`; else None.
     #[pyo3(get)]
     telemetry: Py<PyAny>,
     /// What the replay ran (timing source, KV capacity, pools, router): the report's `run`.
@@ -83,6 +83,17 @@ struct Finished {
     records: Option<Vec<String>>,
     /// A scaling policy ran, recording its lifecycle details.
     planner_details: bool,
+    /// Captured telemetry: the interval and each sample's JSON text.
+    telemetry: Option<(f64, Vec<String>)>,
+}
+
+/// Where telemetry samples go besides `--telemetry-jsonl`.
+struct Sampler {
+    /// Keep them on the result (`capture_telemetry`).
+    capture: bool,
+    /// Hand each to this callable (`telemetry_callback`).
+    callback: Option<Py<PyAny>>,
+    interval_ms: f64,
 }
 
 /// A scaling policy for a replay, and whether to record its decisions' details.
@@ -106,6 +117,7 @@ fn run_command(
     capture: Option<&str>,
     max_sim_time_ms: Option<f64>,
     scaler: Option<Scaler>,
+    sampler: Option<Sampler>,
 ) -> PyResult<Finished> {
     let mut args = ReplayCommand::try_parse_from(argv.into_vec())
         .map_err(|e| PyValueError::new_err(clap_message(&e)))?
@@ -114,6 +126,9 @@ fn run_command(
     let planner_details = scaler.as_ref().is_some_and(|s| s.capture_planner_details);
     let capture_planner_details = planner_details;
     let mut policy = scaler.map(|s| policy::PyPolicy::new(s.policy));
+    let capture_samples = sampler.as_ref().is_some_and(|s| s.capture);
+    let interval_ms = sampler.as_ref().map_or(1000.0, |s| s.interval_ms);
+    let mut callback = sampler.and_then(|s| s.callback).map(policy::PyCallback::new);
     if let (Some(keyword), Mode::Online) = (capture, args.mode) {
         return Err(PyValueError::new_err(format!(
             "{keyword}: only offline replays (replay_mode=\"offline\") capture per-request records"
@@ -131,20 +146,42 @@ fn run_command(
                 v.push(serde_json::to_string(r).expect("a record serializes to JSON"));
             }
         };
+        let mut samples = capture_samples.then(Vec::new);
+        let sampled = capture_samples || callback.is_some();
+        let mut sample = |s: &mocker_replay::telemetry::TelemetrySample| {
+            let text = serde_json::to_string(s).expect("a sample serializes to JSON");
+            if let Some(cb) = callback.as_mut() {
+                cb.call(&text)?;
+            }
+            if let Some(v) = samples.as_mut() {
+                v.push(text);
+            }
+            Ok(())
+        };
         let hooks = RunHooks {
             request_ended: if capture.is_some() { Some(&mut keep) } else { None },
             scaling_policy: policy.as_mut().map(|p| p as &mut dyn mocker_replay::scaling::ScalingPolicy),
             capture_planner_details,
+            telemetry: if sampled { Some(&mut sample) } else { None },
             ..Default::default()
         };
         let outcome = args.execute(&options, &run, hooks)?;
-        Ok(Finished { outcome, mode: args.mode, run: run.to_json(), records, planner_details })
+        let telemetry = samples.map(|v| (interval_ms, v));
+        Ok(Finished { outcome, mode: args.mode, run: run.to_json(), records, planner_details, telemetry })
     });
-    // A policy's own exception stops the replay and reaches the caller unchanged.
+    // A policy's or callback's own exception stops the replay and reaches the caller unchanged.
     if let Some(e) = policy.and_then(|p| p.error) {
         return Err(e);
     }
+    if let Some(e) = callback.and_then(|c| c.error) {
+        return Err(e);
+    }
     finished.map_err(value_error)
+}
+
+/// `x` as JSON text.
+fn json_f64(x: f64) -> String {
+    serde_json::to_string(&x).expect("a finite float")
 }
 
 /// A clap error as the CLI prints it, without the `error: ` prefix and the usage and
@@ -188,7 +225,17 @@ fn offline_result(py: Python<'_>, f: Finished) -> PyResult<ReplayResult> {
                 from_json(py, &ops)?.unbind()
             }
         },
-        telemetry: py.None(),
+        telemetry: match &f.telemetry {
+            None => py.None(),
+            Some((interval, samples)) => {
+                let text = format!(
+                    "{{\"sample_interval_ms\":{},\"samples\":[{}]}}",
+                    json_f64(*interval),
+                    samples.join(",")
+                );
+                from_json(py, &text)?.unbind()
+            }
+        },
         run: from_json(py, &f.run.to_string())?.unbind(),
     })
 }
@@ -304,6 +351,7 @@ fn run_mocker_trace_replay(
     };
     common.refuse_unsupported()?;
     let scaler = common.scaler(capture_planner_details);
+    let sampler = common.sampler();
     keywords::refuse_trace_unsupported(
         trace_shared_prefix_ratio,
         trace_num_prefix_groups,
@@ -328,7 +376,7 @@ fn run_mocker_trace_replay(
     };
     argv.trace(trace);
     let capture = capture_per_request.then_some("capture_per_request");
-    let finished = run_command(py, argv, capture, max_sim_time_ms, scaler)?;
+    let finished = run_command(py, argv, capture, max_sim_time_ms, scaler, sampler)?;
     reference_result(py, finished)
 }
 
@@ -436,6 +484,7 @@ fn run_mocker_synthetic_trace_replay(
     };
     common.refuse_unsupported()?;
     let scaler = common.scaler(capture_planner_details);
+    let sampler = common.sampler();
     let mut argv = Argv::new();
     common.push(py, &mut argv)?;
     argv.flag("input-tokens", input_tokens);
@@ -452,7 +501,7 @@ fn run_mocker_synthetic_trace_replay(
     argv.flag("num-prefix-groups", num_prefix_groups);
     argv.flag("inter-turn-delay-ms", inter_turn_delay_ms);
     let capture = capture_per_request.then_some("capture_per_request");
-    let finished = run_command(py, argv, capture, None, scaler)?;
+    let finished = run_command(py, argv, capture, None, scaler, sampler)?;
     reference_result(py, finished)
 }
 
@@ -478,7 +527,7 @@ fn replay(
     if let Some(trace) = &trace {
         argv.trace(trace);
     }
-    let finished = run_command(py, argv, per_request.then_some("per_request"), None, None)?;
+    let finished = run_command(py, argv, per_request.then_some("per_request"), None, None, None)?;
     offline_result(py, finished)
 }
 

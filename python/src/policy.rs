@@ -61,3 +61,32 @@ impl ScalingPolicy for PyPolicy {
         })
     }
 }
+
+/// A Python callable receiving each telemetry sample as a dict.
+pub struct PyCallback {
+    callback: Py<PyAny>,
+    /// The first Python error it raised (the replay stops at it).
+    pub error: Option<PyErr>,
+}
+
+impl PyCallback {
+    /// Wraps `callback`.
+    pub fn new(callback: Py<PyAny>) -> Self {
+        Self { callback, error: None }
+    }
+
+    /// Calls it with the sample whose JSON text is `sample`.
+    pub fn call(&mut self, sample: &str) -> Result<(), PolicyError> {
+        Python::attach(|py| {
+            let result = py
+                .import("json")
+                .and_then(|json| json.call_method1("loads", (sample,)))
+                .and_then(|dict| self.callback.bind(py).call1((dict,)));
+            result.map(|_| ()).map_err(|e| {
+                let message = e.to_string();
+                self.error = Some(e);
+                PolicyError(message)
+            })
+        })
+    }
+}

@@ -162,10 +162,6 @@ def test_an_unknown_keyword_is_a_type_error_naming_it():
 
 # The reference's keywords mocker does not support yet, each with a value that asks for it.
 UNSUPPORTED = [
-    ("capture_telemetry", True),
-    ("telemetry_sample_interval_ms", 250.0),
-    ("telemetry_callback", print),
-    ("telemetry_jsonl_path", "telemetry.jsonl"),
     ("ais_perf_config", {"model": "x"}),
     ("model_name", "Qwen/Qwen3-8B"),
 ]

@@ -1,6 +1,7 @@
-"""A scaling policy in the loop (`scaling_policy=`): the reference's protocol, errors and
-results. With Dynamo's reference importable, the same policy gives the same summary, the same
-snapshot at every tick and the same lifecycle operations as there.
+"""A scaling policy in the loop (`scaling_policy=`) and telemetry (`capture_telemetry`,
+`telemetry_callback`, `telemetry_jsonl_path`): the reference's protocol, errors and results.
+With Dynamo's reference importable, the same policy gives the same summary, the same snapshot
+at every tick, the same lifecycle operations and the same telemetry samples as there.
 
 Run by crates/mocker/tests/python_api.rs (`MOCKER_DYNAMO_PYTHON`: an interpreter with
 `dynamo._core`, when not this one).
@@ -50,8 +51,9 @@ import dynamo._core as c
 kwargs = json.loads(sys.stdin.read())
 policy = Timetable(kwargs.pop("plan"))
 r = c.run_mocker_synthetic_trace_replay(512, 256, 300, request_rate=20.0, arrival_seed=42,
-                                        scaling_policy=policy, **kwargs)
-print(json.dumps({"summary": r.summary, "snapshots": policy.snapshots,
+                                        scaling_policy=policy, capture_telemetry=True,
+                                        telemetry_sample_interval_ms=700.0, **kwargs)
+print(json.dumps({"summary": r.summary, "snapshots": policy.snapshots, "telemetry": r.telemetry,
                   "lifecycle_operations": r.lifecycle_operations, "coverage": r.coverage}))
 '''
 
@@ -97,11 +99,12 @@ def test_a_policy_gives_the_reference_results_tick_by_tick(case):
     assert done.returncode == 0, done.stderr[-2000:]
     ref = json.loads(done.stdout.splitlines()[-1])
     plan = kwargs.pop("plan")
-    ours, policy = run(plan, **kwargs)
+    ours, policy = run(plan, capture_telemetry=True, telemetry_sample_interval_ms=700.0, **kwargs)
     summary = {k: v for k, v in ours.summary.items() if k not in WALL}
     differ = same(summary, {k: v for k, v in ref["summary"].items() if k not in WALL}, "summary")
     differ += same(policy.snapshots, ref["snapshots"], "snapshots")
     differ += same(ours.lifecycle_operations, ref["lifecycle_operations"], "lifecycle_operations")
+    differ += same(ours.telemetry, ref["telemetry"], "telemetry")
     assert not differ, "\n".join(differ[:40])
     assert ours.coverage["capture_planner_details"] is ref["coverage"]["capture_planner_details"] is True
 
@@ -169,3 +172,48 @@ def test_a_pool_scaled_to_zero_fails_the_next_arrival_as_the_reference():
     policy = Raw({"target_prefill": None, "target_decode": 0, "next_tick_ms": None})
     with pytest.raises(ValueError, match="no active workers for round-robin placement"):
         mocker.run_mocker_synthetic_trace_replay(500, 50, 60, request_rate=20.0, scaling_policy=policy)
+
+
+def test_telemetry_sinks_receive_the_same_samples(tmp_path):
+    got = []
+    path = tmp_path / "deep" / "dir" / "samples.jsonl"
+    r = mocker.run_mocker_synthetic_trace_replay(500, 50, 40, request_rate=20.0, extra_engine_args=ENGINE,
+                                                 capture_telemetry=True, telemetry_sample_interval_ms=700.0,
+                                                 telemetry_callback=got.append, telemetry_jsonl_path=str(path))
+    samples = r.telemetry["samples"]
+    assert r.telemetry["sample_interval_ms"] == 700.0
+    assert got == samples and all(type(s) is dict for s in got)
+    lines = path.read_text().splitlines()
+    assert [json.loads(line) for line in lines] == samples
+    assert lines[0].startswith('{"sample_ordinal":0,"kind":"baseline","interval_start_ms":0.0,"sampled_at_ms":0.0,')
+    kinds = [(s["kind"], s["interval_start_ms"], s["sampled_at_ms"]) for s in samples]
+    assert kinds[:3] == [("baseline", 0.0, 0.0), ("periodic", 0.0, 700.0), ("periodic", 700.0, 1400.0)]
+    assert kinds[-1][0] == "final" and kinds[-1][2] == r.summary["duration_ms"]
+    assert sum(s["traffic"]["completed_requests"] for s in samples) == 40
+    # A callback alone: the result keeps no samples; sampling changes no figure.
+    seen = []
+    alone = mocker.run_mocker_synthetic_trace_replay(500, 50, 40, request_rate=20.0, extra_engine_args=ENGINE,
+                                                     telemetry_callback=seen.append)
+    plain = mocker.run_mocker_synthetic_trace_replay(500, 50, 40, request_rate=20.0, extra_engine_args=ENGINE)
+    assert alone.telemetry is None and len(seen) == 3  # baseline, 1000 ms, final (the reference's M5)
+    assert {k: v for k, v in alone.summary.items() if k not in WALL} == {k: v for k, v in plain.summary.items() if k not in WALL}
+
+
+def test_telemetry_errors(tmp_path):
+    call = lambda **kw: mocker.run_mocker_synthetic_trace_replay(100, 10, 5, request_rate=10.0, **kw)
+    with pytest.raises(TypeError, match="telemetry_callback must be callable or None"):
+        call(telemetry_callback=3)
+    with pytest.raises(ValueError, match="replay telemetry only supports replay_mode='offline'"):
+        call(capture_telemetry=True, replay_mode="online")
+    for bad in (0.0, -5.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="telemetry_sample_interval_ms must be a positive finite number"):
+            call(capture_telemetry=True, telemetry_sample_interval_ms=bad)
+    with pytest.raises(ValueError, match="telemetry_sample_interval_ms: applies only with"):
+        call(telemetry_sample_interval_ms=250.0)
+
+    def boom(sample):
+        raise RuntimeError("boom from callback")
+    with pytest.raises(RuntimeError, match="boom from callback"):
+        call(telemetry_callback=boom)
+    with pytest.raises(ValueError, match="Is a directory"):
+        call(telemetry_jsonl_path=str(tmp_path))

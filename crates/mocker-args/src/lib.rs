@@ -10,6 +10,7 @@ pub mod online;
 pub mod output;
 pub mod replay;
 mod run_facts;
+pub mod telemetry;
 
 /// A user error: the message names the flag (or engine-args key) it concerns. The CLI
 /// prints it after `error: ` and exits 2; the Python module raises it as a `ValueError`.

@@ -12,6 +12,8 @@ use mocker_replay::report::RunDescription;
 use mocker_replay::report::WorkerCounts;
 use mocker_replay::router::KvRouterConfig;
 use mocker_replay::scaling::{PoolName, ScalingPlan, ScalingPolicy};
+
+use crate::telemetry::TelemetryFile;
 use mocker_replay::{
     load_trace, Cluster, Load, Pool, ReplayError, ReplayOptions, ReplayOutcome, RequestRecord, RouterMode,
     Sla, SyntheticWorkload, TraceFormat, TraceWorkload, Workload,
@@ -128,6 +130,15 @@ pub struct ReplayArgs {
     /// their launch's `startup_time`, removed ones (highest ids) drain. Offline only.
     #[arg(long, value_name = "FILE")]
     pub scaling_plan: Option<PathBuf>,
+    /// Write telemetry samples here, one JSON object per line (parent directories created):
+    /// a baseline, one every --telemetry-interval-ms of simulated time and a final one, each
+    /// with the interval's traffic, every live worker's scheduler state, the pools'
+    /// preemptions and cache hits, router queues and worker ids. Offline only.
+    #[arg(long, value_name = "FILE")]
+    pub telemetry_jsonl: Option<PathBuf>,
+    /// Simulated ms between telemetry samples (with --telemetry-jsonl; default 1000).
+    #[arg(long, value_name = "MS", allow_negative_numbers = true)]
+    pub telemetry_interval_ms: Option<f64>,
     /// Set by callers that bring their own scaling policy (the Python module): the launch
     /// key `startup_time` then acts, so no warning says it does not.
     #[arg(skip)]
@@ -601,6 +612,9 @@ pub struct RunHooks<'a> {
     /// With a policy: record every worker's lifecycle in the outcome (the reference's
     /// `capture_planner_details`, default true there).
     pub capture_planner_details: bool,
+    /// Receives telemetry samples (besides `--telemetry-jsonl`), every
+    /// `--telemetry-interval-ms`; offline only.
+    pub telemetry: Option<mocker_replay::telemetry::TelemetrySink<'a>>,
 }
 
 impl ReplayArgs {
@@ -631,6 +645,21 @@ impl ReplayArgs {
         run: &RunDescription,
         hooks: RunHooks<'_>,
     ) -> Result<ReplayOutcome, UsageError> {
+        let sampled = self.telemetry_jsonl.is_some() || hooks.telemetry.is_some();
+        if let Some(ms) = self.telemetry_interval_ms {
+            if !sampled {
+                return Err(UsageError(
+                    "--telemetry-interval-ms: applies only with a telemetry sink (--telemetry-jsonl)".into(),
+                ));
+            }
+            mocker_replay::telemetry::check_interval(ms)
+                .map_err(|m| UsageError(format!("--telemetry-interval-ms: {m}")))?;
+        }
+        if self.mode == Mode::Online && sampled {
+            return Err(UsageError(
+                "--telemetry-jsonl: only offline replays (--mode offline) sample telemetry".into(),
+            ));
+        }
         if self.mode == Mode::Online && (self.scaling_plan.is_some() || hooks.scaling_policy.is_some()) {
             return Err(UsageError(
                 "--scaling-plan: only offline replays (--mode offline) scale their pools".into(),
@@ -648,6 +677,10 @@ impl ReplayArgs {
                 self.plot.as_deref().map(|dir| (dir, run)),
                 hooks,
                 plan,
+                Telemetry {
+                    file: self.telemetry_jsonl.as_deref().map(TelemetryFile::new),
+                    interval_ms: self.telemetry_interval_ms.unwrap_or(1000.0),
+                },
             )?,
             Mode::Online
                 if self.report_jsonl.is_some() || self.report_passes.is_some() || self.plot.is_some() =>
@@ -682,6 +715,12 @@ pub fn worker_counts(options: &ReplayOptions, outcome: &ReplayOutcome) -> Option
     Some(WorkerCounts::from_operations(&initial, &outcome.lifecycle_operations))
 }
 
+/// Telemetry's file sink and interval, for `run_offline`.
+struct Telemetry {
+    file: Option<TelemetryFile>,
+    interval_ms: f64,
+}
+
 /// Reads `--scaling-plan`'s file.
 fn read_scaling_plan(path: &Path) -> Result<ScalingPlan, UsageError> {
     let text = std::fs::read_to_string(path)
@@ -699,6 +738,7 @@ fn run_offline(
     plot: Option<(&Path, &RunDescription)>,
     hooks: RunHooks<'_>,
     mut plan: Option<ScalingPlan>,
+    telemetry: Telemetry,
 ) -> Result<ReplayOutcome, UsageError> {
     let (plot, run) = (plot.map(|p| p.0), plot.map(|p| p.1));
     let plot_error = |p: &Path, e: &dyn std::fmt::Display| {
@@ -715,8 +755,24 @@ fn run_offline(
         Some(p) => Some(AtomicFile::create(p).map_err(|e| jsonl_error(p, &e))?),
         None => None,
     };
-    let RunHooks { mut progress, request_ended: mut on_record, mut scaling_policy, capture_planner_details } =
-        hooks;
+    let RunHooks {
+        mut progress,
+        request_ended: mut on_record,
+        mut scaling_policy,
+        capture_planner_details,
+        telemetry: mut on_sample,
+    } = hooks;
+    let Telemetry { file: mut telemetry_file, interval_ms } = telemetry;
+    let sampled = telemetry_file.is_some() || on_sample.is_some();
+    let mut sample = |s: &mocker_replay::telemetry::TelemetrySample| {
+        if let Some(f) = telemetry_file.as_mut() {
+            f.write(s)?;
+        }
+        match on_sample.as_mut() {
+            Some(sink) => sink(s),
+            None => Ok(()),
+        }
+    };
     // A plan's run always records the lifecycle (the report shows the worker counts).
     let capture_planner_details = capture_planner_details || plan.is_some();
     // Reborrowed, as `progress` below: the driver's hooks share one lifetime.
@@ -774,8 +830,13 @@ fn run_offline(
         pass_ended: if passes.is_some() { Some(&mut write_pass) } else { None },
         scaling_policy,
         capture_planner_details,
+        telemetry: if sampled { Some(&mut sample) } else { None },
+        telemetry_interval_ms: interval_ms,
     };
     let outcome = mocker_replay::run_replay(options, hooks).map_err(|e| UsageError(e.to_string()))?;
+    if let Some(f) = telemetry_file {
+        f.finish().map_err(|e| UsageError(format!("--telemetry-jsonl: {e}")))?;
+    }
     if let (Some(f), Some(p)) = (file, jsonl) {
         match write_error {
             Some(e) => return Err(jsonl_error(p, &e)),

@@ -64,7 +64,8 @@ pub struct ForwardPassMetrics {
     /// Full prompt lengths of the requests that computed prompt tokens (vLLM; for the
     /// forward-pass metrics' variance).
     pub prefill_lengths: Moments,
-    /// Sequence lengths of the requests decoding (vLLM).
+    /// Sequence lengths of the requests decoding (vLLM), without those that finished a
+    /// (re)computed prompt in the pass: the forward-pass metrics' decode requests.
     pub decode_lengths: Moments,
 }
 

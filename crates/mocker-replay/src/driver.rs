@@ -29,8 +29,10 @@ use crate::trace::DepTrigger;
 
 mod handoff;
 mod scaling;
+mod telemetry;
 use handoff::{Disagg, HandoffId};
 use scaling::Scaling;
+use telemetry::Telemetry;
 
 use crate::scaling::{LifecycleOperation, PoolName, ScalingPolicy};
 
@@ -60,6 +62,10 @@ pub struct Hooks<'a> {
     pub scaling_policy: Option<&'a mut dyn ScalingPolicy>,
     /// With a policy: record every worker's lifecycle in the outcome.
     pub capture_planner_details: bool,
+    /// Receives telemetry samples (the reference's `capture_telemetry` and its sinks).
+    pub telemetry: Option<crate::telemetry::TelemetrySink<'a>>,
+    /// Simulated ms between telemetry samples (with `telemetry`).
+    pub telemetry_interval_ms: f64,
 }
 
 /// What a worker does with the requests it gets.
@@ -173,8 +179,11 @@ struct Sim {
     /// pool's new workers follow them all.
     workers: Vec<Worker>,
     template: WorkerTemplate,
-    /// Pools a policy scales (`None`: fixed for the whole run).
+    /// The pools' workers by state, for a policy or telemetry (`None`: fixed for the whole
+    /// run, and nobody asks).
     scaling: Option<Box<Scaling>>,
+    /// Telemetry sampling, when a sink takes samples.
+    telemetry: Option<Box<Telemetry>>,
     /// A request found no worker to go to (a scaled pool at zero): the run stops.
     placement_error: Option<ReplayError>,
     /// Each aggregated or prefill worker rank's index among `workers`, by its router index.
@@ -384,16 +393,24 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     if options.workload.total_requests() >= GAP_THREAD_MIN_REQUESTS {
         collector = collector.with_gap_thread();
     }
-    let scaling = match hooks.scaling_policy.is_some() {
+    let (policy, sampled) = (hooks.scaling_policy.is_some(), hooks.telemetry.is_some());
+    let telemetry = match sampled {
+        false => None,
+        true => {
+            crate::telemetry::check_interval(hooks.telemetry_interval_ms)
+                .map_err(|m| crate::options::invalid("telemetry_sample_interval_ms", m))?;
+            let interval_ns = ms_to_ns(hooks.telemetry_interval_ms).max(1);
+            Some(Box::new(Telemetry::new(interval_ns, usize::from(policy))))
+        }
+    };
+    let scaling = match policy || sampled {
         false => None,
         true if dp > 1 => {
-            return Err(crate::options::invalid(
-                "scaling_policy",
-                "scaling pools with dp_size > 1 is not supported yet".into(),
-            ))
+            let field = if policy { "scaling_policy" } else { "capture_telemetry" };
+            return Err(crate::options::invalid(field, "not supported with dp_size > 1 yet".into()));
         }
         true => {
-            collector = collector.with_traffic_windows(1);
+            collector = collector.with_traffic_windows(usize::from(policy) + usize::from(sampled));
             let entry_name = if disaggregated { PoolName::Prefill } else { PoolName::Agg };
             let mut pools = vec![(entry_name, entry.launch.clone(), (0..entry.workers).collect())];
             if let Some(decode) = options.cluster.decode() {
@@ -411,6 +428,7 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
         workers,
         template,
         scaling,
+        telemetry,
         placement_error: None,
         entry_members: (0..entry.workers * dp).collect(),
         parked: VecDeque::new(),
@@ -475,7 +493,8 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     inputs.committed_prefill_tokens = committed;
     inputs.wall_time_ms = wall_ms;
     let gpus = |l: &LaunchConfig| (l.tensor_parallel_size * l.dp_size) as u64;
-    let scaled_seconds = sim.scaling.as_ref().map(|sc| {
+    // With a policy; telemetry alone leaves the pools fixed, and the plain product exact.
+    let scaled_seconds = sim.scaling.as_ref().filter(|_| policy).map(|sc| {
         let end_ns = ms_to_ns(inputs.duration_ms);
         let seconds: Vec<f64> = sc.pools.iter().map(|p| p.worker_seconds(end_ns)).collect();
         seconds
@@ -538,6 +557,9 @@ impl Sim {
         let mut reported = 0;
         loop {
             self.drain(now)?;
+            if let Some(sink) = hooks.telemetry.as_mut() {
+                self.sample_due(now, sink)?;
+            }
             if let Some(policy) = hooks.scaling_policy.as_deref_mut() {
                 // A tick fires once the instant has settled; what it changed settles too.
                 if self.scaling_tick(now, policy)? {
@@ -555,6 +577,9 @@ impl Sim {
                 }
             }
             if self.done() {
+                if let Some(sink) = hooks.telemetry.as_mut() {
+                    self.sample_final(now, sink)?;
+                }
                 return Ok(());
             }
             let speedup = self.speedup;
@@ -568,10 +593,20 @@ impl Sim {
             let next_wake = self.next_wake();
             let next_ingress = self.ingress.front().map(|e| e.0);
             let next_scaling = self.scaling.as_ref().and_then(|sc| sc.next_event());
-            match [next_arrival, next_delayed, next_pass, next_handoff, next_wake, next_ingress, next_scaling]
-                .into_iter()
-                .flatten()
-                .min()
+            let next_sample = self.telemetry.as_ref().and_then(|t| t.next_event());
+            match [
+                next_arrival,
+                next_delayed,
+                next_pass,
+                next_handoff,
+                next_wake,
+                next_ingress,
+                next_scaling,
+                next_sample,
+            ]
+            .into_iter()
+            .flatten()
+            .min()
             {
                 Some(t) if cap.is_some_and(|c| t > c) => return Ok(()),
                 Some(t) => now = t.max(now),
@@ -789,8 +824,12 @@ impl Sim {
             self.note_delivered(w, t);
         }
         if self.collector.has_traffic() {
+            // Decode forwards of requests past their prompt (vLLM; the pass's decodes else).
             let m = &self.workers[w].engine.last_pass().metrics;
-            let forwards = m.num_decode_requests as u64;
+            let forwards = match self.workers[w].engine.backend() {
+                mocker_core::config::Backend::Sglang => m.num_decode_requests as u64,
+                _ => m.decode_lengths.count,
+            };
             self.collector.on_decode_forwards(forwards, forwards);
         }
         let worker = &mut self.workers[w];
@@ -883,6 +922,9 @@ impl Sim {
         }
         if role == Role::Decode && self.disagg.is_some() {
             self.decode_pass_ended(w, t);
+        }
+        if self.telemetry.is_some() {
+            self.publish_completion(w);
         }
         self.end_requests(t);
         if lifecycle {
@@ -1191,6 +1233,9 @@ impl Sim {
             worker.owners.resize(slot + 1, SlotOwner::default());
         }
         worker.owners[slot] = SlotOwner { record: rec, session: sid, route: p.id, prefilling: true, handoff };
+        if self.telemetry.is_some() {
+            self.publish_gauges(w);
+        }
         self.mark_dirty(w);
     }
 

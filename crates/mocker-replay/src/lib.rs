@@ -14,6 +14,7 @@ pub mod pass_log;
 pub mod report;
 pub mod request_log;
 pub mod scaling;
+pub mod telemetry;
 pub use mocker_router as router;
 pub mod trace;
 pub mod workload;

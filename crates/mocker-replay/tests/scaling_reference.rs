@@ -8,6 +8,7 @@
 use mocker_core::config::LaunchConfig;
 use mocker_replay::router::KvRouterConfig;
 use mocker_replay::scaling::{ClusterSnapshot, PolicyError, ScalingDecision, ScalingPolicy};
+use mocker_replay::telemetry::TelemetrySample;
 use mocker_replay::{
     run_replay, Cluster, Hooks, Load, Pool, ReplayError, ReplayOptions, ReplayOutcome, RouterMode, Sla,
     SyntheticWorkload,
@@ -140,10 +141,34 @@ fn options(c: &Value) -> ReplayOptions {
 }
 
 fn run(c: &Value, policy: &mut Timetable) -> Result<ReplayOutcome, ReplayError> {
+    run_sampled(c, Some(policy), None).map(|(o, _)| o)
+}
+
+/// Runs case `c` with `policy` (if any) and telemetry every `interval` ms (if any); returns
+/// the outcome and the samples as JSON.
+fn run_sampled(
+    c: &Value,
+    policy: Option<&mut Timetable>,
+    interval: Option<f64>,
+) -> Result<(ReplayOutcome, Vec<Value>), ReplayError> {
     let capture = c["replay"]["capture_planner_details"].as_bool().unwrap_or(true);
-    let hooks =
-        Hooks { scaling_policy: Some(policy), capture_planner_details: capture, ..Default::default() };
-    run_replay(&options(c), hooks)
+    let mut samples = Vec::new();
+    let mut keep = |s: &TelemetrySample| {
+        samples.push(serde_json::to_value(s).unwrap());
+        Ok(())
+    };
+    let hooks = Hooks {
+        scaling_policy: policy.map(|p| p as &mut dyn ScalingPolicy),
+        capture_planner_details: capture,
+        telemetry: match interval {
+            Some(_) => Some(&mut keep),
+            None => None,
+        },
+        telemetry_interval_ms: interval.unwrap_or(1000.0),
+        ..Default::default()
+    };
+    let outcome = run_replay(&options(c), hooks)?;
+    Ok((outcome, samples))
 }
 
 /// Differences between `got` and `want` as paths: floats to 1e-9 relative, or 2e-6 ms
@@ -436,6 +461,90 @@ fn kv_router_scaling_stays_within_the_reference_spread() {
                     }
                 }
             }
+        }
+    }
+    assert!(out.is_empty(), "{} differences:\n{}", out.len(), out.join("\n"));
+}
+
+/// Telemetry beside a policy: every sample of the reference's `A1` and `A3` runs (baseline,
+/// periodic, final; traffic, gauges of starting and draining workers, ids).
+#[test]
+fn telemetry_samples_match_the_reference() {
+    let mut out = Vec::new();
+    for name in ["A1_agg_round_robin", "A3_disagg_round_robin"] {
+        let c = case(name);
+        let mut policy = Timetable::from_case(&c);
+        let interval = c["replay"]["telemetry_sample_interval_ms"].as_f64();
+        let (outcome, samples) = run_sampled(&c, Some(&mut policy), interval).expect(name);
+        summary_diff(name, &outcome, &c["summary"], &mut out);
+        diff(&format!("{name}.telemetry"), &Value::Array(samples), &c["telemetry"]["samples"], &mut out);
+    }
+    assert!(out.is_empty(), "{} differences:\n{}", out.len(), out.join("\n"));
+}
+
+/// Interval counters without a policy: preemptions (a 200-block cache), SGLang's cache
+/// counters, vLLM's zeros; and sampling changes no figure of the run.
+#[test]
+fn telemetry_counters_match_the_reference() {
+    let mut out = Vec::new();
+    for (name, engine, interval) in [
+        (
+            "M1_preemptions",
+            json!({"block_size": 64, "num_gpu_blocks": 200, "max_num_seqs": 256, "max_num_batched_tokens": 8192}),
+            500.0,
+        ),
+        (
+            "M2_sglang_cache_hits",
+            json!({"block_size": 64, "num_gpu_blocks": 16384, "max_num_seqs": 256, "max_num_batched_tokens": 8192, "backend": "sglang"}),
+            500.0,
+        ),
+        (
+            "M3_vllm_cache_hits",
+            json!({"block_size": 64, "num_gpu_blocks": 16384, "max_num_seqs": 256, "max_num_batched_tokens": 8192}),
+            500.0,
+        ),
+    ] {
+        let mut c = case(name);
+        c["replay"] = json!({"extra_engine_args": {"engine": engine}, "num_workers": 1});
+        let w = c["workload"].clone();
+        let mut opts = options(&c);
+        if let mocker_replay::Workload::Synthetic(s) = &mut opts.workload {
+            s.shared_prefix_ratio = w["shared_prefix_ratio"].as_f64().unwrap_or(0.0);
+            s.num_prefix_groups = w["num_prefix_groups"].as_u64().unwrap_or(0) as usize;
+        }
+        let mut samples = Vec::new();
+        let mut keep = |s: &TelemetrySample| {
+            samples.push(serde_json::to_value(s).unwrap());
+            Ok(())
+        };
+        let hooks =
+            Hooks { telemetry: Some(&mut keep), telemetry_interval_ms: interval, ..Default::default() };
+        let outcome = run_replay(&opts, hooks).expect(name);
+        summary_diff(name, &outcome, &c["summary"], &mut out);
+        let plain = run_replay(&opts, Hooks::default()).expect(name);
+        let (a, b) =
+            (serde_json::to_value(&outcome.summary).unwrap(), serde_json::to_value(&plain.summary).unwrap());
+        for key in
+            ["duration_ms", "mean_ttft_ms", "mean_itl_ms", "decode_worker_seconds", "completed_requests"]
+        {
+            if a[key] != b[key] {
+                out.push(format!("{name}: sampling changed {key}: {} vs {}", a[key], b[key]));
+            }
+        }
+        match c.get("interval_metrics") {
+            Some(want) => {
+                let got: Vec<Value> = samples
+                    .iter()
+                    .map(|s| json!([s["kind"], s["sampled_at_ms"], s["decode_interval_metrics"]]))
+                    .collect();
+                diff(&format!("{name}.interval_metrics"), &Value::Array(got), want, &mut out);
+            }
+            None => diff(
+                &format!("{name}.telemetry"),
+                &Value::Array(samples),
+                &c["telemetry"]["samples"],
+                &mut out,
+            ),
         }
     }
     assert!(out.is_empty(), "{} differences:\n{}", out.len(), out.join("\n"));

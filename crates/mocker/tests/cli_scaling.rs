@@ -97,3 +97,49 @@ fn bad_plans_are_usage_errors() {
     args.extend([ok.to_str().unwrap(), "--mode", "online"]);
     assert_exit_2(&args, &["--scaling-plan", "offline"]);
 }
+
+#[test]
+fn telemetry_is_written_as_jsonl_beside_a_plan() {
+    let dir = scratch("telemetry");
+    let plan = dir.join("plan.json");
+    std::fs::write(&plan, r#"[{"at_ms": 2000, "decode": 3}, {"at_ms": 8000, "decode": 1}]"#).unwrap();
+    let samples = dir.join("nested/samples.jsonl");
+    let mut args = workload(plan.to_str().unwrap());
+    args.extend(["--telemetry-jsonl", samples.to_str().unwrap(), "--telemetry-interval-ms", "1000"]);
+    let report = report(&dir, "sampled", &args);
+    let lines: Vec<Value> = std::fs::read_to_string(&samples)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // The reference's A1 run: a baseline, one sample a second, a final one at the end.
+    assert_eq!(lines.len(), 17);
+    assert_eq!(lines[0]["kind"], "baseline");
+    assert_eq!(lines[16]["kind"], "final");
+    assert_eq!(lines[16]["sampled_at_ms"], report["duration_ms"]);
+    assert_eq!(lines[3]["starting_decode_ids"], serde_json::json!([1, 2]));
+    assert_eq!(lines[9]["draining_decode_ids"], serde_json::json!([1, 2]));
+    let completed: u64 = lines.iter().map(|s| s["traffic"]["completed_requests"].as_u64().unwrap()).sum();
+    assert_eq!(completed, 300);
+}
+
+#[test]
+fn telemetry_flags_are_checked() {
+    let dir = scratch("telemetry-bad");
+    let base = ["replay", "--request-count", "20", "--request-rate", "20"];
+    let mut args = base.to_vec();
+    args.extend(["--telemetry-interval-ms", "500"]);
+    assert_exit_2(&args, &["--telemetry-interval-ms", "--telemetry-jsonl"]);
+    let file = dir.join("t.jsonl");
+    for bad in ["0", "-1", "inf"] {
+        let mut args = base.to_vec();
+        args.extend(["--telemetry-jsonl", file.to_str().unwrap(), "--telemetry-interval-ms", bad]);
+        assert_exit_2(&args, &["--telemetry-interval-ms", "positive"]);
+    }
+    let mut args = base.to_vec();
+    args.extend(["--telemetry-jsonl", file.to_str().unwrap(), "--mode", "online"]);
+    assert_exit_2(&args, &["--telemetry-jsonl", "offline"]);
+    let mut args = base.to_vec();
+    args.extend(["--telemetry-jsonl", dir.to_str().unwrap()]);
+    assert_exit_2(&args, &["telemetry", "directory"]);
+}

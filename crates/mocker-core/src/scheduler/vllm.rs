@@ -1053,7 +1053,11 @@ impl VllmScheduler {
         if seq.pass_decode {
             b.decode_batch += 1;
             b.decode_kv += seq.len as usize;
-            b.decode_lengths.add(u64::from(seq.len));
+            // A request finishing its (re)computed prompt here counts as prefill only in the
+            // forward-pass metrics, as the reference's: it decoded nothing yet.
+            if prompt_tokens == 0 {
+                b.decode_lengths.add(u64::from(seq.len));
+            }
         }
         if prompt_tokens > 0 && self.worker_type != WorkerType::Decode {
             b.prefill_lengths.add(u64::from(prompt_len));
@@ -1128,7 +1132,9 @@ impl VllmScheduler {
             if seq.pass_decode {
                 b.decode_batch -= 1;
                 b.decode_kv -= seq.len as usize;
-                b.decode_lengths.remove(u64::from(seq.len));
+                if seq.pass_prompt_tokens == 0 {
+                    b.decode_lengths.remove(u64::from(seq.len));
+                }
             }
             seq.pass_id = u64::MAX;
         }

@@ -119,6 +119,11 @@ impl Disagg {
         }
     }
 
+    /// Handoffs waiting to be reserved on decode worker `i`.
+    pub(super) fn inbox_len(&self, i: usize) -> usize {
+        self.inbox[i].len()
+    }
+
     /// Whether no handoff waits to be reserved on decode worker `i` (its id in the pool).
     pub(super) fn inbox_empty(&self, i: usize) -> bool {
         self.inbox[i].is_empty()
@@ -251,6 +256,9 @@ impl Sim {
         // Reservations are served in order: an idle worker tries its oldest waiting
         // one now; a busy one as its pass ends (a steady run is cut back to that).
         self.disagg().inbox[i].push_back(h);
+        if self.telemetry.is_some() {
+            self.publish_gauges(w);
+        }
         if self.workers[w].busy {
             self.interrupt_run(w, t);
         } else {
@@ -342,6 +350,12 @@ impl Sim {
         } else {
             worker.engine.reserve(decode_leg(&handoff.request, self.block_size))
         };
+        if reserved.is_ok() && self.telemetry.is_some() {
+            self.publish_gauges(w);
+        }
+        let d = self.disagg.as_mut().expect("a disaggregated replay");
+        let handoff = d.get(h);
+        let worker = &mut self.workers[w];
         match reserved {
             Ok(res) => {
                 let slot = res.key.0 as usize;
@@ -386,6 +400,9 @@ impl Sim {
                 if !d.destination_first {
                     self.workers[handoff.prefill_worker].engine.release_held(handoff.source, uuid);
                     self.mark_dirty(handoff.prefill_worker);
+                    if self.telemetry.is_some() && !self.workers[handoff.prefill_worker].busy {
+                        self.publish_gauges(handoff.prefill_worker);
+                    }
                 }
                 self.collector.on_rejected(handoff.record, t);
                 self.ended.push((handoff.session, uuid, true));
@@ -405,6 +422,13 @@ impl Sim {
         debug_assert!(activated.is_some(), "a reserved destination activates");
         let released = self.workers[handoff.prefill_worker].engine.release_held(handoff.source, uuid);
         debug_assert!(released, "the source held its KV until now");
+        if self.telemetry.is_some() {
+            // Both engines took a command; a busy source's release shows as its pass ends.
+            self.publish_gauges(w);
+            if !self.workers[handoff.prefill_worker].busy {
+                self.publish_gauges(handoff.prefill_worker);
+            }
+        }
         // Source first, the reference logs the release as the prefill worker's pass in
         // flight ends, if it is busy. Its pass was scheduled already: freeing the blocks
         // now changes no figure (they join the LRU after that pass's own), only the log.
@@ -461,6 +485,9 @@ impl Sim {
             let handoff = self.disagg().close(h);
             let w = handoff.decode_worker;
             self.workers[w].engine.cancel_key(handoff.destination, handoff.request.uuid);
+            if self.telemetry.is_some() {
+                self.publish_gauges(w);
+            }
             self.disagg().router.free(handoff.route);
             self.mark_dirty(w);
             return;

@@ -45,7 +45,7 @@ impl PoolTrack {
         (0..self.state.len()).filter(|&i| self.state[i] == state).collect()
     }
 
-    fn pool_state(&self) -> PoolState {
+    pub(super) fn pool_state(&self) -> PoolState {
         PoolState {
             active: self.ids(WorkerState::Active),
             starting: self.ids(WorkerState::Starting),
@@ -555,8 +555,8 @@ impl Sim {
             sum_prefill_tokens: m.sum_prefill_tokens as u64,
             var_prefill_length: m.prefill_lengths.variance(),
             sum_prefill_kv_tokens: m.sum_prefill_kv_tokens as u64,
-            num_decode_requests: m.num_decode_requests as u64,
-            sum_decode_kv_tokens: m.sum_decode_kv_tokens as u64,
+            num_decode_requests: m.decode_lengths.count,
+            sum_decode_kv_tokens: m.decode_lengths.sum,
             var_decode_kv_tokens: m.decode_lengths.variance(),
             num_queued_prefill: q.prefill.count,
             sum_queued_prefill_tokens: q.prefill.sum,

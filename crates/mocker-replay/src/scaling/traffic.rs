@@ -91,6 +91,11 @@ impl TrafficWindow {
         self.forwards += forwards;
     }
 
+    /// Whether anything was seen since the window started.
+    pub fn has_observations(&self) -> bool {
+        self.arrivals + self.completions + self.hit_rate_count + self.forwards > 0
+    }
+
     /// The window up to `now_ms`; the next one starts there.
     pub fn drain(&mut self, now_ms: f64) -> TrafficStats {
         let mean = |sum: f64, n: u64| if n > 0 { sum / n as f64 } else { 0.0 };
