@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 /// A worker pool, as the reference names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PoolName {
     /// The single pool of an aggregated cluster.
