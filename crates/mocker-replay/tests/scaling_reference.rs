@@ -549,3 +549,47 @@ fn telemetry_counters_match_the_reference() {
     }
     assert!(out.is_empty(), "{} differences:\n{}", out.len(), out.join("\n"));
 }
+
+/// The KV-event lag cases through telemetry: placements per second are the reference's
+/// exactly; the router's hit rate per second is blind for as long as the lag (the reference's
+/// zeros exactly), and otherwise within its run-to-run spread (kv_router ties).
+#[test]
+fn kv_event_lag_shows_in_the_router_hit_rate_as_in_the_reference() {
+    let mut out = Vec::new();
+    for name in ["L_lag_None", "L_lag_0.0", "L_lag_200.0", "L_lag_2000.0", "L_lag_10000000.0"] {
+        let mut c = case(name);
+        c["replay"]["extra_engine_args"] = json!({"engine": {"block_size": 64, "num_gpu_blocks": 16384,
+            "max_num_seqs": 256, "max_num_batched_tokens": 8192}});
+        let w = c["workload"].clone();
+        let mut opts = options(&c);
+        if let mocker_replay::Workload::Synthetic(s) = &mut opts.workload {
+            s.shared_prefix_ratio = w["shared_prefix_ratio"].as_f64().unwrap();
+            s.num_prefix_groups = w["num_prefix_groups"].as_u64().unwrap() as usize;
+        }
+        opts.kv_event_lag_ms = c["replay"]["kv_event_lag_ms"].as_f64();
+        let mut samples = Vec::new();
+        let mut keep = |s: &TelemetrySample| {
+            samples.push(serde_json::to_value(s).unwrap());
+            Ok(())
+        };
+        let hooks = Hooks { telemetry: Some(&mut keep), telemetry_interval_ms: 1000.0, ..Default::default() };
+        run_replay(&opts, hooks).expect(name);
+        let want = c["router_kv_hit_rate_per_second"].as_array().unwrap();
+        assert_eq!(samples.len(), want.len(), "{name}: samples");
+        for (s, w) in samples.iter().zip(want) {
+            let (rate, count) = (
+                s["traffic"]["avg_router_kv_hit_rate"].as_f64().unwrap(),
+                &s["traffic"]["router_kv_hit_rate_count"],
+            );
+            let (want_rate, want_count) = (w[1].as_f64().unwrap(), &w[2]);
+            if count != want_count {
+                out.push(format!("{name} at {}: {count} placements, reference {want_count}", w[0]));
+            }
+            let ok = if want_rate == 0.0 { rate == 0.0 } else { (rate - want_rate).abs() <= 0.2 };
+            if !ok {
+                out.push(format!("{name} at {}: hit rate {rate}, reference {want_rate}", w[0]));
+            }
+        }
+    }
+    assert!(out.is_empty(), "{} differences:\n{}", out.len(), out.join("\n"));
+}

@@ -181,7 +181,7 @@ fn serve_and_router_only_launch_keys_are_named_in_a_warning() {
     let out = mocker(&args(&["--engine-args", r#"{"engine": {}, "startup_time": 2}"#]));
     assert!(out.status.success(), "{}", stderr(&out));
     let err = stderr(&out);
-    assert!(err.contains("--engine-args: startup_time not used by replay"), "{err}");
+    assert!(err.contains("--engine-args: startup_time not used by this replay"), "{err}");
     let policy = r#"{"engine": {}, "dynamo": {"router_queue_policy": "lcfs"}}"#;
     let out = mocker(&args(&["--engine-args", policy]));
     assert!(out.status.success(), "{}", stderr(&out));
