@@ -220,3 +220,20 @@ def test_a_ray_sweep_of_8_points_equals_the_local_sweep(ray_instance, monkeypatc
     # A bad axis is refused before any task is sent, with the CLI's message.
     with pytest.raises(ValueError, match="--sweep-num-workers: must be a comma list"):
         mocker.sweep(**WORKLOAD, sweep_num_workers=[0], ray_address="auto")
+
+
+class FailingPlan:
+    """A plan whose command line fails where the tasks expand it (here the driver never does)."""
+
+    argv = ["mocker sweep", "--input-tokens=64", "--jobs=0"]
+
+    def __len__(self):
+        return 2
+
+
+def test_a_ray_task_error_is_raised_as_the_local_value_error(ray_instance):
+    with pytest.raises(ValueError) as e:
+        mocker._ray_rows(ray_instance, "auto", FailingPlan())
+    # The point's own message, not wrapped in the task's traceback.
+    assert str(e.value) == "--jobs: must be in 1..=1024 (got 0)"
+    assert type(e.value) is ValueError
