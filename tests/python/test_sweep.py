@@ -149,6 +149,7 @@ def test_the_table_is_a_dataframe_with_pandas():
         {"jobs": 0},
         {"mode": "online"},
         {"router_config": {"router_temperature": 0.5}},
+        {"scaling_plan": "plan.json"},
     ],
 )
 def test_bad_axes_and_flags_raise_the_cli_message(kw):

@@ -162,6 +162,14 @@ impl SweepArgs {
                     .into(),
             ));
         }
+        // A point's pools are fixed for its whole run: the plan would be accepted and ignored.
+        if b.scaling_plan.is_some() {
+            return Err(UsageError(
+                "--scaling-plan: not used by sweep (each point's pools are fixed; vary them with \
+                 --sweep-num-workers, or replay a plan with mocker replay)"
+                    .into(),
+            ));
+        }
         // Each job is a thread running a whole replay.
         if let Some(j) = jobs.filter(|j| !(1..=MAX_JOBS).contains(j)) {
             return Err(UsageError(format!("--jobs: must be in 1..={MAX_JOBS} (got {j})")));
@@ -472,6 +480,7 @@ mod tests {
             ),
             (&["--jobs", "0"][..], "--jobs: must be in 1..=1024 (got 0)"),
             (&["--mode", "online"][..], "--mode: sweep runs offline only"),
+            (&["--scaling-plan", "plan.json"][..], "--scaling-plan: not used by sweep"),
         ] {
             let e = sweep(flags).err().unwrap_or_else(|| panic!("{flags:?} accepted"));
             assert!(e.0.contains(needle), "{flags:?}: {}", e.0);
