@@ -150,6 +150,7 @@ def test_the_table_is_a_dataframe_with_pandas():
         {"mode": "online"},
         {"router_config": {"router_temperature": 0.5}},
         {"scaling_plan": "plan.json"},
+        {"telemetry_jsonl": "telemetry.jsonl"},
     ],
 )
 def test_bad_axes_and_flags_raise_the_cli_message(kw):

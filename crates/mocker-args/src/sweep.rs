@@ -170,6 +170,14 @@ impl SweepArgs {
                     .into(),
             ));
         }
+        // A row is a point's summary: per-run telemetry would be accepted and ignored.
+        if b.telemetry_jsonl.is_some() || b.telemetry_interval_ms.is_some() {
+            return Err(UsageError(
+                "--telemetry-jsonl, --telemetry-interval-ms: not used by sweep (a row is a point's summary; \
+                 sample a point's telemetry with mocker replay)"
+                    .into(),
+            ));
+        }
         // Each job is a thread running a whole replay.
         if let Some(j) = jobs.filter(|j| !(1..=MAX_JOBS).contains(j)) {
             return Err(UsageError(format!("--jobs: must be in 1..={MAX_JOBS} (got {j})")));
@@ -481,6 +489,14 @@ mod tests {
             (&["--jobs", "0"][..], "--jobs: must be in 1..=1024 (got 0)"),
             (&["--mode", "online"][..], "--mode: sweep runs offline only"),
             (&["--scaling-plan", "plan.json"][..], "--scaling-plan: not used by sweep"),
+            (
+                &["--telemetry-jsonl", "t.jsonl"][..],
+                "--telemetry-jsonl, --telemetry-interval-ms: not used by sweep",
+            ),
+            (
+                &["--telemetry-interval-ms", "10"][..],
+                "--telemetry-jsonl, --telemetry-interval-ms: not used by sweep",
+            ),
         ] {
             let e = sweep(flags).err().unwrap_or_else(|| panic!("{flags:?} accepted"));
             assert!(e.0.contains(needle), "{flags:?}: {}", e.0);
