@@ -9,6 +9,7 @@
 mod keywords;
 mod policy;
 mod router;
+mod sweep;
 
 use clap::Parser;
 use mocker_args::replay::{Mode, ReplayArgs, RunHooks};
@@ -533,7 +534,10 @@ fn replay(
 
 /// A GPU-free simulator of LLM inference engines: NVIDIA Dynamo mocker's replay calls (`run_mocker_trace_replay`,
 /// `run_mocker_synthetic_trace_replay`, `KvRouterConfig`) and `replay`, with `mocker replay`'s own flags.
+/// The extension module `mocker._native`; the package `mocker` (`python/mocker/__init__.py`)
+/// re-exports it and adds `sweep`.
 #[pymodule]
+#[pyo3(name = "_native")]
 fn mocker(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<KvRouterConfig>()?;
@@ -541,5 +545,8 @@ fn mocker(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run_mocker_trace_replay, m)?)?;
     m.add_function(wrap_pyfunction!(run_mocker_synthetic_trace_replay, m)?)?;
     m.add_function(wrap_pyfunction!(replay, m)?)?;
+    m.add_class::<sweep::SweepPlan>()?;
+    m.add_function(wrap_pyfunction!(sweep::_sweep_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(sweep::_sweep_point, m)?)?;
     Ok(())
 }

@@ -53,7 +53,7 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Replay one workload over a grid of engine args, worker counts and routers, in
     /// parallel, and write one summary row per point (CSV and/or JSON).
-    Sweep(sweep::SweepArgs),
+    Sweep(sweep::SweepCommand),
     /// List the timing profiles bundled into mocker (for `--timing-profile NAME`), or
     /// (`profiles predict`) print the pass times a timing profile gives recorded passes.
     Profiles(profiles::ProfilesArgs),

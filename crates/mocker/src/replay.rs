@@ -6,8 +6,8 @@ use mocker_replay::report::render_table;
 use crate::progress::Progress;
 use crate::UsageError;
 
-// `sweep` reads the replay flags; `serve` warns about transfer keys as replay does.
-pub(crate) use mocker_args::replay::{parse_router, warn_transfer_keys, Mode, ReplayArgs};
+// `serve` warns about transfer keys as replay does.
+pub(crate) use mocker_args::replay::{warn_transfer_keys, ReplayArgs};
 
 /// Runs `mocker replay`.
 pub fn run(args: ReplayArgs) -> Result<(), UsageError> {

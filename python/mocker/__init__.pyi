@@ -3,14 +3,19 @@
 NVIDIA Dynamo mocker's replay calls, with the keywords, defaults and results of
 ``dynamo._core`` (ai-dynamo-runtime 1.6.1): ``import mocker as c`` in place of
 ``import dynamo._core as c`` gives the same numbers. ``replay`` takes ``mocker replay``'s own
-flags. Every call goes through the CLI's parser and checks: a mistake raises ``ValueError``
+flags, and ``sweep`` ``mocker sweep``'s, locally or as Ray tasks across a cluster. Every call
+goes through the CLI's parser and checks: a mistake raises ``ValueError``
 with the message ``mocker replay`` prints, and a keyword of the reference that asks for what
-mocker does not do yet (scaling policies, telemetry, AIS perf models) is
-refused by name. The interpreter is released while a replay runs.
+mocker does not do yet (AIS perf models, some trace options) is refused by name. Scaling
+policies run in the loop and telemetry is sampled as in the reference. The interpreter is released while a replay runs.
 """
 
 import os
 from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Union, overload
+
+try:
+    import pandas
+except ImportError: ...
 
 __version__: str
 
@@ -296,5 +301,42 @@ def replay(
         r = mocker.replay(input_tokens=3000, output_tokens=300, request_rate=4,
                           request_count=200, model="Qwen/Qwen3-14B", gpu="l40s")
         print(r.summary["mean_ttft_ms"], r.run["timing"])
+    """
+    ...
+
+def sweep(
+    trace: Optional[_Path] = None,
+    *,
+    ray_address: Optional[str] = None,
+    **flags: Any,
+) -> Union["pandas.DataFrame", List[Dict[str, Any]]]:
+    """Run ``mocker sweep``: one offline replay per point of a grid, one summary row each.
+
+    Keywords are ``mocker sweep``'s flags with ``_`` for ``-``, as in ``replay``: the base
+    replay's, and the axes ``sweep_engine_args`` (a list of engine args, dicts or JSON text,
+    each laid over ``engine_args``), ``sweep_num_workers``, ``sweep_num_prefill_workers``,
+    ``sweep_num_decode_workers`` and ``sweep_router`` (lists, or the CLI's comma text). The
+    grid is engine args × worker counts × routers (aggregated), or prefill × decode worker
+    counts × routers (disaggregated: give ``prefill_engine_args`` and ``decode_engine_args``).
+    ``jobs`` caps the points run at once locally. ``trace`` is the trace file; without it the
+    workload is synthetic. ``output_csv`` and ``output_json`` are refused: the table is the
+    result.
+
+    Without ``ray_address`` the points run on this machine's cores with the interpreter
+    released, as ``mocker sweep`` runs them. With one (``"auto"``, ``"ray://head:10001"``,
+    ``"head:6379"``) each point is a Ray task (one CPU) running the native replay on some node
+    (``pip install './python[ray]'``; ``mocker`` installed on every node, files the flags name
+    readable there); an existing ``ray.init`` connection is used as it is.
+
+    Returns the rows in grid order, a pandas DataFrame when pandas is importable, else a list
+    of dicts: ``point``, ``engine_args``, the worker counts, ``router``, the summary's figures
+    (and ``goodput_*`` with an SLA) and ``wall_ms``; equal between the two modes but for
+    ``wall_ms``. A bad flag or axis raises ``ValueError`` with the CLI's message. Example::
+
+        import mocker
+        table = mocker.sweep(input_tokens=3000, output_tokens=300, request_rate=8,
+                             request_count=400, sweep_num_workers=[1, 2, 4],
+                             sweep_router=["round-robin", "kv"])
+        print(table[["num_workers", "router", "p99_ttft_ms"]])
     """
     ...
