@@ -217,3 +217,31 @@ def test_telemetry_errors(tmp_path):
         call(telemetry_callback=boom)
     with pytest.raises(ValueError, match="Is a directory"):
         call(telemetry_jsonl_path=str(tmp_path))
+
+
+TELEMETRY_SCRIPT = '''
+import json, sys
+import dynamo._core as c
+kwargs = json.loads(sys.stdin.read())
+r = c.run_mocker_synthetic_trace_replay(500, 50, 40, request_rate=20.0, arrival_seed=42, capture_telemetry=True,
+                                        telemetry_sample_interval_ms=500.0, **kwargs)
+print(json.dumps(r.telemetry))
+'''
+
+
+@pytest.mark.parametrize("engine", [
+    {"engine": {"block_size": 64, "num_gpu_blocks": 16384, "aic_nextn": 3}},
+    {"engine": {"block_size": 64, "num_gpu_blocks": 300, "backend": "sglang"}},
+], ids=["mtp", "sglang_small_cache"])
+def test_telemetry_without_a_policy_matches_the_reference(engine):
+    python = reference_python()
+    if python is None:
+        pytest.skip("Dynamo's reference (dynamo._core, ai-dynamo-runtime 1.6.1) is not importable")
+    kwargs = {"extra_engine_args": engine}
+    done = subprocess.run([python, "-c", TELEMETRY_SCRIPT], input=json.dumps(kwargs), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ref = json.loads(done.stdout.splitlines()[-1])
+    ours = mocker.run_mocker_synthetic_trace_replay(500, 50, 40, request_rate=20.0, arrival_seed=42, capture_telemetry=True,
+                                                    telemetry_sample_interval_ms=500.0, **kwargs).telemetry
+    differ = same(ours, ref, "telemetry")
+    assert not differ, "\n".join(differ[:40])

@@ -64,6 +64,11 @@ pub struct ForwardPassMetrics {
     /// Full prompt lengths of the requests that computed prompt tokens (vLLM; for the
     /// forward-pass metrics' variance).
     pub prefill_lengths: Moments,
+    /// Speculative decoding (vLLM MTP): decode forwards verified in the pass and the tokens
+    /// they accepted before output limits (0 and 0 without MTP).
+    pub spec_forwards: u64,
+    /// See `spec_forwards`.
+    pub spec_accepted_tokens: u64,
     /// Sequence lengths of the requests decoding (vLLM), without those that finished a
     /// (re)computed prompt in the pass: the forward-pass metrics' decode requests.
     pub decode_lengths: Moments,

@@ -830,7 +830,11 @@ impl Sim {
                 mocker_core::config::Backend::Sglang => m.num_decode_requests as u64,
                 _ => m.decode_lengths.count,
             };
-            self.collector.on_decode_forwards(forwards, forwards);
+            // Speculative decoding accepts several tokens a forward; otherwise each one.
+            match m.spec_forwards {
+                0 => self.collector.on_decode_forwards(forwards, forwards),
+                n => self.collector.on_decode_forwards(m.spec_accepted_tokens, n),
+            }
         }
         let worker = &mut self.workers[w];
         let role = worker.role;

@@ -593,3 +593,31 @@ fn kv_event_lag_shows_in_the_router_hit_rate_as_in_the_reference() {
     }
     assert!(out.is_empty(), "{} differences:\n{}", out.len(), out.join("\n"));
 }
+
+/// With speculative decoding a decode forward accepts several tokens: the traffic's
+/// accept length is their mean (1 without it), over the same forwards.
+#[test]
+fn traffic_accept_length_counts_speculative_tokens() {
+    let mut lengths = Vec::new();
+    for engine in [
+        json!({"block_size": 64, "num_gpu_blocks": 16384}),
+        json!({"block_size": 64, "num_gpu_blocks": 16384, "aic_nextn": 3}),
+    ] {
+        let mut c = case("M4_callback_jsonl_capture");
+        c["replay"] = json!({"extra_engine_args": {"engine": engine}, "num_workers": 1});
+        let mut samples = Vec::new();
+        let mut keep = |s: &TelemetrySample| {
+            samples.push(serde_json::to_value(s).unwrap());
+            Ok(())
+        };
+        let hooks = Hooks { telemetry: Some(&mut keep), telemetry_interval_ms: 500.0, ..Default::default() };
+        run_replay(&options(&c), hooks).unwrap();
+        let (tokens, forwards) = samples.iter().fold((0.0, 0.0), |(t, f), s| {
+            let n = s["traffic"]["accept_length_forward_count"].as_f64().unwrap();
+            (t + n * s["traffic"]["avg_accept_length"].as_f64().unwrap_or(0.0), f + n)
+        });
+        lengths.push(tokens / forwards);
+    }
+    assert_eq!(lengths[0], 1.0);
+    assert!(lengths[1] > 1.5 && lengths[1] <= 4.0, "{lengths:?}");
+}

@@ -104,6 +104,8 @@ impl VllmScheduler {
                 if seq.pass_prompt_tokens == 0 && seq.pass_id == self.pass_id {
                     mtp.forwards += 1;
                     mtp.accepted += u64::from(accepted);
+                    pass.metrics.spec_forwards += 1;
+                    pass.metrics.spec_accepted_tokens += u64::from(accepted);
                 }
                 accepted.min(remaining)
             };
