@@ -69,6 +69,11 @@ pub struct EngineFlags {
     /// Spread whole experts across the tensor-parallel GPUs (MoE models), as vLLM's flag.
     #[arg(long)]
     pub enable_expert_parallel: bool,
+    /// Size a model's sliding-window layers as full-attention layers, as vLLM's flag,
+    /// instead of paging them as KV cache groups that keep only each window (engine-args
+    /// key `disable_hybrid_kv_cache_manager`).
+    #[arg(long)]
+    pub disable_hybrid_kv_cache_manager: bool,
 }
 
 impl EngineFlags {
@@ -87,6 +92,9 @@ impl EngineFlags {
         }
         if self.enable_expert_parallel {
             h.enable_expert_parallel = true;
+        }
+        if self.disable_hybrid_kv_cache_manager {
+            h.disable_hybrid_kv_cache_manager = true;
         }
         if let Some(tp) = self.tensor_parallel_size {
             launch.tensor_parallel_size = tp;
@@ -128,6 +136,7 @@ fn load_timing(flag: &str, launch: &mut LaunchConfig, flags: &EngineFlags) -> Re
             "quantization" => flags.quantization.is_some(),
             "kv_cache_dtype" => flags.kv_cache_dtype.is_some(),
             "enable_expert_parallel" => flags.enable_expert_parallel,
+            "disable_hybrid_kv_cache_manager" => flags.disable_hybrid_kv_cache_manager,
             "tensor_parallel_size" => flags.tensor_parallel_size.is_some(),
             _ => false,
         };
@@ -137,7 +146,16 @@ fn load_timing(flag: &str, launch: &mut LaunchConfig, flags: &EngineFlags) -> Re
         }
     };
     if launch.hardware.model.is_some() {
-        return mocker_models::resolve_launch(launch).map(|_| ()).map_err(model_err);
+        let resolved = mocker_models::resolve_launch(launch).map_err(model_err)?;
+        // What became of a hybrid model's sliding-window layers changes its capacity: say so.
+        if let Some((r, layout)) = resolved.as_ref().and_then(|r| r.hybrid.as_ref().map(|h| (r, h))) {
+            let kind = match layout {
+                mocker_models::hybrid::HybridLayout::Groups { .. } => "note",
+                _ => "warning",
+            };
+            eprintln!("{kind}: {flag}: {}", layout.describe(&r.model));
+        }
+        return Ok(());
     }
     mocker_models::resolve_launch(launch).map_err(model_err)?;
     let err = |e: mocker_profiles::ResolveError| UsageError(format!("{source}: {e}"));

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use mocker_core::config::{LaunchConfig, TimingModelConfig};
 use mocker_replay::report::{
-    KvCapacity, KvSource, PoolFacts, ProfileFacts, RunDescription, TimingSource, Topology,
+    KvCapacity, KvGroupsFacts, KvSource, PoolFacts, ProfileFacts, RunDescription, TimingSource, Topology,
 };
 use mocker_replay::{Cluster, Pool, ReplayOptions, RouterMode};
 use serde_json::Value;
@@ -60,8 +60,24 @@ fn pool_facts(pool: &Pool, flags: &EngineFlags) -> PoolFacts {
     } else {
         KvSource::Default
     };
-    let kv_capacity =
-        KvCapacity { blocks: launch.engine.num_gpu_blocks, block_size: launch.engine.block_size, source };
+    let e = &launch.engine;
+    let groups =
+        e.kv_cache_capacity_bytes.filter(|_| e.has_kv_cache_groups()).map(|capacity_bytes| KvGroupsFacts {
+            capacity_bytes,
+            groups: e
+                .kv_cache_groups
+                .iter()
+                .map(|g| {
+                    (g.name.clone(), g.num_layers, g.block_size_tokens, g.page_size_bytes, g.sliding_window)
+                })
+                .collect(),
+        });
+    let kv_capacity = KvCapacity {
+        blocks: e.num_gpu_blocks,
+        block_size: e.block_size,
+        source,
+        groups: groups.map(Box::new),
+    };
     PoolFacts { workers: pool.workers, timing, kv_capacity }
 }
 

@@ -15,6 +15,7 @@ use mocker_core::config::{LaunchConfig, TimingModelConfig};
 pub mod arch;
 pub mod catalogue;
 pub mod gpu;
+pub mod hybrid;
 pub mod memory;
 pub mod ops;
 pub mod pricing;
@@ -144,6 +145,8 @@ pub struct Resolved {
     pub weight_bytes_per_gpu: f64,
     /// KV bytes a token costs on each GPU.
     pub kv_bytes_per_token_per_gpu: f64,
+    /// What became of the model's sliding-window layers, if it has any.
+    pub hybrid: Option<hybrid::HybridLayout>,
 }
 
 /// Times the launch's engines from its `model` on its `gpu` (default [`DEFAULT_GPU`]) and
@@ -158,6 +161,7 @@ pub fn resolve_launch(launch: &mut LaunchConfig) -> Result<Option<Resolved>, Mod
             ("kv_cache_dtype", h.kv_cache_dtype.is_some()),
             ("enable_expert_parallel", h.enable_expert_parallel),
             ("pass_overhead_ms", h.pass_overhead_ms.is_some()),
+            ("disable_hybrid_kv_cache_manager", h.disable_hybrid_kv_cache_manager),
         ];
         if let Some((key, _)) = needs_model.iter().find(|(_, g)| *g) {
             return Err(err(
@@ -211,14 +215,30 @@ pub fn resolve_launch(launch: &mut LaunchConfig) -> Result<Option<Resolved>, Mod
         mocker_profiles::ResolveError::Key { key, reason } => ModelError { key, reason },
         other => err("model", other.to_string()),
     })?;
+    let hybrid = hybrid::apply(&model.arch, &place, launch, kv_per_token);
     // vLLM's context defaults to the model's trained length, which the KV cache must hold.
     if launch.engine.max_model_len.is_none() {
-        let pool = launch.engine.num_gpu_blocks.saturating_mul(launch.engine.block_size);
+        let pool = match &hybrid {
+            // A request's full layers keep its history and its sliding layers their window.
+            Some(hybrid::HybridLayout::Groups {
+                capacity_bytes,
+                full_layers,
+                sliding_layers,
+                window,
+                ..
+            }) => {
+                let per_layer = kv_per_token / model.arch.attention_layers() as f64;
+                let windows = per_layer * (*sliding_layers * *window) as f64;
+                ((*capacity_bytes as f64 - windows).max(0.0) / (per_layer * (*full_layers).max(1) as f64))
+                    as usize
+            }
+            _ => launch.engine.num_gpu_blocks.saturating_mul(launch.engine.block_size),
+        };
         launch.engine.max_model_len = Some(model.arch.max_position_embeddings.min(pool).max(1));
     }
-    // A P/D transfer moves every GPU's shard of each token's KV.
+    // A P/D transfer moves every GPU's shard of each token's KV (cache groups model none).
     let whole_token = kv_per_token * place.tp as f64;
-    if launch.engine.kv_transfer_bytes_per_token.is_none() {
+    if launch.engine.kv_transfer_bytes_per_token.is_none() && !launch.engine.has_kv_cache_groups() {
         launch.engine.kv_transfer_bytes_per_token = Some(whole_token);
     }
     let ops = match scaled_from {
@@ -234,6 +254,7 @@ pub fn resolve_launch(launch: &mut LaunchConfig) -> Result<Option<Resolved>, Mod
         ops,
         weight_bytes_per_gpu: weights,
         kv_bytes_per_token_per_gpu: kv_per_token,
+        hybrid,
     }))
 }
 

@@ -429,12 +429,21 @@ impl ReplayOptions {
         }
         // The KV router turns the engines' KV events on, which cache groups do not emit
         // (the reference fails the same way, from its engine).
-        if self.router == RouterMode::Kv
-            && self.cluster.pools().any(|p| p.launch.engine.has_kv_cache_groups())
-        {
-            let msg = "kv_cache_groups currently do not support KV event or token-ID emission, which the \
-                       KV router reads; use the round-robin router";
-            return Err(invalid("router", msg.to_string()));
+        if self.router == RouterMode::Kv {
+            if let Some(p) = self.cluster.pools().find(|p| p.launch.engine.has_kv_cache_groups()) {
+                let mut msg =
+                    "kv_cache_groups currently do not support KV event or token-ID emission, which \
+                               the KV router reads; use the round-robin router"
+                        .to_string();
+                if let Some(model) = &p.launch.hardware.model {
+                    // The groups came from the model's sliding-window layers.
+                    msg += &format!(
+                        ", or size {model}'s sliding-window layers as full ones with \
+                         --disable-hybrid-kv-cache-manager"
+                    );
+                }
+                return Err(invalid("router", msg));
+            }
         }
         Ok(())
     }

@@ -128,6 +128,7 @@ pub const FLAG_KEYS: &[(&str, &[&str])] = &[
     ("--quantization", &["quantization"]),
     ("--kv-cache-dtype", &["kv_cache_dtype"]),
     ("--enable-expert-parallel", &["enable_expert_parallel"]),
+    ("--disable-hybrid-kv-cache-manager", &["disable_hybrid_kv_cache_manager"]),
     ("--timing-profile", &["timing_model"]),
     ("--planner-profile-data", &["timing_model"]),
 ];

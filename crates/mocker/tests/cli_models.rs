@@ -179,3 +179,49 @@ fn serves_engine_flags_size_the_cache_as_their_engine_args_keys_do() {
     let (given, _) = serve_blocks(&[&model[..], &["--num-gpu-blocks", "777"]].concat());
     assert_eq!(given, 777);
 }
+
+/// A model with sliding-window layers pages them as KV cache groups, as vLLM's hybrid KV
+/// cache manager: more requests fit than with every layer sized as full attention, the run
+/// says so and reports the groups; the KV router (which reads KV events groups do not emit)
+/// is refused with the flag that sizes them uniformly.
+#[test]
+fn sliding_window_models_get_their_hybrid_capacity() {
+    let dir = scratch("hybrid");
+    let load = [
+        "--input-tokens",
+        "8000",
+        "--output-tokens",
+        "300",
+        "--request-count",
+        "120",
+        "--concurrency",
+        "120",
+    ];
+    let run = |extra: &[&str], name: &str| -> (Value, String) {
+        let path = dir.join(format!("{name}.json"));
+        let mut args = vec!["replay", "--model", "google/gemma-3-27b-it"];
+        args.extend(load);
+        args.extend(extra);
+        args.extend(["--report-json", path.to_str().unwrap()]);
+        let out = mocker(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        (serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap(), stderr(&out))
+    };
+    let (hybrid, note) = run(&[], "hybrid");
+    assert!(note.contains("10 full-attention layers and 52 sliding-window layers (window 1024)"), "{note}");
+    let (uniform, quiet) = run(&["--disable-hybrid-kv-cache-manager"], "uniform");
+    assert!(!quiet.contains("sliding-window"), "{quiet}");
+    let kv = |r: &Value| r["run"]["kv_capacity"].clone();
+    let groups = kv(&hybrid);
+    assert_eq!(groups["kv_cache_groups"][1]["sliding_window"], 1024, "{groups}");
+    assert!(kv(&uniform).get("kv_cache_groups").is_none());
+    assert!(groups["tokens"].as_u64().unwrap() > 5 * kv(&uniform)["tokens"].as_u64().unwrap());
+    // Under this load the uniform cache holds a few requests at a time; the groups many.
+    let rps = |r: &Value| r["request_throughput_rps"].as_f64().unwrap();
+    assert!(rps(&hybrid) > 1.5 * rps(&uniform), "{} vs {}", rps(&hybrid), rps(&uniform));
+    let mut args = vec!["replay", "--model", "google/gemma-3-27b-it", "--router", "kv"];
+    args.extend(load);
+    let out = mocker(&args);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--disable-hybrid-kv-cache-manager"), "{}", stderr(&out));
+}

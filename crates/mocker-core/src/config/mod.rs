@@ -519,6 +519,8 @@ pub struct GivenKeys {
     pub max_num_batched_tokens: bool,
     /// `block_size` was given.
     pub block_size: bool,
+    /// `enable_prefix_caching` was given.
+    pub enable_prefix_caching: bool,
 }
 
 impl PartialEq for GivenKeys {
@@ -555,6 +557,10 @@ pub struct HardwareConfig {
     /// tokens leave (HTTP, tokenization, detokenization), in ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub frontend_latency_ms: Option<f64>,
+    /// Size a model's sliding-window layers as full-attention layers instead of paging them
+    /// as KV cache groups (vLLM's `--disable-hybrid-kv-cache-manager`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub disable_hybrid_kv_cache_manager: bool,
 }
 
 impl Default for LaunchConfig {

@@ -22,7 +22,8 @@ const HOST_OFFLOAD_KEYS: &str = "scope num_host_blocks d2h_bandwidth_gbps h2d_ba
 const LAUNCH_KEYS: &str = "engine dp_size tensor_parallel_size startup_time \
     num_gpu_blocks_is_explicit gpu_memory_utilization mem_fraction_static \
     free_gpu_memory_fraction cuda_graph_reserved_bytes output_length_distribution model gpu \
-    quantization kv_cache_dtype enable_expert_parallel pass_overhead_ms frontend_latency_ms dynamo";
+    quantization kv_cache_dtype enable_expert_parallel pass_overhead_ms frontend_latency_ms \
+    disable_hybrid_kv_cache_manager dynamo";
 const RUNTIME_KEYS: &str = "enable_local_indexer bootstrap_port handoff_session_timeout_ms \
     reasoning response_replay_trace_path zmq_kv_events_port zmq_replay_port router_queue_policy";
 const SGLANG_KEYS: &str = "schedule_policy max_prefill_tokens chunked_prefill_size \
@@ -242,6 +243,7 @@ fn parse_launch(v: &Value) -> Result<LaunchConfig> {
             max_num_seqs: engine.get("max_num_seqs").is_some(),
             max_num_batched_tokens: engine.get("max_num_batched_tokens").is_some(),
             block_size: engine.get("block_size").is_some_and(|v| !v.is_null()),
+            enable_prefix_caching: engine.get("enable_prefix_caching").is_some_and(|v| !v.is_null()),
         };
     }
     set!(o, c.dp_size, to_uint);
@@ -262,6 +264,7 @@ fn parse_launch(v: &Value) -> Result<LaunchConfig> {
     set!(o, h.enable_expert_parallel, to_bool);
     set_opt!(o, h.pass_overhead_ms, to_f64);
     set_opt!(o, h.frontend_latency_ms, to_f64);
+    set!(o, h.disable_hybrid_kv_cache_manager, to_bool);
     set!(o, c.dynamo, parse_runtime);
     Ok(c)
 }

@@ -97,6 +97,30 @@ pub struct KvCapacity {
     pub block_size: usize,
     /// Where the block count came from.
     pub source: KvSource,
+    /// With KV cache groups: their byte budget and pages, which replace the blocks.
+    pub groups: Option<Box<KvGroupsFacts>>,
+}
+
+/// KV cache groups sharing a byte budget (`kv_cache_groups`, or a hybrid model's layers).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvGroupsFacts {
+    /// The budget of each worker, bytes.
+    pub capacity_bytes: u64,
+    /// Each group: (name, layers, tokens per page, bytes per page, sliding window).
+    pub groups: Vec<(String, u32, u32, u64, Option<u32>)>,
+}
+
+impl KvGroupsFacts {
+    /// Tokens of full history the budget holds, windows aside (the groups without a window
+    /// pay for every token).
+    pub fn full_history_tokens(&self) -> u64 {
+        let per_token: f64 =
+            self.groups.iter().filter(|g| g.4.is_none()).map(|g| g.3 as f64 / f64::from(g.2.max(1))).sum();
+        if per_token == 0.0 {
+            return 0;
+        }
+        (self.capacity_bytes as f64 / per_token) as u64
+    }
 }
 
 /// One pool of identical workers.
@@ -239,9 +263,12 @@ impl TimingSource {
 }
 
 impl KvCapacity {
-    /// Tokens a worker's KV cache holds.
+    /// Tokens a worker's KV cache holds (with cache groups: of full history, windows aside).
     pub fn tokens(&self) -> u64 {
-        self.blocks as u64 * self.block_size as u64
+        match &self.groups {
+            Some(g) => g.full_history_tokens(),
+            None => self.blocks as u64 * self.block_size as u64,
+        }
     }
 
     fn label(&self) -> String {
@@ -255,6 +282,22 @@ impl KvCapacity {
                 format!("derived from GPU memory by the model's size, {key} {fraction}")
             }
         };
+        if let Some(g) = &self.groups {
+            let names: Vec<String> = g
+                .groups
+                .iter()
+                .map(|(name, layers, _, _, window)| match window {
+                    Some(w) => format!("{name} ({layers} layers, window {w})"),
+                    None => format!("{name} ({layers} layers)"),
+                })
+                .collect();
+            return format!(
+                "cache groups {} share {} bytes = {} tokens of full history ({source})",
+                names.join(", "),
+                grouped(g.capacity_bytes),
+                grouped(self.tokens())
+            );
+        }
         format!(
             "{} blocks × {} tokens = {} tokens ({source})",
             grouped(self.blocks as u64),
@@ -269,6 +312,15 @@ impl KvCapacity {
             "block_size": self.block_size,
             "tokens": self.tokens(),
         });
+        if let Some(g) = &self.groups {
+            v["kv_cache_capacity_bytes"] = json!(g.capacity_bytes);
+            v["kv_cache_groups"] = json!(g
+                .groups
+                .iter()
+                .map(|(name, layers, tokens, page, window)| json!({"name": name, "num_layers": layers,
+                    "block_size_tokens": tokens, "page_size_bytes": page, "sliding_window": window}))
+                .collect::<Vec<_>>());
+        }
         let source = match &self.source {
             KvSource::EngineArgs => "engine_args",
             KvSource::Default => "default",
@@ -412,6 +464,7 @@ mod tests {
                 blocks: 12_345,
                 block_size: 16,
                 source: KvSource::ProfileMemory { key: "gpu_memory_utilization".into(), fraction: 0.9 },
+                groups: None,
             },
         }
     }
@@ -445,7 +498,8 @@ mod tests {
     fn disaggregated_pools_are_named_and_differing_timing_split() {
         let mut decode = profiled(3);
         decode.timing = TimingSource::Polynomial;
-        decode.kv_capacity = KvCapacity { blocks: 1000, block_size: 64, source: KvSource::EngineArgs };
+        decode.kv_capacity =
+            KvCapacity { blocks: 1000, block_size: 64, source: KvSource::EngineArgs, groups: None };
         let run = RunDescription {
             mode: "offline".into(),
             backend: "vllm".into(),

@@ -167,6 +167,7 @@ impl ServeArgs {
             ("--quantization", e.quantization.is_some()),
             ("--kv-cache-dtype", e.kv_cache_dtype.is_some()),
             ("--enable-expert-parallel", e.enable_expert_parallel),
+            ("--disable-hybrid-kv-cache-manager", e.disable_hybrid_kv_cache_manager),
             ("--timing-profile", e.timing_profile.is_some()),
             ("--planner-profile-data", e.planner_profile_data.is_some()),
         ]

@@ -69,13 +69,14 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
             if i == 0 || mixed {
                 let lengths = o.launch.output_length_distribution.unwrap_or(OutputLengthDistribution::CHAT);
                 let e = &o.launch.engine;
+                let kv = match e.kv_cache_capacity_bytes.filter(|_| e.has_kv_cache_groups()) {
+                    Some(bytes) => format!("KV cache groups sharing {bytes} bytes per rank"),
+                    None => format!("{} KV blocks × {} tokens per rank", e.num_gpu_blocks, e.block_size),
+                };
                 eprintln!(
-                    "mocker: {}engine {}, {} KV blocks × {} tokens per rank, context {} tokens; chat outputs \
-                     without max_tokens: {}",
+                    "mocker: {}engine {}, {kv}, context {} tokens; chat outputs without max_tokens: {}",
                     if mixed { format!("worker {i}: ") } else { String::new() },
                     e.backend.as_str(),
-                    e.num_gpu_blocks,
-                    e.block_size,
                     mocker_server::served_max_model_len(e),
                     lengths.describe()
                 );
