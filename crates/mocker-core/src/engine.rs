@@ -343,6 +343,15 @@ impl Engine {
         dispatch!(self, s => s.has_work())
     }
 
+    /// With `kv_cache_groups`: the pages and bytes each group's live requests hold, in the
+    /// configured groups' order (empty without groups).
+    pub fn kv_group_usage(&self) -> Vec<(u64, u64)> {
+        match &self.core {
+            Core::Vllm(s) => s.kv_group_usage(),
+            Core::Sglang(_) => Vec::new(),
+        }
+    }
+
     /// What waits in the scheduler's queue now (vLLM; SGLang reports nothing queued yet).
     pub fn queued_work(&self) -> crate::metrics::QueuedWork {
         match &self.core {

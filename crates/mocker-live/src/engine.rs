@@ -65,6 +65,7 @@ pub(crate) struct Rank {
     cancel: mpsc::Sender<CancelMsg>,
     metrics: watch::Receiver<EngineMetrics>,
     lora: Option<watch::Receiver<LoraActivity>>,
+    kv_groups: Option<watch::Receiver<Vec<(u64, u64)>>>,
     shutdown: OnceCell<Result<(), LiveError>>,
 }
 
@@ -148,6 +149,13 @@ impl LiveEngine {
                     (Some(tx), Some(rx))
                 }
             };
+            let (gtx, grx) = match config.has_kv_cache_groups() {
+                false => (None, None),
+                true => {
+                    let (tx, rx) = watch::channel(engine.kv_group_usage());
+                    (Some(tx), Some(rx))
+                }
+            };
             let shared = RankShared::new();
             let mut state = RankState::new(
                 engine,
@@ -159,15 +167,16 @@ impl LiveEngine {
             );
             state.transfer = HandoffTransferTiming::from_config(&config, 0);
             state.lora = ltx;
+            state.kv_groups = gtx;
             states.push(state);
-            ranks.push((r as u32, shared, mrx, lrx, o.buffering));
+            ranks.push((r as u32, shared, mrx, lrx, grx, o.buffering));
         }
         let actor = Actor::new(states, cmd_rx, cancel_rx, token.clone(), epoch);
         let join = rt.spawn(actor.run());
         let group = Arc::new(Group { token, join: Mutex::new(Some(join)), result: OnceCell::new(), epoch });
         Ok(ranks
             .into_iter()
-            .map(|(rank, shared, metrics, lora, buffering)| LiveEngine {
+            .map(|(rank, shared, metrics, lora, kv_groups, buffering)| LiveEngine {
                 inner: Arc::new(Rank {
                     id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
                     rank,
@@ -177,6 +186,7 @@ impl LiveEngine {
                     cancel: cancel_tx.clone(),
                     metrics,
                     lora,
+                    kv_groups,
                     shutdown: OnceCell::new(),
                 }),
                 buffering,
@@ -330,6 +340,12 @@ impl LiveEngine {
     /// last pass (empty when the rank serves no adapters).
     pub fn lora_activity(&self) -> LoraActivity {
         self.inner.lora.as_ref().map(|rx| rx.borrow().clone()).unwrap_or_default()
+    }
+
+    /// With KV cache groups: the pages and bytes each group holds on this rank, in the
+    /// configured groups' order, as of the last pass (empty without groups).
+    pub fn kv_group_usage(&self) -> Vec<(u64, u64)> {
+        self.inner.kv_groups.as_ref().map(|rx| rx.borrow().clone()).unwrap_or_default()
     }
 
     /// Requests of this rank cancelled so far because their reader let the output buffer

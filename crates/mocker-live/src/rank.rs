@@ -44,6 +44,8 @@ pub(crate) struct RankState {
     pub transfer: HandoffTransferTiming,
     /// Adapters running and waiting, when the rank serves LoRA adapters.
     pub lora: Option<watch::Sender<LoraActivity>>,
+    /// With KV cache groups: the pages and bytes each group holds, as of the last pass.
+    pub kv_groups: Option<watch::Sender<Vec<(u64, u64)>>>,
 }
 
 impl RankState {
@@ -68,6 +70,7 @@ impl RankState {
             stepped: false,
             transfer: HandoffTransferTiming::from_config(&EngineConfig::default(), 0),
             lora: None,
+            kv_groups: None,
         }
     }
 
@@ -78,6 +81,16 @@ impl RankState {
             *old = m;
             changed
         });
+        if let Some(tx) = &self.kv_groups {
+            let usage = self.engine.kv_group_usage();
+            tx.send_if_modified(|old| {
+                let changed = *old != usage;
+                if changed {
+                    *old = usage;
+                }
+                changed
+            });
+        }
         if let Some(tx) = &self.lora {
             let a = self.engine.lora_activity();
             tx.send_if_modified(|old| {

@@ -188,6 +188,8 @@ struct Sim {
     placement_error: Option<ReplayError>,
     /// Each aggregated or prefill worker rank's index among `workers`, by its router index.
     entry_members: Vec<usize>,
+    /// With KV cache groups: each group's peak bytes on one worker (empty without groups).
+    group_peaks: Vec<u64>,
     /// Disaggregated: requests waiting for a prefill worker (a scaled pool at zero).
     parked: VecDeque<(SessionId, RecordId, Request, Option<HandoffId>)>,
     feed: SessionFeed,
@@ -431,6 +433,7 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
         telemetry,
         placement_error: None,
         entry_members: (0..entry.workers * dp).collect(),
+        group_peaks: vec![0; entry.launch.engine.kv_cache_groups.len()],
         parked: VecDeque::new(),
         feed: SessionFeed::new(&options.workload, feed_options),
         sessions: SessionTable::default(),
@@ -525,6 +528,14 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     }
     let mut summary = Summary::from_inputs(inputs);
     summary.kv_eviction_policy = entry.launch.engine.eviction_policy.as_str().to_string();
+    let budget = entry.launch.engine.kv_cache_capacity_bytes.unwrap_or(0).max(1) as f64;
+    summary.kv_cache_group_peak_usage = (entry.launch.engine.kv_cache_groups.iter().zip(&sim.group_peaks))
+        .map(|(g, &peak_bytes)| crate::report::GroupPeak {
+            group: g.name.clone(),
+            peak_bytes,
+            peak_usage: peak_bytes as f64 / budget,
+        })
+        .collect();
     let lifecycle_operations = sim.scaling.map(|sc| sc.operations).unwrap_or_default();
     Ok(ReplayOutcome { summary, worker_tokens, lifecycle_operations })
 }
@@ -822,6 +833,12 @@ impl Sim {
         }
         if self.scaling.is_some() {
             self.note_delivered(w, t);
+        }
+        if !self.group_peaks.is_empty() {
+            for (peak, (_, bytes)) in self.group_peaks.iter_mut().zip(self.workers[w].engine.kv_group_usage())
+            {
+                *peak = (*peak).max(bytes);
+            }
         }
         if self.collector.has_traffic() {
             // Decode forwards of requests past their prompt (vLLM; the pass's decodes else).

@@ -351,6 +351,8 @@ impl BoundServer {
             block_size: engine.block_size,
             max_model_len: served_max_model_len(&engine),
             max_loras,
+            kv_cache_groups: engine.kv_cache_groups.iter().map(|g| g.name.clone()).collect(),
+            kv_cache_capacity_bytes: engine.kv_cache_capacity_bytes.unwrap_or(0),
         });
         let ranks_options: Vec<LiveOptions> = ranks_options
             .into_iter()

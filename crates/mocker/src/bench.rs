@@ -116,6 +116,25 @@ fn suite() -> Vec<Case> {
                 json!({"num_gpu_blocks": 16384, "max_num_seqs": 256, "max_num_batched_tokens": 8192}),
             )
         },
+        // KV cache groups (issue 42 §3): one full-attention group, then beside it a
+        // sliding window, then a convolution state too; the same bytes per token of history.
+        c("G1-groups-full-2k-200-c64", 2000, 200, 2000, Load::Concurrency(64), groups(&[("full", None)])),
+        c(
+            "G2-groups-full-swa-2k-200-c64",
+            2000,
+            200,
+            2000,
+            Load::Concurrency(64),
+            groups(&[("full", None), ("swa", Some(("attention", 512)))]),
+        ),
+        c(
+            "G3-groups-full-swa-conv-2k-200-c64",
+            2000,
+            200,
+            2000,
+            Load::Concurrency(64),
+            groups(&[("full", None), ("swa", Some(("attention", 512))), ("conv", Some(("convolution", 4)))]),
+        ),
         // SGLang's radix cache at its two common page sizes (issue 23's speed targets).
         c(
             "S-sglang-page64-1k-100-50k",
@@ -134,6 +153,24 @@ fn suite() -> Vec<Case> {
             json!({"backend": "sglang", "block_size": 1}),
         ),
     ]
+}
+
+/// Engine args with these cache groups (name, and kind and window unless full attention):
+/// 16-token pages of 64 KiB, a budget of 16 GiB, prefix caching off (as groups need).
+fn groups(spec: &[(&str, Option<(&str, u32)>)]) -> Value {
+    let groups: Vec<Value> = spec
+        .iter()
+        .map(|(name, kind)| match kind {
+            None => json!({"name": name, "kind": "attention", "num_layers": 16, "block_size_tokens": 16,
+                "page_size_bytes": 65536}),
+            Some((kind, window)) => {
+                json!({"name": name, "kind": kind, "num_layers": 16, "block_size_tokens": 16,
+                "page_size_bytes": 65536, "sliding_window": window})
+            }
+        })
+        .collect();
+    json!({"block_size": 16, "enable_prefix_caching": false, "kv_cache_capacity_bytes": 17_179_869_184u64,
+        "kv_cache_groups": groups})
 }
 
 /// The Dynamo H200 profile, named as the reference takes it; the path is relative to the

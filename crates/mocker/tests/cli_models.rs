@@ -216,6 +216,12 @@ fn sliding_window_models_get_their_hybrid_capacity() {
     assert_eq!(groups["kv_cache_groups"][1]["sliding_window"], 1024, "{groups}");
     assert!(kv(&uniform).get("kv_cache_groups").is_none());
     assert!(groups["tokens"].as_u64().unwrap() > 5 * kv(&uniform)["tokens"].as_u64().unwrap());
+    // The report says what each group held at its peak; the windows a small share.
+    let peaks = hybrid["kv_cache_group_peak_usage"].as_array().expect("per-group peaks").clone();
+    assert_eq!(peaks.len(), 2, "{peaks:?}");
+    let share = |i: usize| peaks[i]["peak_usage"].as_f64().unwrap();
+    assert!(share(0) > 0.5 && share(0) <= 1.0 && share(1) > 0.0 && share(1) < share(0), "{peaks:?}");
+    assert!(uniform.get("kv_cache_group_peak_usage").is_none());
     // Under this load the uniform cache holds a few requests at a time; the groups many.
     let rps = |r: &Value| r["request_throughput_rps"].as_f64().unwrap();
     assert!(rps(&hybrid) > 1.5 * rps(&uniform), "{} vs {}", rps(&hybrid), rps(&uniform));

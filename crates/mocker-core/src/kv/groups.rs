@@ -30,11 +30,15 @@ impl Geometry {
     }
 }
 
-/// What one request holds across all groups: its bytes and its page count.
+/// What one request holds across all groups: its bytes and its page count, and the token
+/// range they were computed for (which gives each group's share back, with no per-group
+/// list to keep per request).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GroupLease {
     bytes: u64,
     pages: u64,
+    before: u32,
+    after: u32,
 }
 
 impl GroupLease {
@@ -56,6 +60,8 @@ pub struct GroupedPool {
     capacity_bytes: u64,
     used_bytes: u64,
     active_pages: u64,
+    /// Pages live leases hold, per group.
+    group_pages: Vec<u64>,
 }
 
 impl GroupedPool {
@@ -75,14 +81,15 @@ impl GroupedPool {
             })
             .collect();
         let capacity_bytes = config.kv_cache_capacity_bytes.unwrap_or(0);
-        Some(Self { groups, capacity_bytes, used_bytes: 0, active_pages: 0 })
+        let group_pages = vec![0; config.kv_cache_groups.len()];
+        Some(Self { groups, capacity_bytes, used_bytes: 0, active_pages: 0, group_pages })
     }
 
     /// The lease a pass from `before` to `after` computed tokens needs. Saturates instead
     /// of overflowing: a lease of `u64::MAX` bytes fits no pool.
     pub fn lease_for(&self, before: u32, after: u32) -> GroupLease {
+        let mut lease = GroupLease { before, after: after.max(before), ..GroupLease::default() };
         let (before, after) = (u64::from(before), u64::from(after.max(before)));
-        let mut lease = GroupLease::default();
         for g in &self.groups {
             let n = g.pages(before, after);
             let n = n.end.saturating_sub(n.start);
@@ -109,8 +116,28 @@ impl GroupedPool {
         }
         self.used_bytes = others + next.bytes;
         self.active_pages = self.active_pages - lease.pages + next.pages;
+        self.move_group_pages(lease, &next);
         *lease = next;
         true
+    }
+
+    /// Per group, gives back `old`'s pages and takes `new`'s.
+    fn move_group_pages(&mut self, old: &GroupLease, new: &GroupLease) {
+        let span = |g: &Geometry, l: &GroupLease| {
+            if l.pages == 0 {
+                return 0;
+            }
+            let r = g.pages(u64::from(l.before), u64::from(l.after));
+            r.end.saturating_sub(r.start)
+        };
+        for (i, g) in self.groups.iter().enumerate() {
+            self.group_pages[i] = self.group_pages[i] - span(g, old) + span(g, new);
+        }
+    }
+
+    /// Pages and bytes live leases hold in each group, in the groups' order.
+    pub fn group_usage(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.groups.iter().zip(&self.group_pages).map(|(g, &pages)| (pages, pages * g.page_bytes))
     }
 
     /// Gives back everything `lease` holds and empties it.
@@ -118,6 +145,7 @@ impl GroupedPool {
         let lease = std::mem::take(lease);
         self.used_bytes -= lease.bytes;
         self.active_pages -= lease.pages;
+        self.move_group_pages(&lease, &GroupLease::default());
     }
 
     /// The rank's byte budget (`kv_cache_capacity_bytes`).
@@ -181,8 +209,12 @@ mod tests {
         assert!(p.allocate(&mut lease, 10_000, 10_001));
         assert_eq!((lease.pages(), lease.bytes()), (635, 374_538_240));
         assert_eq!((p.active_pages(), p.used_bytes()), (635, 374_538_240));
+        // Per group: the full history's 626 pages, the window's 9.
+        let usage: Vec<(u64, u64)> = p.group_usage().collect();
+        assert_eq!(usage, vec![(626, 626 * page), (9, 9 * page)]);
         p.release(&mut lease);
         assert_eq!((p.active_pages(), p.used_bytes(), lease), (0, 0, GroupLease::default()));
+        assert!(p.group_usage().all(|u| u == (0, 0)));
     }
 
     /// B5: window 48 on 16-token pages holds ceil(W/P) or ceil(W/P)+1 pages in decode.
@@ -218,8 +250,12 @@ mod tests {
         assert_eq!(p.used_bytes(), 34);
         assert!(p.allocate(&mut first, 8, 9));
         assert_eq!((first.pages(), p.used_bytes()), (5, 36));
+        let pages: u64 = p.group_usage().map(|u| u.0).sum();
+        assert_eq!(pages, p.active_pages(), "per-group pages add up");
+        assert_eq!(p.group_usage().map(|u| u.1).sum::<u64>(), p.used_bytes());
         p.release(&mut first);
         p.release(&mut first);
         assert_eq!((p.used_bytes(), p.active_pages(), p.free_bytes()), (0, 0, 42));
+        assert!(p.group_usage().all(|u| u == (0, 0)));
     }
 }

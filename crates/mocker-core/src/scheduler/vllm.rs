@@ -444,6 +444,12 @@ impl VllmScheduler {
         self.running.len() + self.waiting.len() + self.offload.as_ref().map_or(0, |o| o.queued())
     }
 
+    /// With cache groups: the pages and bytes each group's live leases hold, in the
+    /// groups' order (empty without groups).
+    pub fn kv_group_usage(&self) -> Vec<(u64, u64)> {
+        self.groups.as_ref().map_or_else(Vec::new, |g| g.group_usage().collect())
+    }
+
     /// What waits in the queue now (after a pass was scheduled, the forward-pass
     /// metrics' queued fields): fresh requests by prompt length, preempted ones by prompt
     /// plus generated tokens, destinations whose KV has not landed by prompt length.

@@ -16,6 +16,6 @@ pub use run::{
     KvCapacity, KvGroupsFacts, KvSource, PoolFacts, ProfileFacts, RunDescription, TimingSource, Topology,
 };
 pub use stats::{DistSummary, ExactDistribution, SketchDistribution};
-pub use summary::{GoodputInputs, Summary, SummaryInputs};
+pub use summary::{GoodputInputs, GroupPeak, Summary, SummaryInputs};
 pub use table::{format_number, render_table};
 pub use workers::WorkerCounts;

@@ -13,6 +13,18 @@ use super::stats::{DistSummary, ExactDistribution, SketchDistribution};
 /// rates rather than NaN/inf (the reference's guard).
 const MIN_DURATION_S: f64 = 1e-9;
 
+/// One KV cache group's peak over a run: the most bytes its requests held on one worker,
+/// and that as a share of the worker's byte budget.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct GroupPeak {
+    /// The group's name.
+    pub group: String,
+    /// Most bytes held at once on one worker.
+    pub peak_bytes: u64,
+    /// `peak_bytes / kv_cache_capacity_bytes`.
+    pub peak_usage: f64,
+}
+
 /// Per-request SLA results, present only when some SLA threshold was configured.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct GoodputInputs {
@@ -81,6 +93,9 @@ pub struct SummaryInputs {
 pub struct Summary {
     /// KV eviction policy of the simulated engines; always `"lru"` in 1.6.1.
     pub kv_eviction_policy: String,
+    /// mocker's own, with KV cache groups only (the key is left out without them): each
+    /// group's peak use of its worker's byte budget over the run.
+    pub kv_cache_group_peak_usage: Vec<GroupPeak>,
     /// Prompt tokens actually computed (excludes cache hits, includes recompute).
     pub committed_prefill_tokens: u64,
     /// Requests that arrived.
@@ -175,6 +190,7 @@ impl Summary {
         let goodput = inputs.goodput;
         Summary {
             kv_eviction_policy: "lru".to_string(),
+            kv_cache_group_peak_usage: Vec::new(),
             committed_prefill_tokens: inputs.committed_prefill_tokens,
             num_requests: inputs.num_requests,
             completed_requests: inputs.completed_requests,
@@ -291,6 +307,9 @@ impl Serialize for Summary {
             for (stat, value) in dist.named_values() {
                 map.serialize_entry(&format!("{stat}_{suffix}"), &value)?;
             }
+        }
+        if !self.kv_cache_group_peak_usage.is_empty() {
+            map.serialize_entry("kv_cache_group_peak_usage", &self.kv_cache_group_peak_usage)?;
         }
         map.end()
     }

@@ -17,6 +17,9 @@ pub(super) struct EngineState {
     pub block_size: usize,
     /// `max_lora` of `vllm:lora_requests_info`.
     pub max_loras: usize,
+    /// KV cache group names (empty without groups) and their shared budget, bytes.
+    pub kv_cache_groups: Vec<String>,
+    pub kv_cache_capacity_bytes: u64,
     /// `_created` of the counters (the server's start).
     pub created: f64,
     pub ranks: Vec<watch::Receiver<EngineMetrics>>,
@@ -80,6 +83,32 @@ impl EngineState {
         out.push(family(name, help, MetricType::GAUGE, samples));
     }
 
+    /// mocker's per-group KV usage (vLLM exposes one usage for all groups): bytes each
+    /// group's live requests hold, and their share of the budget the groups share.
+    fn group_gauges(&self, out: &mut Vec<MetricFamily>) {
+        let (mut bytes, mut share) = (Vec::new(), Vec::new());
+        for e in &self.engines {
+            let rank = e.dp_rank().to_string();
+            for (name, (_, used)) in self.kv_cache_groups.iter().zip(e.kv_group_usage()) {
+                let l = || labels(&[("model_name", &self.model_name), ("engine", &rank), ("group", name)]);
+                bytes.push(gauge_sample(l(), used as f64));
+                share.push(gauge_sample(l(), used as f64 / self.kv_cache_capacity_bytes.max(1) as f64));
+            }
+        }
+        out.push(family(
+            "mocker:kv_cache_group_used_bytes",
+            "KV-cache bytes the requests hold in each cache group.",
+            MetricType::GAUGE,
+            bytes,
+        ));
+        out.push(family(
+            "mocker:kv_cache_group_usage_perc",
+            "Share of the KV-cache byte budget each cache group holds. 1 means 100 percent.",
+            MetricType::GAUGE,
+            share,
+        ));
+    }
+
     /// `<base>_total` and its `<base>_created` twin.
     fn counter(&self, out: &mut Vec<MetricFamily>, base: &str, help: &str, values: &[(u32, u64)]) {
         let samples =
@@ -110,6 +139,9 @@ impl Collector for EngineState {
              (--stream-buffer-tokens) overflowed.",
             &shed,
         );
+        if !self.kv_cache_groups.is_empty() {
+            self.group_gauges(&mut out);
+        }
         let per_rank = |value: fn(&EngineMetrics) -> u64| -> Vec<(u32, u64)> {
             ranks.iter().map(|m| (m.dp_rank, value(m))).collect()
         };

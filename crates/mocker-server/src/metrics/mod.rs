@@ -52,6 +52,11 @@ pub struct MetricsOptions {
     pub max_model_len: usize,
     /// Most LoRA adapters per batch (`vllm:lora_requests_info`'s `max_lora`; 0 without LoRA).
     pub max_loras: usize,
+    /// With KV cache groups: their names (the `group` label of mocker's per-group gauges)
+    /// and the byte budget they share.
+    pub kv_cache_groups: Vec<String>,
+    /// See `kv_cache_groups`.
+    pub kv_cache_capacity_bytes: u64,
 }
 
 /// Why a request stopped (vLLM's `finished_reason` label values).
@@ -422,6 +427,8 @@ impl ServerMetrics {
             model_name: self.options.model_name.clone(),
             block_size: self.options.block_size,
             max_loras: self.options.max_loras,
+            kv_cache_groups: self.options.kv_cache_groups.clone(),
+            kv_cache_capacity_bytes: self.options.kv_cache_capacity_bytes,
             created: self.created,
             ranks,
             engines,

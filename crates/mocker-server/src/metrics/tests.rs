@@ -8,6 +8,8 @@ fn vllm(ranks: Vec<u32>) -> ServerMetrics {
         block_size: 64,
         max_model_len: 1000,
         max_loras: 0,
+        kv_cache_groups: Vec::new(),
+        kv_cache_capacity_bytes: 0,
     })
 }
 
@@ -138,6 +140,8 @@ fn sglang_flavor_uses_sglang_names() {
         block_size: 64,
         max_model_len: 100,
         max_loras: 0,
+        kv_cache_groups: Vec::new(),
+        kv_cache_capacity_bytes: 0,
     });
     assert!(metrics.iteration_sink(0, None).is_none());
     metrics.attach_engines(vec![rx], Vec::new());
