@@ -18,6 +18,7 @@ mod grouped;
 mod handoff;
 mod mtp;
 mod offload;
+mod state;
 mod steady;
 pub use grouped::GroupedFault;
 pub use handoff::{Reservation, ReserveError};
@@ -83,6 +84,8 @@ struct Seq {
     /// What it holds in the cache groups (only with `kv_cache_groups`; `blocks` stays
     /// empty then).
     lease: GroupLease,
+    /// Its recurrent state (only with `state_cache`, from its first allocation).
+    state: Option<Box<state::SeqState>>,
     /// The LoRA adapter it runs with.
     lora: Option<LoraRef>,
     /// What its first block's hash chains onto (the adapter's root; `None` for the base model).
@@ -162,6 +165,9 @@ pub struct VllmScheduler {
     groups: Option<GroupedPool>,
     /// The first pass that needed more than the whole group budget (see [`GroupedFault`]).
     fault: Option<GroupedFault>,
+    /// The recurrent-state cache (`state_cache`), if configured: states take blocks of
+    /// `pool` beside the token blocks.
+    state: Option<state::StateCache>,
     /// Most distinct LoRA adapters per batch (0: requests may name none).
     max_loras: u32,
     /// The adapters of the batch being scheduled, and the waiting requests passed over
@@ -260,7 +266,8 @@ impl VllmScheduler {
             aggregate_steady: options.aggregate_steady_tokens
                 && config.aic_nextn.is_none()
                 && config.native_host_offload.is_none()
-                && groups.is_none(),
+                && groups.is_none()
+                && config.state_cache.is_none(),
             opaque_output_blocks: options.opaque_output_blocks,
             timing,
             mtp: config.aic_nextn.map(|_| {
@@ -281,6 +288,7 @@ impl VllmScheduler {
             }),
             groups,
             fault: None,
+            state: config.state_blocks().map(|s| state::StateCache::new(s, config.aic_nextn.is_some())),
             max_loras: options.max_loras,
             batch_loras: Vec::new(),
             lora_skipped: Vec::new(),
@@ -411,6 +419,7 @@ impl VllmScheduler {
             pass_decode: false,
             host: self.offload.is_some().then(offload::HostSeq::new),
             lease: GroupLease::default(),
+            state: None,
             lora: request.lora,
             hash_root,
         };
@@ -576,6 +585,7 @@ impl VllmScheduler {
         pass.clear(now_ns);
         self.free_slots.append(&mut self.retired_slots);
         self.pass_id += 1;
+        self.state_begin_step();
         let defer_prefill = self.defers_prefill();
         let mut b = Budget { tokens: self.max_num_batched_tokens, defer_prefill, ..Default::default() };
         if self.offload.is_some() {
@@ -674,6 +684,13 @@ impl VllmScheduler {
             }
             self.catch_up(i, false);
             let key = self.running[i].key;
+            if self.state.is_some() && !self.state_can_compute(self.seq(key)) {
+                // Its tokens and state outgrew the whole pool: the reference drops it.
+                let mut cursor = i;
+                self.remove_running_or_waiting(key, &mut cursor);
+                self.reject(key, pass);
+                continue;
+            }
             if b.defer_prefill && self.seq(key).num_computed < self.seq(key).prompt_len {
                 // A prompt still being computed waits for the prefill cadence.
                 i += 1;
@@ -698,8 +715,10 @@ impl VllmScheduler {
     /// does not round-trip the budget through memory.
     #[inline]
     fn plain_decode_run(&mut self, i: &mut usize, budget: u32) -> (usize, usize) {
-        if self.groups.is_some() {
-            return (0, 0); // every grouped token reallocates its lease (windows move)
+        if self.groups.is_some() || self.state.is_some() {
+            // Every grouped token reallocates its lease (windows move); a state is
+            // preserved, published or given back around every pass.
+            return (0, 0);
         }
         let bs = self.block_size;
         let pass_id = self.pass_id;
@@ -807,6 +826,15 @@ impl VllmScheduler {
                     self.running.iter().map(|e| self.remaining_reservation(self.seq(e.key))).sum();
                 let needed = self.to_completion_blocks(seq).saturating_sub(reused_blocks + seq.blocks.len());
                 (needed, free_capacity.saturating_sub(reserved))
+            } else if self.state.is_some() {
+                match self.state_admission(seq, cost.cached, cost.active_cached) {
+                    state::StateAdmission::Needs(n) => (n, free_capacity),
+                    state::StateAdmission::Impossible => {
+                        self.waiting.pop_front();
+                        self.reject(key, pass);
+                        continue;
+                    }
+                }
             } else {
                 // The whole known sequence must fit, even when it will be chunked (an
                 // activated destination already holds its prompt's blocks).
@@ -901,6 +929,11 @@ impl VllmScheduler {
         if m.blocks == 0 {
             return PrefillCost::default();
         }
+        if self.state.is_some() {
+            // Only up to a boundary with a cached state checkpoint.
+            let (cached, active_cached) = self.state_prefix(seq, matched);
+            return PrefillCost { cached, active_cached };
+        }
         let bs = self.block_size;
         let len = seq.len;
         let mut cached = (m.blocks as u32 * bs).min(len);
@@ -953,7 +986,12 @@ impl VllmScheduler {
             // Only an admission's cost matched this request's blocks.
             let matched = if cost.is_some() { &self.matched[..] } else { &[] };
             let prev = seq.blocks.len();
-            if self.groups.is_some() {
+            if self.state.is_some() {
+                if self.state_allocate(key, before + want, reusable) {
+                    self.seq_mut(key).num_computed = before + want;
+                    break;
+                }
+            } else if self.groups.is_some() {
                 match self.grouped_allocate(key, before, before + want) {
                     Ok(true) => {
                         self.seq_mut(key).num_computed = before + want;
@@ -1005,6 +1043,9 @@ impl VllmScheduler {
         let after = before + want;
         if self.prefix_caching {
             self.finalize_blocks(key, before, after, pass);
+        }
+        if self.state.is_some() {
+            self.state_commit(key, after);
         }
         let prefix = before.min(prompt_len);
         let prompt_tokens = after.min(prompt_len) - prefix;
@@ -1105,6 +1146,11 @@ impl VllmScheduler {
             }
             seq.published = true;
         }
+        if self.state.is_some() {
+            // The state goes first, as the reference releases it.
+            self.state_release(key, true);
+        }
+        let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
         self.pool.release(&mut seq.blocks);
         Self::release_lease(&mut self.groups, seq);
         self.capacity_generation += 1;
@@ -1371,6 +1417,9 @@ impl VllmScheduler {
             // A finished source: park it with its blocks until `release_held`.
             seq.status = Status::Held;
             return;
+        }
+        if self.state.is_some() {
+            self.state_release(key, false);
         }
         let mut seq = self.seqs[key.0 as usize].take().expect("live seq");
         self.pool.release(&mut seq.blocks);
