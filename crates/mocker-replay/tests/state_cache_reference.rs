@@ -160,7 +160,6 @@ fn state_cases_match_the_reference() {
 
 /// Align mode (`prefix_match_unit`).
 #[test]
-#[ignore = "align mode is not simulated yet: prefix_match_unit is refused"]
 fn align_mode_cases_match_the_reference() {
     check_cases(align_mode);
 }
@@ -186,7 +185,7 @@ fn resident_blocks_match_the_reference() {
     let mut failures = Vec::new();
     for case in cases() {
         let name = case["case"].as_str().unwrap();
-        if !name.starts_with("D14") || (align_mode(name) && std::env::var("STATE_ALIGN").is_err()) {
+        if !name.starts_with("D14") {
             continue;
         }
         let config = launch(&mocker_engine(&case["engine"]), 1).expect(name).engine;
@@ -255,10 +254,7 @@ fn state_refusals_match_the_reference() {
         let replay = &case["replay"];
         let normalize = case["normalize"].as_str().unwrap();
         let parsed = launch(&case["engine"], replay["dp_size"].as_u64().unwrap_or(1));
-        let align = name.starts_with("refusal_pmu") && normalize == "ok";
-        if normalize != "ok" || align {
-            // Until align mode is simulated mocker refuses what the reference accepts.
-            let normalize = if align { "prefix_match_unit" } else { normalize };
+        if normalize != "ok" {
             let want = substance(name, normalize);
             match parsed {
                 Ok(_) => failures.push(format!("{name}: accepted; the reference refuses: {normalize}")),

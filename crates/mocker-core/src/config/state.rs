@@ -105,12 +105,6 @@ impl EngineConfig {
         if (self.num_gpu_blocks as u64) < blocks.saturating_add(1) {
             return state_err("state_cache capacity must fit one token block and one working state");
         }
-        if self.prefix_match_unit.is_some() {
-            // Accepted by the reference; refused here until its align mode is simulated.
-            let msg =
-                "align-mode state checkpoints are not simulated by mocker yet; remove prefix_match_unit";
-            return Err(ConfigError::new(unit_path, msg));
-        }
         Ok(())
     }
 }

@@ -121,6 +121,12 @@ pub struct BlockPool {
     leaf_tail: u32,
     /// The blocks of the hits `allocate` checked, so pinning them needs no second probe.
     hit_ids: Vec<BlockId>,
+    /// Further hashes some cached blocks are found by (a page published under a partial
+    /// prefix and later completed: the reference's token aliases), and each such block's
+    /// list, to drop them with it. Empty, and never consulted, unless a state cache in
+    /// align mode publishes partial pages.
+    aliases: rustc_hash::FxHashMap<u64, BlockId>,
+    alias_of: rustc_hash::FxHashMap<BlockId, Vec<u64>>,
 }
 
 impl BlockPool {
@@ -172,6 +178,8 @@ impl BlockPool {
             leaf_head: NIL,
             leaf_tail: NIL,
             hit_ids: Vec::new(),
+            aliases: Default::default(),
+            alias_of: Default::default(),
         }
     }
 
@@ -207,7 +215,30 @@ impl BlockPool {
 
     /// Whether `hash` is resident in the cache.
     pub fn contains(&self, hash: u64) -> bool {
-        self.resident(hash).is_some()
+        self.lookup(hash).is_some()
+    }
+
+    /// The block `hash` is found at: its primary copy, else a block it is an alias of.
+    #[inline]
+    fn lookup(&self, hash: u64) -> Option<BlockId> {
+        match self.resident(hash) {
+            Some(id) => Some(id),
+            None if self.aliases.is_empty() => None,
+            None => self.aliases.get(&hash).copied(),
+        }
+    }
+
+    /// Makes block `id` findable by `hash` too: an unregistered block is registered under
+    /// it (silently, as a state cache's pages are), a block registered under another hash
+    /// gets it as an alias (dropped when the block goes), unless `hash` is already found.
+    pub fn register_or_alias(&mut self, id: BlockId, hash: u64) {
+        let b = &self.blocks[id as usize];
+        if !b.registered {
+            self.register_in(id, hash, None, Scope::Silent);
+        } else if b.hash != hash && self.lookup(hash).is_none() {
+            self.aliases.insert(hash, id);
+            self.alias_of.entry(id).or_default().push(hash);
+        }
     }
 
     /// The primary copy of `hash`, if it is resident.
@@ -236,7 +267,7 @@ impl BlockPool {
             return m;
         }
         for &h in hashes {
-            let Some(id) = self.resident(h) else { break };
+            let Some(id) = self.lookup(h) else { break };
             ids.push(id);
             m.blocks += 1;
             if self.blocks[id as usize].refcount > 0 {
@@ -480,7 +511,7 @@ impl BlockPool {
 
     /// Whether `hash` is resident and, if so, whether its indexed copy is referenced.
     pub fn hit(&self, hash: u64) -> Option<bool> {
-        self.resident(hash).map(|id| self.blocks[id as usize].refcount > 0)
+        self.lookup(hash).map(|id| self.blocks[id as usize].refcount > 0)
     }
 
     /// Whether block `id` is referenced by some request.
@@ -511,7 +542,7 @@ impl BlockPool {
         let start = hit_ids.len();
         let mut inactive_hits = 0;
         for &h in hits {
-            let Some(id) = self.resident(h) else {
+            let Some(id) = self.lookup(h) else {
                 hit_ids.truncate(start);
                 return false;
             };
@@ -694,6 +725,9 @@ impl BlockPool {
     /// Drops the registration of `id`, already unlinked from every list.
     #[inline(always)]
     fn forget(&mut self, id: BlockId, evicted: &mut Vec<u64>) {
+        if !self.alias_of.is_empty() {
+            self.drop_aliases(id);
+        }
         let b = &mut self.blocks[id as usize];
         b.registered = false;
         let silent = std::mem::replace(&mut b.silent, false);
@@ -727,6 +761,13 @@ impl BlockPool {
                 }
                 entry.remove();
             }
+        }
+    }
+
+    #[cold]
+    fn drop_aliases(&mut self, id: BlockId) {
+        for hash in self.alias_of.remove(&id).unwrap_or_default() {
+            self.aliases.remove(&hash);
         }
     }
 
@@ -883,6 +924,12 @@ impl BlockPool {
                 }
                 copies += 1;
                 cur = self.blocks[cur as usize].next_copy;
+            }
+        }
+        for (&hash, &id) in &self.aliases {
+            let listed = self.alias_of.get(&id).is_some_and(|l| l.contains(&hash));
+            if !self.blocks[id as usize].registered || !listed {
+                return Err(format!("alias {hash:#x} of block {id}, which is not cached under it"));
             }
         }
         let registered = self.blocks.iter().filter(|b| b.registered && !b.unindexed).count();

@@ -122,6 +122,9 @@ enum Scheduled {
     Yes,
     Blocked,
     CurrentPreempted,
+    /// Align mode: its next aligned chunk does not fit what is left of the budget; later
+    /// running requests may still use it.
+    Skipped,
 }
 
 /// Prefix-cache cost of admitting a waiting request.
@@ -288,7 +291,10 @@ impl VllmScheduler {
             }),
             groups,
             fault: None,
-            state: config.state_blocks().map(|s| state::StateCache::new(s, config.aic_nextn.is_some())),
+            state: config.state_blocks().map(|s| {
+                let align = config.prefix_match_unit.filter(|_| prefix_caching).map(|u| u as u32);
+                state::StateCache::new(s, config.aic_nextn.is_some(), align)
+            }),
             max_loras: options.max_loras,
             batch_loras: Vec::new(),
             lora_skipped: Vec::new(),
@@ -424,6 +430,12 @@ impl VllmScheduler {
             hash_root,
         };
         self.next_order += 1;
+        let mut seq = seq;
+        if self.state.as_ref().is_some_and(|sc| sc.align_unit().is_some()) {
+            // Align mode keys checkpoints inside blocks by the prompt's own tokens.
+            let unit_hashes = self.state_unit_hashes(&seq).ok_or(SubmitError::MissingTokens(seq.uuid))?;
+            seq.state = Some(Box::new(state::SeqState::with_unit_hashes(unit_hashes)));
+        }
         let key = super::insert_slot(&mut self.seqs, &mut self.free_slots, seq);
         self.waiting.push_back(key);
         Ok(key)
@@ -697,7 +709,7 @@ impl VllmScheduler {
                 continue;
             }
             match self.schedule(key, None, b, pass, &mut i) {
-                Scheduled::Yes => i += 1,
+                Scheduled::Yes | Scheduled::Skipped => i += 1,
                 Scheduled::Blocked => break,
                 Scheduled::CurrentPreempted => {}
             }
@@ -857,7 +869,7 @@ impl VllmScheduler {
             let mut cursor = usize::MAX;
             match self.schedule(key, Some(cost), b, pass, &mut cursor) {
                 Scheduled::Yes => {}
-                Scheduled::Blocked | Scheduled::CurrentPreempted => break,
+                Scheduled::Blocked | Scheduled::CurrentPreempted | Scheduled::Skipped => break,
             }
             if let Some(id) = lora.filter(|id| !self.batch_loras.contains(id)) {
                 self.batch_loras.push(id);
@@ -975,6 +987,12 @@ impl VllmScheduler {
             return Scheduled::Blocked;
         }
         let mut want = remaining.min(b.tokens);
+        if self.state.is_some() {
+            want = self.state_align_chunk(seq, before, want);
+            if want == 0 && remaining > 0 && b.tokens > 0 {
+                return Scheduled::Skipped;
+            }
+        }
         if want == 0 && remaining > 0 {
             return Scheduled::Blocked;
         }
@@ -987,7 +1005,7 @@ impl VllmScheduler {
             let matched = if cost.is_some() { &self.matched[..] } else { &[] };
             let prev = seq.blocks.len();
             if self.state.is_some() {
-                if self.state_allocate(key, before + want, reusable) {
+                if self.state_allocate(key, before + want, cached) {
                     self.seq_mut(key).num_computed = before + want;
                     break;
                 }
@@ -1045,6 +1063,7 @@ impl VllmScheduler {
             self.finalize_blocks(key, before, after, pass);
         }
         if self.state.is_some() {
+            self.state_alias_completed(key, before / bs, after / bs);
             self.state_commit(key, after);
         }
         let prefix = before.min(prompt_len);
