@@ -61,7 +61,9 @@ fn config() -> impl Strategy<Value = EngineConfig> {
                 enable_chunked_prefill: chunked,
                 enable_prefix_caching: caching,
                 kv_cache_bytes_per_token: Some(16),
-                state_cache: Some(StateCacheConfig { bytes_per_request: state_blocks * block_size as u64 * 16 }),
+                state_cache: Some(StateCacheConfig {
+                    bytes_per_request: state_blocks * block_size as u64 * 16,
+                }),
                 prefix_match_unit,
                 timing_model: TimingModelConfig::Fixed { prefill_ms: 3.0, decode_ms: 1.0 },
                 ..EngineConfig::default()

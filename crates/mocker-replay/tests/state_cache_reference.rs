@@ -342,3 +342,20 @@ fn dump_case() {
         }
     }
 }
+
+/// Debug aid: compares the cases of the fixture-shaped JSON file named by env STATE_EXTRA
+/// (cases run through the reference by hand, not part of the fixture).
+#[test]
+#[ignore]
+fn extra_cases() {
+    let Ok(path) = std::env::var("STATE_EXTRA") else { return };
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    for case in doc["cases"].as_array().unwrap() {
+        let name = case["case"].as_str().unwrap();
+        let failures = compare(name, case);
+        println!(
+            "CASE {name}: {}",
+            if failures.is_empty() { "match".to_string() } else { failures.join("; ") }
+        );
+    }
+}
