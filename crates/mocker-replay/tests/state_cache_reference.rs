@@ -104,9 +104,16 @@ fn close(case: &str, key: &str, got: f64, want: f64) -> Option<String> {
 /// The mismatches of one case's headline figures against the reference's.
 fn compare(name: &str, case: &Value) -> Vec<String> {
     let want = &case["result"];
+    let replay = &case["replay"];
+    let dp = replay["dp_size"].as_u64().unwrap_or(1);
+    let workers = replay["num_workers"].as_u64().unwrap_or(1) as usize;
     let options = ReplayOptions {
-        cluster: Cluster::aggregated(launch(&mocker_engine(&case["engine"]), 1).expect(name), 1),
+        cluster: Cluster::aggregated(launch(&mocker_engine(&case["engine"]), dp).expect(name), workers),
         workload: workload(&case["workload"]),
+        router: match replay["router_mode"].as_str() {
+            Some("kv_router") => mocker_replay::RouterMode::Kv,
+            _ => mocker_replay::RouterMode::RoundRobin,
+        },
         ..Default::default()
     };
     let s = run_synthetic(&options).unwrap_or_else(|e| panic!("{name}: {e}")).summary;
