@@ -727,14 +727,14 @@ impl VllmScheduler {
     /// does not round-trip the budget through memory.
     #[inline]
     fn plain_decode_run(&mut self, i: &mut usize, budget: u32) -> (usize, usize) {
-        if self.groups.is_some() || self.state.is_some() {
-            // Every grouped token reallocates its lease (windows move); a state is
-            // preserved, published or given back around every pass.
-            return (0, 0);
+        if self.groups.is_some() {
+            return (0, 0); // every grouped token reallocates its lease (windows move)
         }
         let bs = self.block_size;
         let pass_id = self.pass_id;
         let check_boundary = self.prefix_caching;
+        // With a state cache only a token that leaves the state as it is may pass here.
+        let state = self.state.as_ref().map(|sc| sc.align_unit().is_some());
         let (mut n, mut kv) = (0usize, 0usize);
         while *i < self.running.len() && (n as u32) < budget {
             let entry = self.running[*i];
@@ -754,7 +754,8 @@ impl VllmScheduler {
             let plain = seq.num_computed + 1 == len
                 && seq.num_computed >= seq.prompt_len
                 && len as usize <= seq.blocks.len() * bs as usize
-                && (!check_boundary || rem != 0);
+                && (!check_boundary || rem != 0)
+                && state.is_none_or(|align| state::decode_leaves_state(seq, len, bs, align));
             if !plain {
                 break;
             }

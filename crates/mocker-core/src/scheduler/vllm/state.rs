@@ -593,6 +593,22 @@ impl VllmScheduler {
     }
 }
 
+/// Whether computing one decode token (to `len`, within the request's last block and,
+/// with prefix caching, not completing it) leaves the state cache as it is, so the decode
+/// fast path may take it: no published working state to preserve or copy, no preserved
+/// checkpoint to give back, and in align mode no block change and nothing an earlier pass
+/// read left to release. The state's token count then lags, which nothing reads until the
+/// next write, and that one goes through the general path.
+#[inline]
+pub(super) fn decode_leaves_state(seq: &Seq, len: u32, bs: u32, align: bool) -> bool {
+    seq.state.as_deref().is_some_and(|st| {
+        st.working_key.is_none()
+            && !st.snapshot_owned
+            && !st.working.is_empty()
+            && (!align || (st.previous.is_empty() && st.working_slot == Some((len - 1) / bs)))
+    })
+}
+
 /// See [`VllmScheduler::state_write_blocks`].
 fn write_blocks(sc: &StateCache, st: &SeqState, bs: u32, target: u32) -> usize {
     let needs = if sc.align_unit.is_some() {
