@@ -230,6 +230,45 @@ def cases():
     add("D13_state4_pmu1_roomy_oddchat", "state 4 blocks + prefix_match_unit 1, odd prompts",
         odd, eng(num_gpu_blocks=100000, kv_cache_bytes_per_token=kvb,
                  state_cache={"bytes_per_request": 65536}, prefix_match_unit=1))
+    # More shapes: chunked prompts (checkpoints at chunk ends), other units, states and
+    # block sizes, FIFO preemption, MTP, no chunking, several workers, DP, the KV router,
+    # KV events and max_model_len, each against the pressured or roomy chat or sessions.
+    s4 = {"bytes_per_request": 65536}
+    odd3 = copy.deepcopy(CHAT)
+    odd3["trim_tokens"] = 3
+    st = dict(kv_cache_bytes_per_token=kvb, state_cache=s4)
+    add("D15_state4_budget256_chat", "D1 with 256-token passes", CHAT,
+        eng(num_gpu_blocks=256, max_num_batched_tokens=256, **st))
+    add("D16_state4_pmu4_budget256_oddchat", "pmu 4, 256-token passes, 400 blocks", odd,
+        eng(num_gpu_blocks=400, max_num_batched_tokens=256, prefix_match_unit=4, **st))
+    add("D17_state2_pmu2_pressure_oddchat3", "a 2-block state, pmu 2, prompts 3 short, 200 blocks",
+        odd3, eng(num_gpu_blocks=200, kv_cache_bytes_per_token=kvb,
+                  state_cache={"bytes_per_request": 20000}, prefix_match_unit=2))
+    add("D18_state4_fifo_sessions", "D1 with FIFO preemption", SESSIONS,
+        eng(num_gpu_blocks=256, preemption_mode="fifo", **st))
+    add("D19_state4_mtp_chat", "D1 with aic_nextn 2", CHAT, eng(num_gpu_blocks=256, aic_nextn=2, **st))
+    add("D20_state4_pmu4_nopc_oddchat", "pmu 4 with prefix caching off", odd,
+        eng(num_gpu_blocks=256, prefix_match_unit=4, enable_prefix_caching=False, **st))
+    add("D21_state3_bs32_pmu8_oddchat", "block 32, a 3-block state, pmu 8, 150 blocks", odd,
+        eng(block_size=32, num_gpu_blocks=150, kv_cache_bytes_per_token=kvb,
+            state_cache={"bytes_per_request": 98304}, prefix_match_unit=8))
+    add("D22_state4_seqs4_chat", "4 sequences, 120 blocks", CHAT,
+        eng(num_gpu_blocks=120, max_num_seqs=4, **st))
+    add("D23_state4_pmu16_pressure_oddchat", "pmu 16, 180 blocks", odd,
+        eng(num_gpu_blocks=180, prefix_match_unit=16, **st))
+    add("D24_state4_nochunk_chat", "chunked prefill off, 2048-token passes", CHAT,
+        eng(num_gpu_blocks=256, enable_chunked_prefill=False, max_num_batched_tokens=2048, **st))
+    add("D25_state4_2workers_chat", "D1 on 2 workers, round robin", CHAT,
+        eng(num_gpu_blocks=256, **st), num_workers=2)
+    add("D26_state4_dp2_chat", "D1 with dp_size 2", CHAT, eng(num_gpu_blocks=256, **st), dp_size=2)
+    add("D27_state4_kvrouter_chat", "D1 on 2 workers, KV router", CHAT,
+        eng(num_gpu_blocks=256, **st), num_workers=2, router_mode="kv_router")
+    add("D28_state4_events_sessions", "D1 with emit_kv_events", SESSIONS,
+        eng(num_gpu_blocks=256, emit_kv_events=True, **st))
+    add("D29_state4_maxlen_chat", "D1 with max_model_len 1000", CHAT,
+        eng(num_gpu_blocks=256, max_model_len=1000, **st))
+    add("D30_state4_pmu4_3workers_oddchat", "pmu 4 on 3 workers, round robin", odd,
+        eng(num_gpu_blocks=256, prefix_match_unit=4, **st), num_workers=3)
 
     # E. G3 below the host tier; DEEP has 16 x 24-block prefixes, G1 96 and G2 64 blocks
     host = {"num_host_blocks": 64}

@@ -379,9 +379,12 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
         hashing,
         private_tails: !outputs_reappear,
         // Trace prompts are only hashed, and vLLM-style engines with opaque output blocks
-        // need no tokens beside the hashes (SGLang's radix cache reads them).
+        // need no tokens beside the hashes (SGLang's radix cache reads them, a state
+        // cache's align mode hashes prompts inside blocks).
         tokenless_traces: !outputs_reappear
-            && engines().all(|e| e.backend != Backend::Sglang && !e.emit_kv_token_ids),
+            && engines().all(|e| {
+                e.backend != Backend::Sglang && !e.emit_kv_token_ids && e.prefix_match_unit.is_none()
+            }),
     };
     let started = Instant::now();
     let mut collector = Collector::with_sla(options.sla);

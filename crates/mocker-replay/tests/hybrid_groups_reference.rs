@@ -132,8 +132,6 @@ fn substance(case: &str, reference: &str) -> String {
         ("refusal_group_missing_page", "kv_cache_groups[0].page_size_bytes: missing required field"),
         // mocker's range message for the same rule.
         ("refusal_groups_num_gpu_blocks_zero", "engine.num_gpu_blocks: must be in 1..="),
-        // state_cache is not simulated yet: refused by name as an unknown key.
-        ("refusal_groups_with_state_cache", "engine.state_cache: unknown field"),
     ];
     if let Some((_, s)) = shape.iter().find(|(c, _)| *c == case) {
         return s.to_string();

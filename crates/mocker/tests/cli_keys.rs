@@ -130,6 +130,10 @@ const XFER: &str = r#"{"kv_transfer_bytes_per_token": 200000, "kv_transfer_bandw
 const GROUPS: &str = r#"{"enable_prefix_caching": false, "block_size": 16, "kv_cache_capacity_bytes": 1073741824,
     "kv_cache_groups": [{"name": "full", "kind": "attention", "num_layers": 1, "block_size_tokens": 16, "page_size_bytes": 1024},
     {"name": "swa", "kind": "attention", "num_layers": 1, "block_size_tokens": 16, "page_size_bytes": 1024, "sliding_window": 64}]}"#;
+/// A state cache of 4 blocks per request in a 64-block pool (its geometry is explicit, as
+/// the reference requires).
+const STATE: &str = r#"{"num_gpu_blocks": 64, "block_size": 16, "kv_cache_bytes_per_token": 1024,
+    "state_cache": {"bytes_per_request": 65536}}"#;
 const CORE: O =
     Serve("the live engine runs the same core (serve_e2e::stream_arrivals_follow_the_modelled_pass_times)");
 
@@ -184,6 +188,15 @@ fn rows() -> Vec<Row> {
         r("kv_transfer_timing_mode", XFER, r#"{"kv_transfer_timing_mode": "destination_missing"}"#, PREFIX,
           [Warned, Affects, Warned, Warned]),
         r("kv_cache_bytes_per_token", "{}", r#"{"kv_cache_bytes_per_token": 100000}"#, SMALL, [Refused, Refused, Refused, Refused]),
+        r("kv_cache_bytes_per_token", STATE, r#"{"kv_cache_bytes_per_token": 4096}"#, PREFIX,
+          [Affects, RefusedAs("state_cache"), Affects, CORE]),
+        r("state_cache", r#"{"num_gpu_blocks": 64, "block_size": 16}"#,
+          r#"{"kv_cache_bytes_per_token": 1024, "state_cache": {"bytes_per_request": 65536}}"#, PREFIX,
+          [Affects, Refused, Affects, CORE]),
+        named("state_cache", r("state_cache.bytes_per_request", STATE, r#"{"state_cache": {"bytes_per_request": 262143}}"#,
+          PREFIX, [Affects, Refused, Affects, CORE])),
+        r("prefix_match_unit", STATE, r#"{"prefix_match_unit": 4}"#, PREFIX, [Affects, RefusedAs("state_cache"), Affects, CORE]),
+        r("prefix_match_unit", r#"{"block_size": 16}"#, r#"{"prefix_match_unit": 4}"#, SMALL, [Refused, Refused, Refused, Refused]),
         r("native_host_offload", r#"{"num_gpu_blocks": 24, "block_size": 16}"#,
           r#"{"kv_cache_bytes_per_token": 100000, "native_host_offload": {"num_host_blocks": 200}}"#, PREFIX, [Affects, Refused, Refused, Refused]),
         named("native_host_offload", r("native_host_offload.num_host_blocks", HOST, r#"{"native_host_offload": {"num_host_blocks": 2}}"#, PREFIX,

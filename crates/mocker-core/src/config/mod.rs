@@ -96,6 +96,8 @@ macro_rules! string_enum {
 
 mod groups;
 pub use groups::{CacheGroupKind, KvCacheGroup, MAX_EXACT_BYTES};
+mod state;
+pub use state::StateCacheConfig;
 
 string_enum! {
     /// Which inference engine is simulated; selects the scheduler core and block-size default.
@@ -317,6 +319,14 @@ pub struct EngineConfig {
     /// The rank's byte budget for `kv_cache_groups`, page padding included.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_cache_capacity_bytes: Option<u64>,
+    /// A recurrent state per request (Mamba, linear attention) in the block pool beside the
+    /// token blocks, with prefix reuse only where a state checkpoint is cached.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_cache: Option<StateCacheConfig>,
+    /// With a state cache: checkpoint in vLLM's "align" mode, and let a prefix hit end
+    /// inside a block at a multiple of this many tokens (a divisor of `block_size`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_match_unit: Option<usize>,
     /// Transfer bandwidth in GB/s; None or 0 means instantaneous.
     pub kv_transfer_bandwidth: Option<f64>,
     /// Which tokens a transfer is charged for.
@@ -357,6 +367,8 @@ impl Default for EngineConfig {
             native_host_offload: None,
             kv_cache_groups: Vec::new(),
             kv_cache_capacity_bytes: None,
+            state_cache: None,
+            prefix_match_unit: None,
             kv_transfer_bandwidth: None,
             kv_transfer_timing_mode: KvTransferTimingMode::FullPrompt,
             timing_model: TimingModelConfig::Polynomial,

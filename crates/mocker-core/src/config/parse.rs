@@ -16,7 +16,7 @@ const ENGINE_KEYS: &str = "backend num_gpu_blocks block_size max_model_len max_n
     enable_prefix_caching enable_chunked_prefill speedup_ratio decode_speedup_ratio aic_nextn \
     aic_nextn_accept_rates aic_mtp_seed worker_type preemption_mode eviction_policy emit_kv_events \
     emit_kv_token_ids kv_transfer_bytes_per_token kv_bytes_per_token kv_cache_bytes_per_token \
-    native_host_offload g3_offload kv_cache_groups kv_cache_capacity_bytes kv_transfer_bandwidth kv_transfer_timing_mode timing_model sglang trtllm";
+    native_host_offload g3_offload kv_cache_groups kv_cache_capacity_bytes state_cache prefix_match_unit kv_transfer_bandwidth kv_transfer_timing_mode timing_model sglang trtllm";
 const HOST_OFFLOAD_KEYS: &str = "scope num_host_blocks d2h_bandwidth_gbps h2d_bandwidth_gbps \
     shared_d2h_bandwidth_gbps shared_h2d_bandwidth_gbps latency_to_first_byte_ms kv_layout_id";
 const LAUNCH_KEYS: &str = "engine dp_size tensor_parallel_size startup_time \
@@ -54,6 +54,7 @@ pub fn accepted_keys() -> Vec<String> {
         ("sglang", SGLANG_KEYS),
         ("trtllm", "capacity_scheduler_policy"),
         ("native_host_offload", HOST_OFFLOAD_KEYS),
+        ("state_cache", "bytes_per_request"),
         ("reasoning", REASONING_KEYS),
     ];
     for (object, list) in nested {
@@ -271,6 +272,7 @@ fn parse_launch(v: &Value) -> Result<LaunchConfig> {
 
 fn parse_engine(v: &Value, path: &str) -> Result<EngineConfig> {
     let o = Obj::new(v, path, ENGINE_KEYS)?;
+    super::state::require_explicit_geometry(o.map, path)?;
     let mut c = EngineConfig::default();
     set!(o, c.backend, Backend::parse);
     // null is accepted (as in the reference): "no value" is exactly what selects the default.
@@ -307,7 +309,14 @@ fn parse_engine(v: &Value, path: &str) -> Result<EngineConfig> {
     set_opt!(o, c.native_host_offload, parse_host_offload);
     set!(o, c.kv_cache_groups, super::groups::parse_groups);
     set_opt!(o, c.kv_cache_capacity_bytes, to_uint);
+    set_opt!(o, c.state_cache, super::state::parse_state_cache);
+    set_opt!(o, c.prefix_match_unit, to_uint);
     if o.map.get("g3_offload").is_some_and(|v| !v.is_null()) {
+        if c.state_cache.is_some() && c.native_host_offload.is_some() {
+            // The reference judges the state cache's host tier before it reaches G3.
+            let msg = "state_cache does not support native_host_offload in the G1-only implementation";
+            return Err(ConfigError::new(o.path("state_cache"), msg));
+        }
         // Its G3 tier (a third, disk/remote level) is not simulated.
         let msg = "the G3 tier is not simulated by mocker; remove g3_offload (native_host_offload alone is)";
         return Err(ConfigError::new(o.path("g3_offload"), msg));

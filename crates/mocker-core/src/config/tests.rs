@@ -356,3 +356,35 @@ fn kv_cache_groups_echo_like_the_reference() {
     let e = err(r#"{"engine":{"enable_prefix_caching":false,"kv_cache_groups":null}}"#);
     assert_eq!(e.field, "engine.kv_cache_groups");
 }
+
+#[test]
+fn state_cache_echoes_and_round_trips_like_the_reference() {
+    let c = parse(
+        r#"{"engine":{"block_size":16,"num_gpu_blocks":64,"kv_cache_bytes_per_token":64,
+           "state_cache":{"bytes_per_request":4096},"prefix_match_unit":4}}"#,
+    );
+    let e = &c.to_canonical_json()["engine"];
+    // The reference's _normalize_mocker_config echoes exactly these.
+    assert_eq!(e["state_cache"], json!({"bytes_per_request": 4096}));
+    assert_eq!(e["prefix_match_unit"], json!(4));
+    assert_eq!(e["kv_cache_bytes_per_token"], json!(64));
+    assert_eq!(c.engine.state_blocks(), Some(4));
+    assert_eq!(LaunchConfig::from_value(c.to_canonical_json()).unwrap().engine, c.engine);
+    let plain = LaunchConfig::default().to_canonical_json();
+    assert!(
+        plain["engine"].get("state_cache").is_none() && plain["engine"].get("prefix_match_unit").is_none()
+    );
+    // Null means absent, as in the reference.
+    let c = parse(r#"{"engine":{"state_cache":null,"prefix_match_unit":null}}"#);
+    assert_eq!(c.engine.state_cache, None);
+    // A null geometry key is not explicit.
+    let e = err(r#"{"engine":{"block_size":null,"num_gpu_blocks":64,"kv_cache_bytes_per_token":64,
+                 "state_cache":{"bytes_per_request":4096}}}"#);
+    assert!(e.message.contains("state_cache requires explicit num_gpu_blocks"), "{e}");
+    // Rounded up: 1025 bytes in 1024-byte blocks (16 tokens of 64 bytes) take two.
+    let c = parse(
+        r#"{"engine":{"block_size":16,"num_gpu_blocks":64,"kv_cache_bytes_per_token":64,
+           "state_cache":{"bytes_per_request":1025}}}"#,
+    );
+    assert_eq!(c.engine.state_blocks(), Some(2));
+}

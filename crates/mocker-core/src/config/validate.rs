@@ -105,6 +105,8 @@ impl EngineConfig {
                 format!("must be {neutral} for backend={backend} (got {got}); only {owner} supports it");
             ensure(got == neutral || backend == owner, f(key), msg)
         };
+        // First, as in the reference (a state cache's block_size 1 gets its message).
+        self.validate_state_cache(p)?;
         int_range(f("num_gpu_blocks"), self.num_gpu_blocks, 1, MAX_NUM_GPU_BLOCKS)?;
         int_range(f("block_size"), bs, 1, MAX_BLOCK_SIZE)?;
         let msg = format!("must be at least 2 for vllm/trtllm (got {bs})");
@@ -206,8 +208,10 @@ impl EngineConfig {
         let f = |key: &str| join(p, key);
         let Some(h) = &self.native_host_offload else {
             // Elsewhere the reference reads it only for layouts mocker does not simulate.
-            let msg = "is used only by native_host_offload here; set that too or remove it";
-            return ensure(self.kv_cache_bytes_per_token.is_none(), f("kv_cache_bytes_per_token"), msg);
+            // A state cache reads it to size its states in blocks.
+            let msg = "is used only by native_host_offload or state_cache here; set one of them or remove it";
+            let used = self.kv_cache_bytes_per_token.is_none() || self.state_cache.is_some();
+            return ensure(used, f("kv_cache_bytes_per_token"), msg);
         };
         let key = f("native_host_offload");
         let backend = self.backend;

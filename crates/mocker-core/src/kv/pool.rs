@@ -121,6 +121,12 @@ pub struct BlockPool {
     leaf_tail: u32,
     /// The blocks of the hits `allocate` checked, so pinning them needs no second probe.
     hit_ids: Vec<BlockId>,
+    /// Further hashes some cached blocks are found by (a page published under a partial
+    /// prefix and later completed: the reference's token aliases), and each such block's
+    /// list, to drop them with it. Empty, and never consulted, unless a state cache in
+    /// align mode publishes partial pages.
+    aliases: rustc_hash::FxHashMap<u64, BlockId>,
+    alias_of: rustc_hash::FxHashMap<BlockId, Vec<u64>>,
 }
 
 impl BlockPool {
@@ -172,6 +178,8 @@ impl BlockPool {
             leaf_head: NIL,
             leaf_tail: NIL,
             hit_ids: Vec::new(),
+            aliases: Default::default(),
+            alias_of: Default::default(),
         }
     }
 
@@ -207,7 +215,30 @@ impl BlockPool {
 
     /// Whether `hash` is resident in the cache.
     pub fn contains(&self, hash: u64) -> bool {
-        self.resident(hash).is_some()
+        self.lookup(hash).is_some()
+    }
+
+    /// The block `hash` is found at: its primary copy, else a block it is an alias of.
+    #[inline]
+    fn lookup(&self, hash: u64) -> Option<BlockId> {
+        match self.resident(hash) {
+            Some(id) => Some(id),
+            None if self.aliases.is_empty() => None,
+            None => self.aliases.get(&hash).copied(),
+        }
+    }
+
+    /// Makes block `id` findable by `hash` too: an unregistered block is registered under
+    /// it (silently, as a state cache's pages are), a block registered under another hash
+    /// gets it as an alias (dropped when the block goes), unless `hash` is already found.
+    pub fn register_or_alias(&mut self, id: BlockId, hash: u64) {
+        let b = &self.blocks[id as usize];
+        if !b.registered {
+            self.register_in(id, hash, None, Scope::Silent);
+        } else if b.hash != hash && self.lookup(hash).is_none() {
+            self.aliases.insert(hash, id);
+            self.alias_of.entry(id).or_default().push(hash);
+        }
     }
 
     /// The primary copy of `hash`, if it is resident.
@@ -236,7 +267,7 @@ impl BlockPool {
             return m;
         }
         for &h in hashes {
-            let Some(id) = self.resident(h) else { break };
+            let Some(id) = self.lookup(h) else { break };
             ids.push(id);
             m.blocks += 1;
             if self.blocks[id as usize].refcount > 0 {
@@ -383,9 +414,15 @@ impl BlockPool {
         );
         let first = match entry {
             hashbrown::hash_table::Entry::Occupied(e) => {
-                let p = *e.get() as usize;
-                self.blocks[id as usize].next_copy = self.blocks[p].next_copy;
-                self.blocks[p].next_copy = id;
+                // Copies queue in registration order (the reference's duplicate queue):
+                // when the primary goes, the oldest duplicate takes its place, and which
+                // copy a later request hits (and so pins) depends on that order.
+                let mut last = *e.get() as usize;
+                while self.blocks[last].next_copy != NIL {
+                    last = self.blocks[last].next_copy as usize;
+                }
+                self.blocks[id as usize].next_copy = NIL;
+                self.blocks[last].next_copy = id;
                 false
             }
             hashbrown::hash_table::Entry::Vacant(e) => {
@@ -464,6 +501,143 @@ impl BlockPool {
                 }
             }
         }
+    }
+
+    /// Drops one reference to block `id` (as [`release`](Self::release) does for a list).
+    pub fn release_one(&mut self, id: BlockId) {
+        let mut one = vec![id];
+        self.release(&mut one);
+    }
+
+    /// Whether `hash` is resident and, if so, whether its indexed copy is referenced.
+    pub fn hit(&self, hash: u64) -> Option<bool> {
+        self.lookup(hash).map(|id| self.blocks[id as usize].refcount > 0)
+    }
+
+    /// Whether block `id` is referenced by some request.
+    pub fn is_active(&self, id: BlockId) -> bool {
+        self.blocks[id as usize].refcount > 0
+    }
+
+    /// Whether block `id` is registered (cached under a hash), and under which.
+    pub fn registration(&self, id: BlockId) -> Option<u64> {
+        let b = &self.blocks[id as usize];
+        b.registered.then_some(b.hash)
+    }
+
+    /// Pins the resident blocks of `hits` (appended to `hit_ids`, in order) and takes
+    /// `fresh` new blocks (appended to `fresh_ids`), evicting in policy order, in one
+    /// atomic step: when the pool cannot supply them it returns false and changes
+    /// nothing. Unlike [`allocate`](Self::allocate) the hits need not be a prefix chain
+    /// (a state checkpoint's slots are not), so several kinds of blocks can be taken for
+    /// one request at once, as the reference reserves them.
+    pub fn allocate_keys(
+        &mut self,
+        hits: &[u64],
+        hit_ids: &mut Vec<BlockId>,
+        fresh: usize,
+        fresh_ids: &mut Vec<BlockId>,
+        evicted: &mut Vec<u64>,
+    ) -> bool {
+        let start = hit_ids.len();
+        let mut inactive_hits = 0;
+        for &h in hits {
+            let Some(id) = self.lookup(h) else {
+                hit_ids.truncate(start);
+                return false;
+            };
+            inactive_hits += usize::from(self.blocks[id as usize].refcount == 0);
+            hit_ids.push(id);
+        }
+        let shortfall = fresh.saturating_sub(self.num_free());
+        if shortfall > self.num_inactive - inactive_hits {
+            hit_ids.truncate(start);
+            return false;
+        }
+        for &id in &hit_ids[start..] {
+            if self.blocks[id as usize].refcount == 0 {
+                self.lru_unlink(id);
+                if self.policy == EvictionPolicy::Lineage && self.lineage[id as usize].first_child == NIL {
+                    self.leaf_unlink(id);
+                }
+            }
+            self.blocks[id as usize].refcount += 1;
+        }
+        fresh_ids.reserve(fresh);
+        for _ in 0..fresh {
+            let id = match self.free.pop() {
+                Some(id) => id,
+                None if self.blocks.len() < self.capacity => self.new_block(),
+                None => self.evict(evicted),
+            };
+            self.blocks[id as usize].refcount = 1;
+            fresh_ids.push(id);
+        }
+        true
+    }
+
+    /// Takes the registration away from a block only its one owner references (a state
+    /// about to be overwritten): it stays owned, and other copies of its hash stay
+    /// cached. Nothing happens to an unregistered block.
+    pub fn unregister(&mut self, id: BlockId) {
+        let b = &self.blocks[id as usize];
+        if !b.registered {
+            return;
+        }
+        debug_assert_eq!(b.refcount, 1, "only an exclusively owned block is rewritten");
+        if self.policy == EvictionPolicy::Lineage {
+            self.cut_lineage(id);
+        }
+        let mut sink = Vec::new();
+        self.forget(id, &mut sink);
+    }
+
+    /// Frees block `id` if it is still an unreferenced cached copy of `hash` (an obsolete
+    /// state checkpoint); returns whether it did. A block evicted and reused since is left
+    /// alone unless it holds `hash` again, unreferenced.
+    pub fn discard_inactive(&mut self, id: BlockId, hash: u64) -> bool {
+        let b = &self.blocks[id as usize];
+        if !(b.registered && b.refcount == 0 && b.hash == hash) {
+            return false;
+        }
+        self.lru_unlink(id);
+        if self.policy == EvictionPolicy::Lineage {
+            if self.lineage[id as usize].first_child == NIL {
+                self.leaf_unlink(id);
+            }
+            self.cut_lineage(id);
+        }
+        let mut sink = Vec::new();
+        self.forget(id, &mut sink);
+        self.free.push(id);
+        true
+    }
+
+    /// Removes `id` from the lineage links (its children are orphaned), as its eviction does.
+    fn cut_lineage(&mut self, id: BlockId) {
+        let node = self.lineage[id as usize];
+        let mut c = node.first_child;
+        while c != NIL {
+            let child = &mut self.lineage[c as usize];
+            let next = child.next_sibling;
+            (child.parent, child.prev_sibling, child.next_sibling) = (NIL, NIL, NIL);
+            c = next;
+        }
+        let p = node.parent;
+        if p != NIL {
+            if node.prev_sibling == NIL {
+                self.lineage[p as usize].first_child = node.next_sibling;
+            } else {
+                self.lineage[node.prev_sibling as usize].next_sibling = node.next_sibling;
+            }
+            if node.next_sibling != NIL {
+                self.lineage[node.next_sibling as usize].prev_sibling = node.prev_sibling;
+            }
+            if self.lineage[p as usize].first_child == NIL && self.blocks[p as usize].refcount == 0 {
+                self.leaf_push_tail(p);
+            }
+        }
+        self.lineage[id as usize] = Lineage::NONE;
     }
 
     /// Forgets every inactive cached block (cache reset); their hashes go to `evicted`.
@@ -551,6 +725,9 @@ impl BlockPool {
     /// Drops the registration of `id`, already unlinked from every list.
     #[inline(always)]
     fn forget(&mut self, id: BlockId, evicted: &mut Vec<u64>) {
+        if !self.alias_of.is_empty() {
+            self.drop_aliases(id);
+        }
         let b = &mut self.blocks[id as usize];
         b.registered = false;
         let silent = std::mem::replace(&mut b.silent, false);
@@ -584,6 +761,13 @@ impl BlockPool {
                 }
                 entry.remove();
             }
+        }
+    }
+
+    #[cold]
+    fn drop_aliases(&mut self, id: BlockId) {
+        for hash in self.alias_of.remove(&id).unwrap_or_default() {
+            self.aliases.remove(&hash);
         }
     }
 
@@ -740,6 +924,12 @@ impl BlockPool {
                 }
                 copies += 1;
                 cur = self.blocks[cur as usize].next_copy;
+            }
+        }
+        for (&hash, &id) in &self.aliases {
+            let listed = self.alias_of.get(&id).is_some_and(|l| l.contains(&hash));
+            if !self.blocks[id as usize].registered || !listed {
+                return Err(format!("alias {hash:#x} of block {id}, which is not cached under it"));
             }
         }
         let registered = self.blocks.iter().filter(|b| b.registered && !b.unindexed).count();

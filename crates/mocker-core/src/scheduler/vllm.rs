@@ -18,6 +18,7 @@ mod grouped;
 mod handoff;
 mod mtp;
 mod offload;
+mod state;
 mod steady;
 pub use grouped::GroupedFault;
 pub use handoff::{Reservation, ReserveError};
@@ -83,6 +84,8 @@ struct Seq {
     /// What it holds in the cache groups (only with `kv_cache_groups`; `blocks` stays
     /// empty then).
     lease: GroupLease,
+    /// Its recurrent state (only with `state_cache`, from its first allocation).
+    state: Option<Box<state::SeqState>>,
     /// The LoRA adapter it runs with.
     lora: Option<LoraRef>,
     /// What its first block's hash chains onto (the adapter's root; `None` for the base model).
@@ -119,6 +122,9 @@ enum Scheduled {
     Yes,
     Blocked,
     CurrentPreempted,
+    /// Align mode: its next aligned chunk does not fit what is left of the budget; later
+    /// running requests may still use it.
+    Skipped,
 }
 
 /// Prefix-cache cost of admitting a waiting request.
@@ -162,6 +168,9 @@ pub struct VllmScheduler {
     groups: Option<GroupedPool>,
     /// The first pass that needed more than the whole group budget (see [`GroupedFault`]).
     fault: Option<GroupedFault>,
+    /// The recurrent-state cache (`state_cache`), if configured: states take blocks of
+    /// `pool` beside the token blocks.
+    state: Option<state::StateCache>,
     /// Most distinct LoRA adapters per batch (0: requests may name none).
     max_loras: u32,
     /// The adapters of the batch being scheduled, and the waiting requests passed over
@@ -263,7 +272,8 @@ impl VllmScheduler {
             aggregate_steady: options.aggregate_steady_tokens
                 && config.aic_nextn.is_none()
                 && config.native_host_offload.is_none()
-                && groups.is_none(),
+                && groups.is_none()
+                && config.state_cache.is_none(),
             opaque_output_blocks: options.opaque_output_blocks,
             timing,
             mtp: config.aic_nextn.map(|_| {
@@ -284,6 +294,10 @@ impl VllmScheduler {
             }),
             groups,
             fault: None,
+            state: config.state_blocks().map(|s| {
+                let align = config.prefix_match_unit.filter(|_| prefix_caching).map(|u| u as u32);
+                state::StateCache::new(s, config.aic_nextn.is_some(), align)
+            }),
             max_loras: options.max_loras,
             batch_loras: Vec::new(),
             lora_skipped: Vec::new(),
@@ -414,10 +428,17 @@ impl VllmScheduler {
             pass_decode: false,
             host: self.offload.is_some().then(offload::HostSeq::new),
             lease: GroupLease::default(),
+            state: None,
             lora: request.lora,
             hash_root,
         };
         self.next_order += 1;
+        let mut seq = seq;
+        if self.state.as_ref().is_some_and(|sc| sc.align_unit().is_some()) {
+            // Align mode keys checkpoints inside blocks by the prompt's own tokens.
+            let unit_hashes = self.state_unit_hashes(&seq).ok_or(SubmitError::MissingTokens(seq.uuid))?;
+            seq.state = Some(Box::new(state::SeqState::with_unit_hashes(unit_hashes)));
+        }
         let key = super::insert_slot(&mut self.seqs, &mut self.free_slots, seq);
         self.waiting.push_back(key);
         Ok(key)
@@ -602,6 +623,7 @@ impl VllmScheduler {
         pass.clear(now_ns);
         self.free_slots.append(&mut self.retired_slots);
         self.pass_id += 1;
+        self.state_begin_step();
         let defer_prefill = self.defers_prefill();
         let mut b = Budget { tokens: self.max_num_batched_tokens, defer_prefill, ..Default::default() };
         if self.offload.is_some() {
@@ -705,13 +727,20 @@ impl VllmScheduler {
             }
             self.catch_up(i, false);
             let key = self.running[i].key;
+            if self.state.is_some() && !self.state_can_compute(self.seq(key)) {
+                // Its tokens and state outgrew the whole pool: the reference drops it.
+                let mut cursor = i;
+                self.remove_running_or_waiting(key, &mut cursor);
+                self.reject(key, pass);
+                continue;
+            }
             if b.defer_prefill && self.seq(key).num_computed < self.seq(key).prompt_len {
                 // A prompt still being computed waits for the prefill cadence.
                 i += 1;
                 continue;
             }
             match self.schedule(key, None, b, pass, &mut i) {
-                Scheduled::Yes => i += 1,
+                Scheduled::Yes | Scheduled::Skipped => i += 1,
                 Scheduled::Blocked => break,
                 Scheduled::CurrentPreempted => {}
             }
@@ -735,6 +764,8 @@ impl VllmScheduler {
         let bs = self.block_size;
         let pass_id = self.pass_id;
         let check_boundary = self.prefix_caching;
+        // With a state cache only a token that leaves the state as it is may pass here.
+        let state = self.state.as_ref().map(|sc| sc.align_unit().is_some());
         // Squares for the forward-pass metrics' variance: a multiply per token, in u64
         // (a batch of 1024 requests of 2^20 tokens sums to 2^50).
         let (mut n, mut kv, mut kv_sq) = (0usize, 0usize, 0u64);
@@ -758,7 +789,8 @@ impl VllmScheduler {
             let plain = seq.num_computed + 1 == len
                 && seq.num_computed >= seq.prompt_len
                 && len as usize <= seq.blocks.len() * bs as usize
-                && (!check_boundary || rem != 0);
+                && (!check_boundary || rem != 0)
+                && state.is_none_or(|align| state::decode_leaves_state(seq, len, bs, align));
             if !plain {
                 break;
             }
@@ -843,6 +875,15 @@ impl VllmScheduler {
                     self.running.iter().map(|e| self.remaining_reservation(self.seq(e.key))).sum();
                 let needed = self.to_completion_blocks(seq).saturating_sub(reused_blocks + seq.blocks.len());
                 (needed, free_capacity.saturating_sub(reserved))
+            } else if self.state.is_some() {
+                match self.state_admission(seq, cost.cached, cost.active_cached) {
+                    state::StateAdmission::Needs(n) => (n, free_capacity),
+                    state::StateAdmission::Impossible => {
+                        self.waiting.pop_front();
+                        self.reject(key, pass);
+                        continue;
+                    }
+                }
             } else {
                 // The whole known sequence must fit, even when it will be chunked (an
                 // activated destination already holds its prompt's blocks).
@@ -865,7 +906,7 @@ impl VllmScheduler {
             let mut cursor = usize::MAX;
             match self.schedule(key, Some(cost), b, pass, &mut cursor) {
                 Scheduled::Yes => {}
-                Scheduled::Blocked | Scheduled::CurrentPreempted => break,
+                Scheduled::Blocked | Scheduled::CurrentPreempted | Scheduled::Skipped => break,
             }
             if let Some(id) = lora.filter(|id| !self.batch_loras.contains(id)) {
                 self.batch_loras.push(id);
@@ -937,6 +978,11 @@ impl VllmScheduler {
         if m.blocks == 0 {
             return PrefillCost::default();
         }
+        if self.state.is_some() {
+            // Only up to a boundary with a cached state checkpoint.
+            let (cached, active_cached) = self.state_prefix(seq, matched);
+            return PrefillCost { cached, active_cached };
+        }
         let bs = self.block_size;
         let len = seq.len;
         let mut cached = (m.blocks as u32 * bs).min(len);
@@ -978,6 +1024,12 @@ impl VllmScheduler {
             return Scheduled::Blocked;
         }
         let mut want = remaining.min(b.tokens);
+        if self.state.is_some() {
+            want = self.state_align_chunk(seq, before, want);
+            if want == 0 && remaining > 0 && b.tokens > 0 {
+                return Scheduled::Skipped;
+            }
+        }
         if want == 0 && remaining > 0 {
             return Scheduled::Blocked;
         }
@@ -989,7 +1041,12 @@ impl VllmScheduler {
             // Only an admission's cost matched this request's blocks.
             let matched = if cost.is_some() { &self.matched[..] } else { &[] };
             let prev = seq.blocks.len();
-            if self.groups.is_some() {
+            if self.state.is_some() {
+                if self.state_allocate(key, before + want, cached) {
+                    self.seq_mut(key).num_computed = before + want;
+                    break;
+                }
+            } else if self.groups.is_some() {
                 match self.grouped_allocate(key, before, before + want) {
                     Ok(true) => {
                         self.seq_mut(key).num_computed = before + want;
@@ -1041,6 +1098,10 @@ impl VllmScheduler {
         let after = before + want;
         if self.prefix_caching {
             self.finalize_blocks(key, before, after, pass);
+        }
+        if self.state.is_some() {
+            self.state_alias_completed(key, before / bs, after / bs);
+            self.state_commit(key, after);
         }
         let prefix = before.min(prompt_len);
         let prompt_tokens = after.min(prompt_len) - prefix;
@@ -1151,6 +1212,11 @@ impl VllmScheduler {
             }
             seq.published = true;
         }
+        if self.state.is_some() {
+            // The state goes first, as the reference releases it.
+            self.state_release(key, true);
+        }
+        let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
         self.pool.release(&mut seq.blocks);
         Self::release_lease(&mut self.groups, seq);
         self.capacity_generation += 1;
@@ -1417,6 +1483,9 @@ impl VllmScheduler {
             // A finished source: park it with its blocks until `release_held`.
             seq.status = Status::Held;
             return;
+        }
+        if self.state.is_some() {
+            self.state_release(key, false);
         }
         let mut seq = self.seqs[key.0 as usize].take().expect("live seq");
         self.pool.release(&mut seq.blocks);

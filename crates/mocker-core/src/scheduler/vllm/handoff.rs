@@ -205,7 +205,7 @@ impl VllmScheduler {
             let mut cursor = usize::MAX;
             match self.schedule(key, Some(PrefillCost::default()), b, pass, &mut cursor) {
                 Scheduled::Yes => {}
-                Scheduled::Blocked | Scheduled::CurrentPreempted => {
+                Scheduled::Blocked | Scheduled::CurrentPreempted | Scheduled::Skipped => {
                     if self.waiting.front() == Some(&key) {
                         self.waiting.pop_front();
                         self.waiting.insert(i, key);

@@ -58,6 +58,8 @@ impl VllmScheduler {
                     let burst = max_burst.min(seq.max_output - seq.generated) as usize;
                     let len = seq.len as usize;
                     required += (len + burst).div_ceil(bs) - len.div_ceil(bs);
+                    // A state published at the last boundary is preserved before the burst.
+                    required += self.state_burst_blocks(seq, (len + burst - 1) as u32);
                 }
             }
             if self.pool.allocate(&mut reserved, required, &[], &mut self.evicted) {
@@ -151,6 +153,7 @@ impl VllmScheduler {
             if self.prefix_caching {
                 self.finalize_blocks(key, computed_before, computed_after, pass);
             }
+            self.state_after_burst(key, computed_after, &mut mtp.reserved);
         }
         self.pool.release(&mut mtp.reserved);
         self.mtp = Some(mtp);

@@ -221,7 +221,7 @@ impl VllmScheduler {
                 let mut cursor = usize::MAX;
                 match self.schedule(key, Some(PrefillCost::default()), b, pass, &mut cursor) {
                     Scheduled::Yes => continue,
-                    Scheduled::Blocked | Scheduled::CurrentPreempted => break,
+                    Scheduled::Blocked | Scheduled::CurrentPreempted | Scheduled::Skipped => break,
                 }
             }
             let mut cost = self.prefill_cost(seq, &mut matched);
@@ -260,7 +260,7 @@ impl VllmScheduler {
             let mut cursor = usize::MAX;
             match self.schedule(key, Some(cost), b, pass, &mut cursor) {
                 Scheduled::Yes => {}
-                Scheduled::Blocked | Scheduled::CurrentPreempted => break,
+                Scheduled::Blocked | Scheduled::CurrentPreempted | Scheduled::Skipped => break,
             }
             if budget_before == b.tokens && b.tokens == 0 {
                 break;
