@@ -12,7 +12,9 @@ pub mod summary;
 pub mod table;
 pub mod workers;
 
-pub use run::{KvCapacity, KvSource, PoolFacts, ProfileFacts, RunDescription, TimingSource, Topology};
+pub use run::{
+    AgenticFacts, KvCapacity, KvSource, PoolFacts, ProfileFacts, RunDescription, TimingSource, Topology,
+};
 pub use stats::{DistSummary, ExactDistribution, SketchDistribution};
 pub use summary::{GoodputInputs, Summary, SummaryInputs};
 pub use table::{format_number, render_table};
