@@ -254,9 +254,6 @@ impl Common<'_, '_> {
 pub fn refuse_trace_unsupported(
     trace_shared_prefix_ratio: f64,
     trace_num_prefix_groups: usize,
-    agentic_lanes: Option<Bound<'_, PyAny>>,
-    execution_model: Option<Bound<'_, PyAny>>,
-    weka_nested_timestamp_basis: Option<&str>,
 ) -> PyResult<()> {
     const PREFIX: &str = "mocker does not share prefixes across applied_compute_agentic sessions";
     if trace_shared_prefix_ratio != 0.0 {
@@ -265,22 +262,19 @@ pub fn refuse_trace_unsupported(
     if trace_num_prefix_groups != 0 {
         return Err(unsupported("trace_num_prefix_groups", PREFIX));
     }
-    if agentic_lanes.is_some() {
-        return Err(unsupported(
-            "agentic_lanes",
-            "mocker dispatches agentic requests as their graph releases them",
-        ));
-    }
-    if execution_model.is_some() {
-        return Err(unsupported("execution_model", "mocker has one execution model"));
-    }
-    match weka_nested_timestamp_basis {
-        // Mocker's one rule is its automatic one: nested times are relative to a
-        // preceding subagent marker, else absolute.
-        None | Some("auto") => Ok(()),
-        Some(_) => Err(unsupported(
-            "weka_nested_timestamp_basis",
-            "mocker reads nested Weka times by its automatic rule only (\"auto\")",
-        )),
-    }
+    Ok(())
+}
+
+/// The agentic and Weka trace keywords as their flags (`--agentic-lanes`,
+/// `--execution-model`, `--weka-nested-timestamp-basis`), which check them in the
+/// reference's order and with its words.
+pub fn push_trace_options(
+    argv: &mut Argv,
+    agentic_lanes: Option<i64>,
+    execution_model: Option<&str>,
+    weka_nested_timestamp_basis: Option<&str>,
+) {
+    argv.opt("agentic-lanes", agentic_lanes);
+    argv.opt("execution-model", execution_model);
+    argv.opt("weka-nested-timestamp-basis", weka_nested_timestamp_basis);
 }

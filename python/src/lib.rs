@@ -317,8 +317,8 @@ fn run_mocker_trace_replay(
     capture_per_request: bool,
     capture_planner_details: bool,
     scaling_policy: Option<Bound<'_, PyAny>>,
-    agentic_lanes: Option<Bound<'_, PyAny>>,
-    execution_model: Option<Bound<'_, PyAny>>,
+    agentic_lanes: Option<i64>,
+    execution_model: Option<String>,
     weka_nested_timestamp_basis: Option<String>,
     capture_telemetry: bool,
     telemetry_sample_interval_ms: f64,
@@ -353,15 +353,15 @@ fn run_mocker_trace_replay(
     common.refuse_unsupported()?;
     let scaler = common.scaler(capture_planner_details);
     let sampler = common.sampler();
-    keywords::refuse_trace_unsupported(
-        trace_shared_prefix_ratio,
-        trace_num_prefix_groups,
-        agentic_lanes,
-        execution_model,
-        weka_nested_timestamp_basis.as_deref(),
-    )?;
+    keywords::refuse_trace_unsupported(trace_shared_prefix_ratio, trace_num_prefix_groups)?;
     let mut argv = Argv::new();
     common.push(py, &mut argv)?;
+    keywords::push_trace_options(
+        &mut argv,
+        agentic_lanes,
+        execution_model.as_deref(),
+        weka_nested_timestamp_basis.as_deref(),
+    );
     argv.opt("trace-block-size", trace_block_size);
     argv.flag("trace-format", trace_format);
     if let Some(path) = &report_jsonl_path {

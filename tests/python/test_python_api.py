@@ -168,9 +168,6 @@ UNSUPPORTED = [
 UNSUPPORTED_TRACE = [
     ("trace_shared_prefix_ratio", 0.5),
     ("trace_num_prefix_groups", 2),
-    ("agentic_lanes", 4),
-    ("execution_model", "x"),
-    ("weka_nested_timestamp_basis", "absolute"),
 ]
 
 
@@ -194,7 +191,7 @@ def test_unsupported_keywords_at_their_defaults_are_accepted(trace):
                     model_name=None, capture_planner_details=False)
     plain = mocker.run_mocker_trace_replay([trace]).summary
     r = mocker.run_mocker_trace_replay([trace], trace_shared_prefix_ratio=0.0, trace_num_prefix_groups=0,
-                                       agentic_lanes=None, execution_model=None, weka_nested_timestamp_basis="auto",
+                                       agentic_lanes=None, execution_model=None, weka_nested_timestamp_basis=None,
                                        **defaults)
     assert {k: v for k, v in r.summary.items() if k not in WALL} == {k: v for k, v in plain.items() if k not in WALL}
     assert mocker.run_mocker_synthetic_trace_replay(100, 10, 5, **defaults).summary["completed_requests"] == 5
@@ -293,6 +290,116 @@ def test_the_interpreter_runs_other_threads_during_a_replay():
     assert span["end"] - span["start"] > 0.1, "the replay is too short to tell"
     during = [t for t in ticks if span["start"] + 0.02 < t < span["end"] - 0.02]
     assert during, "the main thread never ran while the replay did"
+
+
+# ---- agentic and Weka trace options -------------------------------------------------------
+
+# The reference's results for them (tests/fixtures/hybrid_reference.json, docs/hybrid-kv.md §4).
+F_CASES = [c for c in json.loads((ROOT / "tests" / "fixtures" / "hybrid_reference.json").read_text())["cases"]
+           if c["case"].startswith("F")]
+# The reference's refusals and the part of mocker's message (the CLI's, flags for keywords)
+# that says the same.
+F_SUBSTANCE = {
+    "agentic execution requires a configured target model": "agentic execution requires a configured target model",
+    "execution_model must be non-empty": "--execution-model: must be non-empty",
+    "agentic_lanes must be at least 1": "--agentic-lanes: must be at least 1",
+    "agentic_lanes cannot be combined with replay_concurrency": "--agentic-lanes: cannot be combined with --concurrency",
+    "agentic_lanes requires trace_format='agentic_mooncake', 'weka', or 'dynamo'":
+        "--agentic-lanes: requires --trace-format agentic-mooncake, weka, or dynamo",
+    "weka_nested_timestamp_basis requires trace_format='weka'": "weka_nested_timestamp_basis requires trace_format='weka'",
+    "weka_nested_timestamp_basis must be 'auto', 'absolute', or 'relative', got 'sometimes'":
+        "--weka-nested-timestamp-basis: must be 'auto', 'absolute', or 'relative', got 'sometimes'",
+}
+
+
+def f_call(case, tmp_path):
+    """A fixture case as the probe called the reference: (trace file, keywords)."""
+    w, r = case["workload"], case["replay"]
+    # The reference names a Weka source by its file: the probe's was this.
+    path = tmp_path / "rows_e6ee3f4ea019.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in w["rows"]))
+    kw = {"trace_format": w["trace_format"], "extra_engine_args": {"engine": case["engine"]}}
+    if "trace_block_size" in w:
+        kw["trace_block_size"] = w["trace_block_size"]
+    for k in ("execution_model", "agentic_lanes", "weka_nested_timestamp_basis", "replay_concurrency"):
+        if k in r:
+            kw[k] = r[k]
+    kw["capture_per_request"] = bool(r.get("per_request"))
+    return path, kw
+
+
+@pytest.mark.parametrize("case", F_CASES, ids=[c["case"] for c in F_CASES])
+def test_trace_options_give_the_reference_results(case, tmp_path):
+    path, kw = f_call(case, tmp_path)
+    if "error" in case:
+        reference = case["error"].split(": ", 1)[1]
+        with pytest.raises(ValueError) as e:
+            mocker.run_mocker_trace_replay([path], **kw)
+        assert F_SUBSTANCE.get(reference, reference) in str(e.value)
+        return
+    r = mocker.run_mocker_trace_replay([path], **kw)
+    differ = {k: (v, r.summary[k]) for k, v in case["result"].items() if not close(r.summary[k], v, 1e-9)}
+    assert not differ, f"(reference, mocker): {differ}"
+    if "per_request" in case:
+        got = sorted([x["arrival_time_ms"], x["ttft_ms"], x["reused_input_tokens"]] for x in r.per_request)
+        assert got == [row[:3] for row in case["per_request"]]
+
+
+def test_trace_option_keywords_take_the_reference_types(tmp_path):
+    path, kw = f_call(next(c for c in F_CASES if c["case"] == "F2_agentic_execution_model"), tmp_path)
+    # The reference's TypeErrors, from the keywords' types.
+    with pytest.raises(TypeError, match="agentic_lanes"):
+        mocker.run_mocker_trace_replay([path], **kw, agentic_lanes="2")
+    with pytest.raises(TypeError, match="execution_model"):
+        mocker.run_mocker_trace_replay([path], **{**kw, "execution_model": 3})
+    with pytest.raises(ValueError, match="--agentic-lanes: must be at least 1 \\(got -1\\)"):
+        mocker.run_mocker_trace_replay([path], **kw, agentic_lanes=-1)
+    # True is 1, as the reference takes it.
+    assert mocker.run_mocker_trace_replay([path], **kw, agentic_lanes=True).summary["duration_ms"] == 536.0
+    # The run records the projection; mocker.replay takes the same flags.
+    r = mocker.replay(path, trace_format="agentic-mooncake", engine_args=kw["extra_engine_args"],
+                      execution_model="target", agentic_lanes=2)
+    assert r.summary["duration_ms"] == 268.0
+    assert r.run["agentic"]["model_projection"] == {
+        "policy": "project_to_configured_target", "source_models": ["source-a", "source-b"], "target_model": "target"}
+    assert r.run["agentic"]["lanes"] == 2
+
+
+# A lane case the fixture does not hold: 3 lanes, a faster clock, and plays of uneven length.
+LANE_ROWS = [
+    {"schema": "dynamo.agentic_mooncake", "version": 2, "block_size": 16, "hash_id_scope": "local",
+     "source": {"format": "probe", "digest": "probe"}},
+    *[{"request_id": f"p{p}r{i}", "play_id": f"play{p}", "session_id": f"s{p}", "model": "m", "input_length": 32 + 16 * i,
+       "output_length": 4 + p, "hash_ids": list(range(100 * p, 100 * p + 2 + i)), "not_before_ms": 7.0 * p + 3.0 * i,
+       "dependencies": [] if i == 0 else [{"request_id": f"p{p}r{i - 1}", "trigger": "completion",
+                                           "delay_ms": 40.0 + p, "relation": "sequence"}]}
+      for p in range(5) for i in range(1 + p % 3)],
+]
+
+
+def test_lanes_match_the_reference_on_an_unseen_case(tmp_path):
+    python = reference_python()
+    if python is None:
+        pytest.skip("Dynamo's reference (dynamo._core, ai-dynamo-runtime 1.6.1) is not importable: set "
+                    "MOCKER_DYNAMO_PYTHON to an interpreter that has it")
+    path = tmp_path / "lanes.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in LANE_ROWS))
+    engine = {"engine": {"block_size": 16, "num_gpu_blocks": 1000, "max_num_seqs": 32, "max_num_batched_tokens": 1024}}
+    for lanes in (None, 1, 3):
+        kw = dict(extra_engine_args=engine, trace_format="agentic_mooncake", execution_model="target",
+                  agentic_lanes=lanes, arrival_speedup_ratio=2.0, capture_per_request=True)
+        ours = mocker.run_mocker_trace_replay([path], **kw)
+        ref = run_reference(python, "run_mocker_trace_replay", [[str(path)]], kw)
+        # The reference's agentic summary adds graph and trajectory keys mocker does not report.
+        differ = {k: (v, ours.summary[k]) for k, v in ref["summary"].items()
+                  if k in ours.summary and k not in WALL and not close(ours.summary[k], v, 1e-9)}
+        assert not differ, f"lanes={lanes} (reference, mocker): {differ}"
+        mine = sorted(ours.per_request, key=lambda x: x["arrival_time_ms"])
+        theirs = sorted(ref["per_request"], key=lambda x: x["arrival_time_ms"])
+        assert len(mine) == len(theirs)
+        for a, b in zip(mine, theirs):
+            differ = {k: (b[k], a[k]) for k in RECORD_KEYS if not close(a[k], b[k], 1e-9)}
+            assert not differ, f"lanes={lanes} (reference, mocker): {differ}"
 
 
 # ---- against the reference ---------------------------------------------------------------

@@ -8,15 +8,17 @@ use std::sync::Arc;
 use clap::Args;
 use mocker_core::output_length::OutputLengthDistribution;
 use mocker_replay::report::plot::{PlotData, RenderOptions};
-use mocker_replay::report::RunDescription;
 use mocker_replay::report::WorkerCounts;
+use mocker_replay::report::{AgenticFacts, RunDescription};
 use mocker_replay::router::KvRouterConfig;
 use mocker_replay::scaling::{PoolName, ScalingPlan, ScalingPolicy};
 
 use crate::telemetry::TelemetryFile;
+use mocker_replay::trace::load::load_trace_with;
+use mocker_replay::trace::NestedTimestampBasis;
 use mocker_replay::{
-    load_trace, Cluster, Load, Pool, ReplayError, ReplayOptions, ReplayOutcome, RequestRecord, RouterMode,
-    Sla, SyntheticWorkload, TraceFormat, TraceWorkload, Workload,
+    Cluster, Load, Pool, ReplayError, ReplayOptions, ReplayOutcome, RequestRecord, RouterMode, Sla,
+    SyntheticWorkload, TraceFormat, TraceWorkload, Workload,
 };
 
 use crate::output::{write_atomically, AtomicFile};
@@ -45,6 +47,23 @@ pub struct ReplayArgs {
     /// span (scale tests). Copies share hash ids, so later copies can reuse prefixes.
     #[arg(long, default_value_t = 1)]
     pub trace_repeat: usize,
+    /// Agentic traces (agentic-mooncake, weka): closed-loop playback of their plays
+    /// (trajectories), this many at a time. Each lane runs one play; when its last request
+    /// ends, the lane starts the next play (by `source_play_ordinal`, else play id) with its
+    /// authored times rebased to that instant. Without it every play starts at its own time.
+    #[arg(long, allow_negative_numbers = true)]
+    pub agentic_lanes: Option<i64>,
+    /// Agentic traces (agentic-mooncake, weka; required for them, as in the reference): the
+    /// target model every source model their rows name is projected onto. The simulated
+    /// engine is the one the engine args describe; the report's `run.agentic` records the
+    /// projection.
+    #[arg(long)]
+    pub execution_model: Option<String>,
+    /// Weka traces: how the `t` of requests nested under a subagent marker is read:
+    /// absolute (on the trace's clock), relative (offset from the marker's `t`) or auto
+    /// (relative when any nested request precedes its marker, else absolute; the default).
+    #[arg(long, value_name = "auto|absolute|relative")]
+    pub weka_nested_timestamp_basis: Option<String>,
     /// Prompt tokens per request (synthetic; default 1000).
     #[arg(long)]
     pub input_tokens: Option<usize>,
@@ -250,6 +269,17 @@ impl ReplayArgs {
     fn workload(&self, cluster: &Cluster) -> Result<Workload, UsageError> {
         let output_lengths = self.output_lengths(cluster)?;
         let Some(path) = &self.trace else {
+            for (given, flag) in [
+                (self.agentic_lanes.is_some(), "--agentic-lanes"),
+                (self.execution_model.is_some(), "--execution-model"),
+                (self.weka_nested_timestamp_basis.is_some(), "--weka-nested-timestamp-basis"),
+            ] {
+                if given {
+                    return Err(UsageError(format!(
+                        "{flag}: applies to trace replay only (agentic and Weka traces)"
+                    )));
+                }
+            }
             if self.strict {
                 return Err(UsageError(
                     "--strict: checks a trace file's keys; give a trace file (a synthetic workload has none)"
@@ -306,6 +336,7 @@ impl ReplayArgs {
         if self.concurrency == Some(0) {
             return Err(UsageError("--concurrency: must be at least 1 (got 0)".into()));
         }
+        let basis = self.trace_options(format)?;
         if format == TraceFormat::AppliedComputeAgentic && self.concurrency.is_none() {
             return Err(UsageError(
                 "--concurrency: required with --trace-format applied-compute-agentic (its sessions carry no \
@@ -313,7 +344,12 @@ impl ReplayArgs {
                     .into(),
             ));
         }
-        let trace = load_trace(path, format, self.trace_block_size).map_err(|e| UsageError(e.to_string()))?;
+        let trace = load_trace_with(path, format, self.trace_block_size, basis)
+            .map_err(|e| UsageError(e.to_string()))?;
+        if format == TraceFormat::Dynamo && self.agentic_lanes.is_some() {
+            // mocker reads standard Dynamo traces only (agentic records are refused).
+            return Err(UsageError("--agentic-lanes: requires an agentic Dynamo trace".into()));
+        }
         let unknown = trace.unknown_keys.lines();
         if self.strict && !unknown.is_empty() {
             // One error line per key, worded as the warnings.
@@ -327,7 +363,75 @@ impl ReplayArgs {
             trace: Arc::new(trace),
             concurrency: self.concurrency,
             repeat: self.trace_repeat,
+            lanes: self.agentic_lanes.map(|n| n as usize),
         }))
+    }
+
+    /// Checks the agentic and Weka trace flags for `format`, in the reference's order and
+    /// with its words; returns the Weka nested timestamp basis.
+    fn trace_options(&self, format: TraceFormat) -> Result<NestedTimestampBasis, UsageError> {
+        let agentic = matches!(format, TraceFormat::AgenticMooncake | TraceFormat::Weka);
+        match &self.execution_model {
+            Some(m) if m.trim().is_empty() => {
+                return Err(UsageError("--execution-model: must be non-empty (execution_model must be non-empty)".into()))
+            }
+            None if agentic => {
+                return Err(UsageError(format!(
+                    "--execution-model: required with --trace-format {} (agentic execution requires a configured \
+                     target model: the model the rows' source models are projected onto)",
+                    self.trace_format
+                )))
+            }
+            Some(_) if !agentic => eprintln!(
+                "warning: --execution-model: not used by a {} trace; it names the target model of agentic \
+                 traces (agentic-mooncake, weka)",
+                self.trace_format
+            ),
+            _ => {}
+        }
+        let basis = match self.weka_nested_timestamp_basis.as_deref() {
+            None => NestedTimestampBasis::Auto,
+            Some(name) => {
+                let basis = NestedTimestampBasis::parse(name).ok_or_else(|| {
+                    UsageError(format!(
+                        "--weka-nested-timestamp-basis: must be 'auto', 'absolute', or 'relative', got '{name}'"
+                    ))
+                })?;
+                if format != TraceFormat::Weka {
+                    return Err(UsageError(
+                        "--weka-nested-timestamp-basis: requires --trace-format weka \
+                         (weka_nested_timestamp_basis requires trace_format='weka')"
+                            .into(),
+                    ));
+                }
+                basis
+            }
+        };
+        if let Some(lanes) = self.agentic_lanes {
+            if lanes < 1 {
+                return Err(UsageError(format!("--agentic-lanes: must be at least 1 (got {lanes})")));
+            }
+            if self.concurrency.is_some() {
+                return Err(UsageError(
+                    "--agentic-lanes: cannot be combined with --concurrency (replay_concurrency)".into(),
+                ));
+            }
+            if !agentic && format != TraceFormat::Dynamo {
+                return Err(UsageError(
+                    "--agentic-lanes: requires --trace-format agentic-mooncake, weka, or dynamo (an agentic trace)"
+                        .into(),
+                ));
+            }
+            if self.trace_repeat != 1 {
+                return Err(UsageError(
+                    "--agentic-lanes: replays the trace once (drop --trace-repeat)".into(),
+                ));
+            }
+            if self.mode == Mode::Online {
+                return Err(UsageError("--agentic-lanes: offline mode only (--mode offline)".into()));
+            }
+        }
+        Ok(basis)
     }
 
     fn load(&self) -> Result<Load, UsageError> {
@@ -621,11 +725,30 @@ impl ReplayArgs {
     /// What the run `options` sets up (timing, KV capacity, pools, router), as the report's
     /// `run` object and the table's header describe it.
     pub fn describe(&self, options: &ReplayOptions) -> RunDescription {
-        crate::run_facts::describe(&crate::run_facts::DescribeOptions {
+        let mut run = crate::run_facts::describe(&crate::run_facts::DescribeOptions {
             replay: options,
             engine: &self.engine,
             mode: self.mode.name(),
-        })
+        });
+        // An agentic trace's source models are projected onto --execution-model (required
+        // for them), as the reference's report records it.
+        if let (Workload::Trace(t), Some(target)) = (&options.workload, &self.execution_model) {
+            if matches!(t.trace.format, TraceFormat::AgenticMooncake | TraceFormat::Weka) {
+                run.agentic = Some(AgenticFacts {
+                    input_format: if t.trace.format == TraceFormat::Weka {
+                        "weka"
+                    } else {
+                        "agentic_mooncake"
+                    }
+                    .into(),
+                    lanes: t.lanes,
+                    source_models: t.trace.source_models(),
+                    target_model: target.trim().to_string(),
+                    weka_nested_timestamp_basis: t.trace.nested_timestamp_basis.map(str::to_string),
+                });
+            }
+        }
+        run
     }
 
     /// Where `--report-json` writes (a directory gets `mocker_replay_report.json`).

@@ -40,6 +40,7 @@ pub fn describe(o: &DescribeOptions<'_>) -> RunDescription {
         }
         .to_string(),
         topology,
+        agentic: None,
     }
 }
 

@@ -19,6 +19,7 @@ use mocker_core::{Engine, EngineOptions, Request};
 use crate::collector::{Collector, RecordId};
 use crate::deps::{Deps, SessionId};
 use crate::feed::{FeedOptions, PlannedSession, PlannedTurn, PromptHashing, SessionFeed};
+use crate::lanes::Lanes;
 use crate::options::{ms_to_ns, Cluster, ReplayError, ReplayOptions, Workload};
 use crate::pass_log::PassRecord;
 use crate::report::Summary;
@@ -223,6 +224,8 @@ struct Sim {
     ready: VecDeque<SessionId>,
     /// Agentic traces: dependency gates (and failure cascades).
     deps: Option<Deps>,
+    /// `--agentic-lanes`: plays started a lane at a time (they then hold every session).
+    lanes: Option<Lanes>,
     /// Requests that ended in the pass being delivered: (session, id, rejected).
     ended: Vec<(SessionId, u128, bool)>,
     /// Data-parallel ranks per aggregated worker: with more than one, `workers` holds
@@ -458,6 +461,7 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
             Workload::Trace(t) => Deps::new(&t.trace, options.arrival_speedup_ratio),
             Workload::Synthetic(_) => None,
         },
+        lanes: None,
         ended: Vec::new(),
         dp,
         waves: if dp > 1 { vec![Waves::new(dp); entry.workers] } else { Vec::new() },
@@ -471,6 +475,11 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
         kv_lag_ns: options.kv_event_lag_ms.map_or(0, ms_to_ns),
         lagged: VecDeque::new(),
     };
+    if let Workload::Trace(t) = &options.workload {
+        if let Some(n) = t.lanes {
+            sim.lanes = Some(Lanes::new(&t.trace, n, &mut sim.feed, options.arrival_speedup_ratio));
+        }
+    }
     let total = options.workload.total_requests();
     let cap = options.max_sim_time_ms.map(ms_to_ns);
     sim.run(cap, total, &mut hooks)?;
@@ -597,9 +606,10 @@ impl Sim {
                 return Ok(());
             }
             let speedup = self.speedup;
-            let next_arrival = match self.concurrency {
-                None => self.feed.next_arrival_ms().map(|ms| ms_to_ns(ms / speedup)),
-                Some(_) => None,
+            let next_arrival = match (self.concurrency, &self.lanes) {
+                (None, Some(lanes)) => lanes.next_due(),
+                (None, None) => self.feed.next_arrival_ms().map(|ms| ms_to_ns(ms / speedup)),
+                (Some(_), _) => None,
             };
             let next_delayed = self.delayed.peek().map(|Reverse((t, _, _))| *t);
             let next_pass = self.next_pass_end();
@@ -654,6 +664,7 @@ impl Sim {
             && self.delayed.is_empty()
             && self.ready.is_empty()
             && self.passes.is_empty()
+            && self.lanes.as_ref().is_none_or(Lanes::idle)
     }
 
     fn mark_dirty(&mut self, w: usize) {
@@ -963,6 +974,9 @@ impl Sim {
             let (sid, uuid, rejected) = self.ended[i];
             self.in_flight -= 1;
             self.finished += 1;
+            if let Some(l) = &mut self.lanes {
+                l.ended(uuid, t);
+            }
             if let Some(d) = &mut self.deps {
                 d.fire(uuid, DepTrigger::Completion, t, !rejected);
                 if rejected {
@@ -999,6 +1013,9 @@ impl Sim {
                     self.collector.describe(rec, turn.uuid, turn.max_output_tokens, turn.session);
                     self.collector.on_rejected(rec, now);
                     self.finished += 1;
+                    if let Some(l) = &mut self.lanes {
+                        l.ended(turn.uuid, now);
+                    }
                     deps.fire(turn.uuid, DepTrigger::Dispatch, now, false);
                     deps.fire(turn.uuid, DepTrigger::Completion, now, false);
                 }
@@ -1086,6 +1103,12 @@ impl Sim {
                 while self.sessions.active < c {
                     let Some(s) = self.feed.start_session() else { break };
                     self.start_session(s, now)?;
+                    any = true;
+                }
+            }
+            None if self.lanes.is_some() => {
+                while let Some((s, at)) = self.lanes.as_mut().and_then(|l| l.pop_due(now)) {
+                    self.start_session(s, at)?;
                     any = true;
                 }
             }

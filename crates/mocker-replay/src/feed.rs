@@ -564,10 +564,16 @@ mod tests {
                 trace: trace.clone(),
                 concurrency: None,
                 repeat: 1,
+                lanes: None,
             });
             assert!(check_private_tails(&w, bs) > 0, "rows share blocks at {bs}");
         }
-        let w = Workload::Trace(crate::options::TraceWorkload { trace, concurrency: None, repeat: 1 });
+        let w = Workload::Trace(crate::options::TraceWorkload {
+            trace,
+            concurrency: None,
+            repeat: 1,
+            lanes: None,
+        });
         let mut feed = SessionFeed::new(&w, opts(2, PromptHashing::Sequence, true));
         let firsts: Vec<_> =
             std::iter::from_fn(|| feed.start_session()).map(|s| s.turns[0].shareable_blocks).collect();
@@ -594,6 +600,7 @@ mod tests {
                 trace: trace.clone(),
                 concurrency: None,
                 repeat,
+                lanes: None,
             });
             for bs in [1, 2, 3, 4, 5, 8] {
                 for hashing in [PromptHashing::Sequence, PromptHashing::WithLocal] {

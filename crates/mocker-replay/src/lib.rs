@@ -8,6 +8,7 @@ mod deps;
 pub mod driver;
 pub mod feed;
 pub mod gaps;
+mod lanes;
 pub mod limits;
 pub mod options;
 pub mod pass_log;

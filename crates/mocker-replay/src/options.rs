@@ -44,6 +44,10 @@ pub struct TraceWorkload {
     /// Replay the trace this many times back to back (later copies shifted by the trace's
     /// span), for benchmarks larger than any file.
     pub repeat: usize,
+    /// Request graphs (agentic Mooncake, Weka): run the plays this many at a time, each
+    /// started when a lane frees (`--agentic-lanes`); `None`: every play at its authored
+    /// time.
+    pub lanes: Option<usize>,
 }
 
 impl Workload {
@@ -80,6 +84,28 @@ impl Workload {
                 }
                 if let Some(c) = t.concurrency {
                     limits::count("concurrency", c, limits::MAX_CONCURRENCY)?;
+                }
+                if let Some(lanes) = t.lanes {
+                    // The reference's words where it has them.
+                    if lanes == 0 {
+                        return Err(invalid("agentic_lanes", "must be at least 1".into()));
+                    }
+                    if t.concurrency.is_some() {
+                        return Err(invalid(
+                            "agentic_lanes",
+                            "cannot be combined with replay_concurrency".into(),
+                        ));
+                    }
+                    if t.trace.graph_rows.is_empty() {
+                        return Err(invalid(
+                            "agentic_lanes",
+                            "requires trace_format='agentic_mooncake', 'weka', or 'dynamo' (an agentic trace)".into(),
+                        ));
+                    }
+                    if t.repeat != 1 {
+                        return Err(invalid("agentic_lanes", "replays the trace once (repeat 1)".into()));
+                    }
+                    t.trace.plays()?;
                 }
                 if t.concurrency.is_none() {
                     if let Some(s) = t.trace.sessions.iter().find(|s| s.first_arrival_ms.is_none()) {

@@ -25,7 +25,7 @@ fn row(id: &str, blocks: u64, out: u32, not_before: f64, deps: &str) -> String {
 fn replay(text: &str, num_gpu_blocks: Option<usize>) -> (serde_json::Value, Vec<RequestRecord>) {
     let trace = Arc::new(parse_trace(text, TraceFormat::AgenticMooncake, None).unwrap());
     let mut options = ReplayOptions {
-        workload: Workload::Trace(TraceWorkload { trace, concurrency: None, repeat: 1 }),
+        workload: Workload::Trace(TraceWorkload { trace, concurrency: None, repeat: 1, lanes: None }),
         ..Default::default()
     };
     let mut launch = LaunchConfig::default();

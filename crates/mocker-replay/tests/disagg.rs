@@ -184,7 +184,7 @@ fn prefill_passes_ending_together_complete_in_worker_order() {
     let trace = Arc::new(parse_trace(&rows.join("\n"), TraceFormat::Mooncake, Some(512)).unwrap());
     let options = ReplayOptions {
         cluster: disagg(TRANSFER, 3, 5),
-        workload: Workload::Trace(TraceWorkload { trace, concurrency: None, repeat: 1 }),
+        workload: Workload::Trace(TraceWorkload { trace, concurrency: None, repeat: 1, lanes: None }),
         ..Default::default()
     };
     let (s, _) = run(&options);

@@ -64,7 +64,12 @@ fn workload(w: &Value) -> Workload {
             assert!(w.get("trim_tokens").is_none(), "only the untrimmed chat rows are stored");
             let block = w["trace_block_size"].as_u64().map(|b| b as usize);
             let trace = parse_trace(CHAT, TraceFormat::Mooncake, block).expect("chat trace");
-            Workload::Trace(TraceWorkload { trace: Arc::new(trace), concurrency: None, repeat: 1 })
+            Workload::Trace(TraceWorkload {
+                trace: Arc::new(trace),
+                concurrency: None,
+                repeat: 1,
+                lanes: None,
+            })
         }
         other => panic!("workload kind {other:?} is not replayed here"),
     }

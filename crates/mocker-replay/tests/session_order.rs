@@ -26,7 +26,12 @@ fn turns_due_together_start_in_session_order() {
     let trace = parse_trace(TRACE, TraceFormat::Mooncake, Some(512)).expect("trace");
     let options = ReplayOptions {
         cluster: Cluster::aggregated(LaunchConfig::from_json_str(engine).expect("engine args"), 1),
-        workload: Workload::Trace(TraceWorkload { trace: Arc::new(trace), concurrency: None, repeat: 1 }),
+        workload: Workload::Trace(TraceWorkload {
+            trace: Arc::new(trace),
+            concurrency: None,
+            repeat: 1,
+            lanes: None,
+        }),
         ..Default::default()
     };
     let mut records = Vec::new();

@@ -90,7 +90,12 @@ fn workload(w: &Value) -> Workload {
             let rows = chat_rows(w["trim_tokens"].as_u64().unwrap_or(0));
             let block = w["trace_block_size"].as_u64().map(|b| b as usize);
             let trace = parse_trace(&rows, TraceFormat::Mooncake, block).expect("chat trace");
-            Workload::Trace(TraceWorkload { trace: Arc::new(trace), concurrency: None, repeat: 1 })
+            Workload::Trace(TraceWorkload {
+                trace: Arc::new(trace),
+                concurrency: None,
+                repeat: 1,
+                lanes: None,
+            })
         }
         other => panic!("workload kind {other:?} is not replayed here"),
     }

@@ -114,7 +114,12 @@ fn trace_arrivals_and_preemption_see_the_same_engines() {
         (RouterMode::RoundRobin, 2_000, fixed),
     ] {
         let options = ReplayOptions {
-            workload: Workload::Trace(TraceWorkload { trace: trace.clone(), concurrency: None, repeat: 1 }),
+            workload: Workload::Trace(TraceWorkload {
+                trace: trace.clone(),
+                concurrency: None,
+                repeat: 1,
+                lanes: None,
+            }),
             // 40 blocks of 16 tokens: requests preempt each other.
             cluster: Cluster::aggregated(launch(16, Some(blocks), Some(timing)), 4),
             router,

@@ -228,6 +228,7 @@ fn scale(rows: u64, json_out: bool) -> Result<(), UsageError> {
             trace: std::sync::Arc::new(trace),
             concurrency: None,
             repeat: 1,
+            lanes: None,
         }),
         router: mocker_replay::RouterMode::Kv,
         ..Default::default()

@@ -145,7 +145,10 @@ fn trace_rows_too_large_are_refused_before_they_are_collected() {
     std::fs::write(&path, row).unwrap();
     let p = path.to_str().unwrap();
     for format in ["mooncake", "mooncake-delta", "agentic-mooncake"] {
-        replay(&[p, "--trace-format", format], &["ids.jsonl:1: hash_ids:", "more than 100000 entries"]);
+        // Agentic traces name their target model (required, as in the reference).
+        let model: &[&str] = if format.starts_with("agentic") { &["--execution-model", "m"] } else { &[] };
+        let args: Vec<&str> = [p, "--trace-format", format].iter().chain(model).copied().collect();
+        replay(&args, &["ids.jsonl:1: hash_ids:", "more than 100000 entries"]);
     }
     // An applied-compute-agentic conversation of 200k turns (1.8 MB): it planned every
     // turn's copy of a growing prompt (5.5 GB).

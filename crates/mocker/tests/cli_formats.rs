@@ -130,7 +130,7 @@ fn weka_corpora_match_the_reference() {
     let dir = scratch("weka");
     let trace = fixture("weka_plays.jsonl");
     let t = trace.to_str().unwrap();
-    let r = report(&dir, "both", &[t, "--trace-format", "weka"]);
+    let r = report(&dir, "both", &[t, "--trace-format", "weka", "--execution-model", "m"]);
     assert_reference(
         &r,
         &[
@@ -150,7 +150,17 @@ fn weka_corpora_match_the_reference() {
     std::fs::write(corpus.join("notes.txt"), "not a trace").unwrap();
     let jsonl = dir.join("r.jsonl");
     let c = corpus.to_str().unwrap();
-    let args = [c, "--trace-format", "weka", "--num-workers", "2", "--report-jsonl", jsonl.to_str().unwrap()];
+    let args = [
+        c,
+        "--trace-format",
+        "weka",
+        "--execution-model",
+        "m",
+        "--num-workers",
+        "2",
+        "--report-jsonl",
+        jsonl.to_str().unwrap(),
+    ];
     let r = report(&dir, "one", &args);
     assert_reference(
         &r,
@@ -173,14 +183,23 @@ fn weka_corpora_match_the_reference() {
     let bad = dir.join("bad.jsonl");
     std::fs::write(&bad, format!("{first}\n{}\n", first.replace("\"local\"", "\"global\""))).unwrap();
     let b = bad.to_str().unwrap();
-    assert_exit_2(&["replay", b, "--trace-format", "weka"], &[&format!("{b}:2: hash_id_scope"), "local"]);
-    std::fs::write(&bad, first.replacen("\"in\": 200", "\"in\": 0", 1)).unwrap();
-    assert_exit_2(&["replay", b, "--trace-format", "weka"], &[&format!("{b}:1: requests[0].in"), "1..="]);
     assert_exit_2(
-        &["replay", t, "--trace-format", "weka", "--trace-block-size", "512"],
+        &["replay", b, "--trace-format", "weka", "--execution-model", "m"],
+        &[&format!("{b}:2: hash_id_scope"), "local"],
+    );
+    std::fs::write(&bad, first.replacen("\"in\": 200", "\"in\": 0", 1)).unwrap();
+    assert_exit_2(
+        &["replay", b, "--trace-format", "weka", "--execution-model", "m"],
+        &[&format!("{b}:1: requests[0].in"), "1..="],
+    );
+    assert_exit_2(
+        &["replay", t, "--trace-format", "weka", "--execution-model", "m", "--trace-block-size", "512"],
         &[&format!("{t}:1: block_size"), "--trace-block-size is 512"],
     );
     let empty = dir.join("empty");
     std::fs::create_dir_all(&empty).unwrap();
-    assert_exit_2(&["replay", empty.to_str().unwrap(), "--trace-format", "weka"], &["no .json or .jsonl"]);
+    assert_exit_2(
+        &["replay", empty.to_str().unwrap(), "--trace-format", "weka", "--execution-model", "m"],
+        &["no .json or .jsonl"],
+    );
 }

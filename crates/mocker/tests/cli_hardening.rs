@@ -65,7 +65,10 @@ fn trace_rows_out_of_range_exit_2_naming_file_line_and_field() {
         ),
     ] {
         std::fs::write(&path, format!("{ok}\n{row}\n")).unwrap();
-        assert_exit_2(&["replay", p, "--trace-format", format], &needles);
+        // Agentic traces name their target model (required, as in the reference).
+        let model: &[&str] = if format.starts_with("agentic") { &["--execution-model", "m"] } else { &[] };
+        let args: Vec<&str> = ["replay", p, "--trace-format", format].iter().chain(model).copied().collect();
+        assert_exit_2(&args, &needles);
     }
     std::fs::write(&path, [ok.as_bytes(), b"\n{\"output_length\": \xff}\n"].concat()).unwrap();
     assert_exit_2(&["replay", p], &["t.jsonl:2: row: invalid UTF-8"]);

@@ -174,18 +174,37 @@ fn agentic_v2_traces_replay_and_a_bad_header_exits_2_naming_the_field() {
 {"request_id": "c", "output_length": 4, "hash_ids": [1, 2, 4], "not_before_ms": 0, "dependencies": [{"request_id": "a", "delay_ms": 10}, {"request_id": "b", "trigger": "dispatch"}]}"#;
     std::fs::write(&path, format!("{header}\n{rows}\n")).unwrap();
     let p = path.to_str().unwrap();
-    let r = report(&dir, "v2", &[p, "--trace-format", "agentic_mooncake", "--num-workers", "2"]);
+    let r = report(
+        &dir,
+        "v2",
+        &[p, "--trace-format", "agentic_mooncake", "--execution-model", "m", "--num-workers", "2"],
+    );
     assert_eq!(r["completed_requests"], 3);
     assert_exit_2(
-        &["replay", p, "--trace-format", "agentic-mooncake", "--trace-block-size", "512"],
+        &[
+            "replay",
+            p,
+            "--trace-format",
+            "agentic-mooncake",
+            "--execution-model",
+            "m",
+            "--trace-block-size",
+            "512",
+        ],
         &["v2.jsonl:1:", "block_size", "--trace-block-size"],
     );
     std::fs::write(&path, format!("{}\n{rows}\n", header.replace("\"version\": 2", "\"version\": 7")))
         .unwrap();
-    assert_exit_2(&["replay", p, "--trace-format", "agentic-mooncake"], &["v2.jsonl:1:", "version", "7"]);
+    assert_exit_2(
+        &["replay", p, "--trace-format", "agentic-mooncake", "--execution-model", "m"],
+        &["v2.jsonl:1:", "version", "7"],
+    );
     std::fs::write(&path, format!("{}\n{rows}\n", header.replace("dynamo.agentic_mooncake", "acme")))
         .unwrap();
-    assert_exit_2(&["replay", p, "--trace-format", "agentic-mooncake"], &["v2.jsonl:1:", "schema", "acme"]);
+    assert_exit_2(
+        &["replay", p, "--trace-format", "agentic-mooncake", "--execution-model", "m"],
+        &["v2.jsonl:1:", "schema", "acme"],
+    );
 }
 
 #[test]
@@ -386,7 +405,8 @@ fn every_trace_format_warns_about_its_unknown_keys() {
         "{err}"
     );
     let weka = edit("weka_plays.jsonl", "\"api_time\": 0.4", "\"api_time\": 0.4, \"api_tme\": 1");
-    let err = succeeds(&["replay", weka.to_str().unwrap(), "--trace-format", "weka"]);
+    let err =
+        succeeds(&["replay", weka.to_str().unwrap(), "--trace-format", "weka", "--execution-model", "m"]);
     assert!(
         err.contains(
             ":1: unknown key \"requests[].api_tme\" in trace rows (did you mean \"requests[].api_time\"?)"
@@ -413,7 +433,14 @@ fn every_trace_format_warns_about_its_unknown_keys() {
          \"dependencies\": [{\"request_id\": \"a\", \"trigger\": \"completion\", \"delay\": 5}]}\n",
     )
     .unwrap();
-    let err = succeeds(&["replay", agentic.to_str().unwrap(), "--trace-format", "agentic-mooncake"]);
+    let err = succeeds(&[
+        "replay",
+        agentic.to_str().unwrap(),
+        "--trace-format",
+        "agentic-mooncake",
+        "--execution-model",
+        "m",
+    ]);
     // v2 rows read no timestamp, and a dependency's delay is delay_ms.
     assert!(err.contains(":3: unknown key \"timestamp\" in trace rows; ignored"), "{err}");
     assert!(
@@ -431,8 +458,15 @@ fn every_trace_format_warns_about_its_unknown_keys() {
     .unwrap();
     let err = succeeds(&["replay", legacy.to_str().unwrap()]);
     assert!(err.contains(":1: unknown key \"wait_for\" in trace rows; ignored"), "{err}");
-    assert!(!succeeds(&["replay", legacy.to_str().unwrap(), "--trace-format", "agentic-mooncake"])
-        .contains("unknown key"));
+    assert!(!succeeds(&[
+        "replay",
+        legacy.to_str().unwrap(),
+        "--trace-format",
+        "agentic-mooncake",
+        "--execution-model",
+        "m"
+    ])
+    .contains("unknown key"));
 }
 
 #[test]
@@ -492,11 +526,11 @@ fn file_errors_without_a_line_name_the_file_only() {
         (vec!["replay", "/nonexistent/trace.jsonl"], "error: /nonexistent/trace.jsonl: cannot read: ".into()),
         (vec!["replay", d], format!("error: {d}: not a regular file")),
         (
-            vec!["replay", "/nonexistent/corpus", "--trace-format", "weka"],
+            vec!["replay", "/nonexistent/corpus", "--trace-format", "weka", "--execution-model", "m"],
             "error: /nonexistent/corpus: cannot read: ".into(),
         ),
         (
-            vec!["replay", d, "--trace-format", "weka"],
+            vec!["replay", d, "--trace-format", "weka", "--execution-model", "m"],
             format!("error: {d}: contains no .json or .jsonl files"),
         ),
     ];

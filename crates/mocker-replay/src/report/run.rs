@@ -159,6 +159,48 @@ pub struct RunDescription {
     pub router: String,
     /// Workers, with each pool's timing and KV capacity.
     pub topology: Topology,
+    /// An agentic trace's replay: its model projection and lanes.
+    pub agentic: Option<AgenticFacts>,
+}
+
+/// How an agentic trace was replayed, as the reference's report records it
+/// (`agentic_input_format`, `agentic_lanes`, `agentic_model_projection`,
+/// `agentic_qualification`, `weka_nested_timestamp_basis`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgenticFacts {
+    /// `agentic_mooncake` or `weka`.
+    pub input_format: String,
+    /// `--agentic-lanes`, if given.
+    pub lanes: Option<usize>,
+    /// The models the rows name, sorted, each once.
+    pub source_models: Vec<String>,
+    /// `--execution-model`: what every source model is projected onto.
+    pub target_model: String,
+    /// Weka traces: the nested timestamp basis used (`absolute`, `relative`,
+    /// `not_applicable`).
+    pub weka_nested_timestamp_basis: Option<String>,
+}
+
+impl AgenticFacts {
+    fn to_json(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("input_format".into(), json!(self.input_format));
+        m.insert("lanes".into(), json!(self.lanes));
+        m.insert(
+            "model_projection".into(),
+            json!({
+                "policy": "project_to_configured_target",
+                "source_models": self.source_models,
+                "target_model": self.target_model,
+            }),
+        );
+        // Timing comes from the configured engine, not from each source model.
+        m.insert("qualification".into(), json!("functional_only"));
+        if let Some(b) = &self.weka_nested_timestamp_basis {
+            m.insert("weka_nested_timestamp_basis".into(), json!(b));
+        }
+        Value::Object(m)
+    }
 }
 
 /// `n` with comma thousands separators.
@@ -393,6 +435,15 @@ impl RunDescription {
         for (name, p) in &pools {
             let _ = writeln!(out, "KV cache per {name}worker: {}", p.kv_capacity.label());
         }
+        if let Some(a) = &self.agentic {
+            let lanes = a.lanes.map_or("plays at their authored times".into(), |n| format!("{n} lanes"));
+            let _ = writeln!(
+                out,
+                "Agentic: {lanes}; source models {} projected onto {}",
+                a.source_models.join(", "),
+                a.target_model
+            );
+        }
         out
     }
 
@@ -427,6 +478,9 @@ impl RunDescription {
                     m.insert(format!("{name}_kv_capacity"), p.kv_capacity.to_json());
                 }
             }
+        }
+        if let Some(a) = &self.agentic {
+            m.insert("agentic".into(), a.to_json());
         }
         sorted(Value::Object(m))
     }
@@ -475,6 +529,7 @@ mod tests {
             backend: "vllm".into(),
             router: "kv".into(),
             topology: Topology::Aggregated(profiled(2)),
+            agentic: None,
         }
     }
 
@@ -505,6 +560,7 @@ mod tests {
             backend: "vllm".into(),
             router: "round-robin".into(),
             topology: Topology::Disaggregated { prefill: profiled(1), decode },
+            agentic: None,
         };
         let text = run.header();
         assert!(

@@ -20,7 +20,9 @@ use serde_json::{Map, Value};
 
 use crate::trace::keys;
 use crate::trace::parser::{Parser, Placed, RowPrompt};
-use crate::trace::{DepTrigger, TraceDep, TraceError, TraceGate, TraceTurn, MAX_TRACE_BLOCK_SIZE};
+use crate::trace::{
+    DepTrigger, GraphRow, RowPlay, TraceDep, TraceError, TraceGate, TraceTurn, MAX_TRACE_BLOCK_SIZE,
+};
 
 /// The schema name a v2 header must carry.
 pub const V2_SCHEMA: &str = "dynamo.agentic_mooncake";
@@ -143,7 +145,17 @@ impl Parser {
                 .collect(),
         };
         let arrival = if deps.is_empty() { timestamp } else { None };
-        self.place(line, "wait_for", id, prompt, deps, arrival, timestamp, None)
+        let request_id = id.clone().unwrap_or_else(|| format!("line {line}"));
+        self.place(line, "wait_for", id, prompt, deps, arrival, timestamp, None)?;
+        // Legacy rows name no play (the reference makes each dependency component one)
+        // and no model (the reference calls theirs "unknown").
+        self.graph_rows.push(GraphRow {
+            line: line as u32,
+            request_id,
+            play: RowPlay::Component,
+            model: Some("unknown".into()),
+        });
+        Ok(())
     }
 
     /// A v2 row: ready at `max(not_before_ms, each dependency's trigger + delay_ms)`.
@@ -162,6 +174,15 @@ impl Parser {
             }
         };
         let session_id = self.key(row, line, "session_id")?;
+        let play = match self.key(row, line, "play_id")? {
+            Some(id) => RowPlay::Named {
+                id,
+                ordinal: self.count(row, line, &["source_play_ordinal"])?.map(u64::from),
+            },
+            None => RowPlay::Component,
+        };
+        let model = self.key(row, line, "model")?;
+        self.graph_rows.push(GraphRow { line: line as u32, request_id: id.clone(), play, model });
         self.place(line, "dependencies", Some(id), prompt, deps, not_before, not_before, not_before)?;
         // Records name a request by its own row's session (a gated or chained request
         // sits in a session of mocker's making).

@@ -7,11 +7,22 @@ use serde_json::{Map, Value};
 
 use crate::trace::mooncake::PlainRow;
 use crate::trace::parser::Parser;
-use crate::trace::{Trace, TraceError, TraceFormat, MAX_TRACE_BLOCK_SIZE};
+use crate::trace::{NestedTimestampBasis, Trace, TraceError, TraceFormat, MAX_TRACE_BLOCK_SIZE};
 
 /// Reads and parses a trace file; `block_size` is the explicit `--trace-block-size`, if
 /// given (a v2 agentic header's `block_size` must then agree with it).
 pub fn load_trace(path: &Path, format: TraceFormat, block_size: Option<usize>) -> Result<Trace, TraceError> {
+    load_trace_with(path, format, block_size, NestedTimestampBasis::Auto)
+}
+
+/// [`load_trace`], a Weka corpus's nested request times read by `basis` (other formats
+/// have none; the caller refuses a basis given for them).
+pub fn load_trace_with(
+    path: &Path,
+    format: TraceFormat,
+    block_size: Option<usize>,
+    basis: NestedTimestampBasis,
+) -> Result<Trace, TraceError> {
     let fail = |line: usize, field: &str, message: String| TraceError {
         path: path.to_path_buf(),
         line,
@@ -20,7 +31,7 @@ pub fn load_trace(path: &Path, format: TraceFormat, block_size: Option<usize>) -
     };
     if format == TraceFormat::Weka {
         // A file or a directory of them.
-        return crate::trace::weka::load_weka(path, block_size);
+        return crate::trace::weka::load_weka(path, block_size, basis);
     }
     // A device (`/dev/zero`, a terminal) would be read forever or block; pipes are fine.
     let meta = std::fs::metadata(path).map_err(|e| fail(0, "trace", format!("cannot read: {e}")))?;
@@ -35,7 +46,7 @@ pub fn load_trace(path: &Path, format: TraceFormat, block_size: Option<usize>) -
         let line = bytes[..at].iter().filter(|&&b| b == b'\n').count() + 1;
         fail(line, "row", format!("invalid UTF-8 at byte {} of the line", at - line_start + 1))
     })?;
-    let mut trace = parse_trace(&text, format, block_size).map_err(|mut e| {
+    let mut trace = parse_trace_with(&text, format, block_size, basis).map_err(|mut e| {
         e.path = path.to_path_buf();
         e
     })?;
@@ -56,13 +67,23 @@ fn is_fifo(_: &std::fs::Metadata) -> bool {
 
 /// Parses trace text (errors carry an empty path; [`load_trace`] fills it in).
 pub fn parse_trace(text: &str, format: TraceFormat, block_size: Option<usize>) -> Result<Trace, TraceError> {
+    parse_trace_with(text, format, block_size, NestedTimestampBasis::Auto)
+}
+
+/// [`parse_trace`], Weka text's nested request times read by `basis`.
+pub fn parse_trace_with(
+    text: &str,
+    format: TraceFormat,
+    block_size: Option<usize>,
+    basis: NestedTimestampBasis,
+) -> Result<Trace, TraceError> {
     let mut p = Parser::new(format, block_size);
     if !(1..=MAX_TRACE_BLOCK_SIZE).contains(&p.block_size) {
         let msg = format!("must be in 1..={MAX_TRACE_BLOCK_SIZE} (got {})", p.block_size);
         return Err(p.err(0, "trace_block_size", msg));
     }
     if format == TraceFormat::Weka {
-        return crate::trace::weka::parse_weka_text(text, block_size);
+        return crate::trace::weka::parse_weka_text(text, block_size, basis);
     }
     let mut first = true;
     let plain = matches!(format, TraceFormat::Mooncake | TraceFormat::MooncakeDelta);

@@ -12,7 +12,8 @@
 //! - common (bottom): this file (the row model: [`Trace`] with its sessions, turns and
 //!   gates, [`TraceError`], the bounds of a row's values), `keys` (a row's unknown keys),
 //!   `scan` (the size check of long lines), `parser` (the reader all formats share: field
-//!   checks, dense ids, new sessions);
+//!   checks, dense ids, new sessions), `plays` (a request graph's plays, which
+//!   `--agentic-lanes` schedules, and the models its rows name);
 //! - formats: `mooncake` (and `mooncake-delta`), `agentic`, `applied`, `dynamo` and `weka`
 //!   (lowered to an agentic request graph, so above `agentic`), each reading its rows into
 //!   the shared parser;
@@ -23,6 +24,7 @@
 // common
 pub mod keys;
 mod parser;
+pub mod plays;
 mod scan;
 // formats
 pub mod agentic;
@@ -90,6 +92,40 @@ impl TraceFormat {
     /// session formats, not for request graphs or Dynamo's request traces).
     pub fn numbers_turns(self) -> bool {
         matches!(self, Self::Mooncake | Self::MooncakeDelta | Self::AppliedComputeAgentic)
+    }
+}
+
+/// How Weka traces read the `t` of requests nested under a `subagent` marker
+/// (`--weka-nested-timestamp-basis`, the reference's `weka_nested_timestamp_basis`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NestedTimestampBasis {
+    /// Relative when any nested request of the corpus precedes its marker, else absolute.
+    #[default]
+    Auto,
+    /// Nested times are on the trace's clock (one before its marker is an error).
+    Absolute,
+    /// Nested times are offsets from their marker's `t`.
+    Relative,
+}
+
+impl NestedTimestampBasis {
+    /// Parses a name, spelt exactly as the reference spells it.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "auto" => Some(Self::Auto),
+            "absolute" => Some(Self::Absolute),
+            "relative" => Some(Self::Relative),
+            _ => None,
+        }
+    }
+
+    /// The name [`NestedTimestampBasis::parse`] reads.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Absolute => "absolute",
+            Self::Relative => "relative",
+        }
     }
 }
 
@@ -184,6 +220,44 @@ pub struct Trace {
     pub row_sessions: Vec<(u32, String)>,
     /// Keys of the rows the format does not know (ignored; the caller warns or refuses).
     pub unknown_keys: UnknownKeys,
+    /// Request graphs (agentic Mooncake, Weka): each row's request id, play and model, by
+    /// line (ascending); what `--agentic-lanes` and the model projection read (see
+    /// [`plays`]). Empty for the session formats.
+    pub graph_rows: Vec<GraphRow>,
+    /// Weka traces: the basis nested times were read by, as the reference reports it
+    /// (`absolute`, `relative`, or `not_applicable` when `auto` found no nested requests).
+    pub nested_timestamp_basis: Option<&'static str>,
+}
+
+/// The play a request-graph row names: its trajectory, which `--agentic-lanes` runs as a
+/// whole on one lane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RowPlay {
+    /// The row's `play_id` (a Weka trace object's own id), with its `source_play_ordinal`
+    /// (a Weka trace object's index in the corpus) if it has one.
+    Named {
+        /// The play's id.
+        id: String,
+        /// Its place in the source corpus (plays are run in this order when every play
+        /// has one).
+        ordinal: Option<u64>,
+    },
+    /// No `play_id` (legacy rows): the play is the row's dependency component, named
+    /// `legacy-play:<root request id>` as the reference names it.
+    Component,
+}
+
+/// One request-graph row's identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GraphRow {
+    /// Its line (the request's id in the replay).
+    pub line: u32,
+    /// The row's `request_id` (`line <n>` when a legacy row has none).
+    pub request_id: String,
+    /// Its play.
+    pub play: RowPlay,
+    /// The source model it names (`model`), if any.
+    pub model: Option<String>,
 }
 
 /// A malformed trace: file, 1-based line and field.

@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use crate::trace::keys::KeyCheck;
 use crate::trace::{
-    SessionName, Trace, TraceError, TraceFormat, TraceGate, TraceSession, TraceTurn,
+    GraphRow, SessionName, Trace, TraceError, TraceFormat, TraceGate, TraceSession, TraceTurn,
     DEFAULT_TRACE_BLOCK_SIZE, MAX_DELAY_MS, MAX_TIMESTAMP_MS, MAX_TRACE_TOKENS,
 };
 
@@ -61,6 +61,8 @@ pub(crate) struct Parser {
     pub(crate) history: Vec<usize>,
     /// See [`Trace::row_sessions`].
     pub(crate) row_sessions: Vec<(u32, String)>,
+    /// See [`Trace::graph_rows`].
+    pub(crate) graph_rows: Vec<GraphRow>,
     /// Dense ids handed out so far.
     next_dense: u32,
     /// Requests numbered so far, for formats with several requests per line.
@@ -111,6 +113,8 @@ impl Parser {
             path: PathBuf::new(),
             row_sessions: self.row_sessions,
             unknown_keys: self.keys.finish(),
+            graph_rows: self.graph_rows,
+            nested_timestamp_basis: None,
         }
     }
 

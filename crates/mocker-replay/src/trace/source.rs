@@ -212,7 +212,7 @@ mod tests {
 
     fn source(text: &str, format: TraceFormat, concurrency: Option<usize>, repeat: usize) -> TraceSource {
         let trace = Arc::new(parse_trace(text, format, Some(4)).unwrap());
-        TraceSource::new(&TraceWorkload { trace, concurrency, repeat })
+        TraceSource::new(&TraceWorkload { trace, concurrency, repeat, lanes: None })
     }
 
     const ROWS: &str = r#"{"timestamp": 2000, "output_length": 2, "hash_ids": [1]}

@@ -29,7 +29,7 @@ use serde_json::Value;
 use crate::trace::agentic::RawDep;
 use crate::trace::keys::KeyCheck;
 use crate::trace::parser::{Parser, RowPrompt};
-use crate::trace::{DepTrigger, Trace, TraceError, TraceFormat};
+use crate::trace::{DepTrigger, GraphRow, NestedTimestampBasis, RowPlay, Trace, TraceError, TraceFormat};
 
 mod read;
 
@@ -108,7 +108,11 @@ fn push_dep(
 
 /// Reads a Weka corpus (file or directory); `block_size` is the explicit
 /// `--trace-block-size`, which must then equal the corpus's.
-pub(crate) fn load_weka(path: &Path, block_size: Option<usize>) -> Result<Trace, TraceError> {
+pub(crate) fn load_weka(
+    path: &Path,
+    block_size: Option<usize>,
+    basis: NestedTimestampBasis,
+) -> Result<Trace, TraceError> {
     let fail = |p: &Path, line: usize, field: &str, message: String| TraceError {
         path: p.to_path_buf(),
         line,
@@ -125,15 +129,23 @@ pub(crate) fn load_weka(path: &Path, block_size: Option<usize>) -> Result<Trace,
         let text = String::from_utf8(bytes).map_err(|_| fail(f, 0, "trace", "is not UTF-8".into()))?;
         texts.push((f.clone(), name.clone(), text));
     }
-    parse_corpus(&texts, block_size)
+    parse_corpus(&texts, block_size, basis)
 }
 
 /// Parses Weka text as one `.jsonl` file (tests and `parse_trace`).
-pub(crate) fn parse_weka_text(text: &str, block_size: Option<usize>) -> Result<Trace, TraceError> {
-    parse_corpus(&[(PathBuf::new(), "trace.jsonl".into(), text.to_string())], block_size)
+pub(crate) fn parse_weka_text(
+    text: &str,
+    block_size: Option<usize>,
+    basis: NestedTimestampBasis,
+) -> Result<Trace, TraceError> {
+    parse_corpus(&[(PathBuf::new(), "trace.jsonl".into(), text.to_string())], block_size, basis)
 }
 
-fn parse_corpus(files: &[(PathBuf, String, String)], block_size: Option<usize>) -> Result<Trace, TraceError> {
+fn parse_corpus(
+    files: &[(PathBuf, String, String)],
+    block_size: Option<usize>,
+    basis: NestedTimestampBasis,
+) -> Result<Trace, TraceError> {
     let mut plays = Vec::new();
     let mut keys = KeyCheck::default();
     for (path, name, text) in files {
@@ -147,16 +159,19 @@ fn parse_corpus(files: &[(PathBuf, String, String)], block_size: Option<usize>) 
         if name.to_ascii_lowercase().ends_with(".json") {
             let v: Value = serde_json::from_str(text)
                 .map_err(|e| at(e.line(), "trace", format!("invalid JSON: {e}")))?;
-            let play = read_play(&v, plays.len(), name, path, 1, &mut keys);
+            let play = read_play(&v, plays.len(), name, name.clone(), path, 1, &mut keys);
             plays.push(noted(&keys, play)?);
         } else {
+            let mut objects = 0;
             for (l, line) in text.lines().enumerate() {
                 if line.trim().is_empty() {
                     continue;
                 }
                 let v: Value = serde_json::from_str(line)
                     .map_err(|e| at(l + 1, "trace", format!("invalid JSON: {e}")))?;
-                let play = read_play(&v, plays.len(), name, path, l + 1, &mut keys);
+                let source = format!("{name}#{objects:06}");
+                objects += 1;
+                let play = read_play(&v, plays.len(), name, source, path, l + 1, &mut keys);
                 plays.push(noted(&keys, play)?);
             }
         }
@@ -189,10 +204,19 @@ fn parse_corpus(files: &[(PathBuf, String, String)], block_size: Option<usize>) 
             message: msg,
         });
     }
-    // Nested timestamps are relative to their subagent marker when any of them precedes
-    // its marker (corpus-wide), else absolute.
-    let relative =
-        plays.iter().flat_map(|p| &p.subagents).any(|s| s.requests.iter().any(|r| r.t < s.t - EPS_S));
+    // `auto`: nested timestamps are relative to their subagent marker when any of them
+    // precedes its marker (corpus-wide), else absolute; "not applicable" (read as
+    // absolute) when no subagent has requests. That is the reference's corpus heuristic.
+    let nested = || plays.iter().flat_map(|p| &p.subagents).filter(|s| !s.requests.is_empty());
+    let (relative, resolved) = match basis {
+        NestedTimestampBasis::Absolute => (false, "absolute"),
+        NestedTimestampBasis::Relative => (true, "relative"),
+        NestedTimestampBasis::Auto if nested().next().is_none() => (false, "not_applicable"),
+        NestedTimestampBasis::Auto if nested().any(|s| s.requests.iter().any(|r| r.t < s.t - EPS_S)) => {
+            (true, "relative")
+        }
+        NestedTimestampBasis::Auto => (false, "absolute"),
+    };
     let mut parser = Parser::default();
     parser.format = TraceFormat::Weka;
     parser.block_size = bs;
@@ -202,6 +226,7 @@ fn parse_corpus(files: &[(PathBuf, String, String)], block_size: Option<usize>) 
         emit(&mut parser, play, rows, &mut ids)?;
     }
     let mut trace = parser.finish();
+    trace.nested_timestamp_basis = Some(resolved);
     trace.path = files[0].0.clone();
     trace.unknown_keys = keys.finish();
     Ok(trace)
@@ -451,8 +476,17 @@ fn lower(play: &Play, relative: bool) -> Result<Vec<Row>, TraceError> {
         let mut inner = Vec::with_capacity(sa.requests.len());
         for r in &sa.requests {
             let mut r = r.clone();
-            // Absolute times never precede their marker (one that did would have made
-            // the corpus relative); producers' rounding is clamped.
+            if !relative && r.t < sa.t - EPS_S {
+                // Only an explicit absolute basis gets here (auto would have chosen
+                // relative); the reference's words.
+                let msg = format!(
+                    "Weka source {}, trace {}, subagent {} inner request {} at {} precedes its marker at {} \
+                     under absolute nested_timestamp_basis",
+                    play.source_name, play.id, sa.agent_id, r.order, r.t, sa.t
+                );
+                return Err(err(&format!("requests[{}].requests[{}].t", sa.outer, r.order), msg));
+            }
+            // Producers' rounding is clamped: an absolute time never precedes its marker.
             r.t = if relative { sa.t + r.t } else { r.t.max(sa.t) };
             inner.push(r);
         }
@@ -641,6 +675,16 @@ fn emit(
         let line = p.next_request_ordinal();
         let id = format!("{}/{}", play.name, r.source);
         let nb = Some(row.not_before_ms);
+        // A trace object is one play, run in corpus order (the reference's
+        // `source_play_ordinal`).
+        let play_id =
+            RowPlay::Named { id: format!("weka:play:{}", play.id), ordinal: Some(play.file as u64) };
+        p.graph_rows.push(GraphRow {
+            line,
+            request_id: id.clone(),
+            play: play_id,
+            model: Some(r.model.clone()),
+        });
         p.place(line as usize, "requests", Some(id), prompt, deps, nb, nb, nb)?;
         p.row_sessions.push((line, format!("{}:{}", play.name, row.session)));
     }
@@ -677,7 +721,7 @@ mod tests {
                {"type": "s", "t": 2.0, "model": "m", "in": 10, "out": 2, "hash_ids": [1, 2, 3], "api_time": 0.5},
                {"type": "n", "t": 1.2, "model": "m", "in": 4, "out": 2, "hash_ids": [9], "api_time": 5}"#,
         );
-        let t = parse_weka_text(&text, None).unwrap();
+        let t = parse_weka_text(&text, None, NestedTimestampBasis::Auto).unwrap();
         assert_eq!(t.block_size, 4);
         // The chain step follows its predecessor's completion after the recorded gap.
         let main = &t.sessions[0];
@@ -706,14 +750,14 @@ mod tests {
             (ok.replace("\"block_size\": 4", "\"block_size\": 0"), "block_size"),
         ];
         for (text, field) in cases {
-            let e = parse_weka_text(&format!("{ok}\n{text}"), None).unwrap_err();
+            let e = parse_weka_text(&format!("{ok}\n{text}"), None, NestedTimestampBasis::Auto).unwrap_err();
             assert_eq!((e.line, e.field.as_str()), (2, field), "{text}: {e}");
         }
         let sub = play(
             r#"{"type": "subagent", "t": 0, "agent_id": "a", "status": "completed", "requests": []},
                {"type": "s", "t": 1, "model": "m", "in": 4, "out": 1}"#,
         );
-        let e = parse_weka_text(&sub, None).unwrap_err();
+        let e = parse_weka_text(&sub, None, NestedTimestampBasis::Auto).unwrap_err();
         assert_eq!(e.field, "requests[0].requests", "{e}");
     }
 }

@@ -45,6 +45,11 @@ pub(super) struct Play {
     /// block by its source, a `.jsonl` line being a source of its own).
     pub(super) file: usize,
     pub(super) name: String,
+    /// The trace object's `id`.
+    pub(super) id: String,
+    /// The reference's name of its source: the file's corpus path, with `#<index>` (six
+    /// digits, from 0) for an object of a `.jsonl` file.
+    pub(super) source_name: String,
     /// Where errors about the play point.
     pub(super) path: PathBuf,
     pub(super) line: usize,
@@ -100,6 +105,7 @@ pub(super) fn read_play(
     v: &Value,
     file: usize,
     name: &str,
+    source_name: String,
     path: &Path,
     line: usize,
     keys: &mut KeyCheck,
@@ -229,6 +235,8 @@ pub(super) fn read_play(
     Ok(Play {
         file,
         name: format!("{name}#{id}"),
+        id,
+        source_name,
         path: path.to_path_buf(),
         line,
         block_size,
