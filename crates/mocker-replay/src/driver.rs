@@ -25,7 +25,7 @@ use crate::pass_log::PassRecord;
 use crate::report::Summary;
 use crate::request_log::PoolKind;
 use crate::request_log::RequestRecord;
-use crate::router::{RouteId, RouteRequest, Router, RouterQueue};
+use crate::router::{RouteId, RouteRequest, Router, RouterMode, RouterQueue};
 use crate::trace::DepTrigger;
 
 mod handoff;
@@ -233,6 +233,9 @@ struct Sim {
     /// each worker's ranks step in lock-step waves (`waves`, one per worker).
     dp: usize,
     waves: Vec<Waves>,
+    /// Round robin with ranks: each worker's next rank (the reference's per-worker rank
+    /// rotation, which a scaled pool's new worker starts at 0).
+    rr_ranks: Vec<usize>,
     /// Records of the passes delivered since the hook last took them, when one is set.
     pass_log: Option<Vec<PassRecord>>,
     /// Whether some engine has a host tier (`native_host_offload`), whose transfers wake
@@ -320,10 +323,13 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     let entry_router_config = if disaggregated { router_config.for_prefill_pool() } else { router_config };
     // Offline aggregated workers only (validated): the router places on ranks.
     let dp = entry.launch.dp_size.max(1);
+    // The KV router places on ranks; round robin picks a worker, which takes its ranks in
+    // turn (`rr_ranks`).
+    let targets = if options.router == RouterMode::RoundRobin { entry.workers } else { entry.workers * dp };
     let mut router = Router::new(
         options.router,
         entry_router_config,
-        entry.workers * dp,
+        targets,
         block_size,
         entry.launch.engine.max_num_batched_tokens,
     );
@@ -413,14 +419,11 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     };
     let scaling = match policy || sampled {
         false => None,
-        true if dp > 1 => {
-            let field = if policy { "scaling_policy" } else { "capture_telemetry" };
-            return Err(crate::options::invalid(field, "not supported with dp_size > 1 yet".into()));
-        }
         true => {
             collector = collector.with_traffic_windows(usize::from(policy) + usize::from(sampled));
             let entry_name = if disaggregated { PoolName::Prefill } else { PoolName::Agg };
-            let mut pools = vec![(entry_name, entry.launch.clone(), (0..entry.workers).collect())];
+            let first_ranks = (0..entry.workers).map(|i| i * dp).collect();
+            let mut pools = vec![(entry_name, entry.launch.clone(), first_ranks)];
             if let Some(decode) = options.cluster.decode() {
                 let first = entry.workers;
                 pools.push((
@@ -465,6 +468,7 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
         ended: Vec::new(),
         dp,
         waves: if dp > 1 { vec![Waves::new(dp); entry.workers] } else { Vec::new() },
+        rr_ranks: if dp > 1 { vec![0; entry.workers] } else { Vec::new() },
         pass_log: hooks.pass_ended.is_some().then(Vec::new),
         wakes: engines().any(|e| e.native_host_offload.is_some()),
         frontend_ns: {
@@ -822,6 +826,9 @@ impl Sim {
         for (i, w) in ranks.enumerate() {
             if !self.waves[g].stepped(i) {
                 continue;
+            }
+            if self.scaling.is_some() {
+                self.note_stepped(w);
             }
             let worker = &mut self.workers[w];
             effect |= worker.engine.last_pass().had_effect();
@@ -1229,13 +1236,12 @@ impl Sim {
             shareable: request.shareable_blocks.unwrap_or(hashes.len()),
         });
         let mut p = p;
-        if self.dp > 1 {
-            if let Router::RoundRobin(rr) = &self.router {
-                // Round robin over workers, and over each worker's ranks in turn: the
-                // i-th request goes to worker i mod W, rank (i div W) mod dp.
-                let workers = rr.len() / self.dp;
-                p.worker = p.worker % workers * self.dp + p.worker / workers;
-            }
+        if self.dp > 1 && matches!(self.router, Router::RoundRobin(_)) {
+            // Round robin over workers, and over each worker's ranks in turn: with fixed
+            // pools the i-th request goes to worker i mod W, rank (i div W) mod dp.
+            let rank = self.rr_ranks[p.worker];
+            self.rr_ranks[p.worker] = (rank + 1) % self.dp;
+            p.worker = p.worker * self.dp + rank;
         }
         self.collector.set_worker(rec, p.worker / self.dp);
         let pool = if self.disagg.is_some() { PoolKind::Prefill } else { PoolKind::Agg };

@@ -17,11 +17,12 @@ use serde_json::json;
 
 const REQUESTS: usize = 60;
 
-fn launch(worker_type: &str, startup_s: f64) -> LaunchConfig {
+fn launch(worker_type: &str, startup_s: f64, dp: usize) -> LaunchConfig {
     LaunchConfig::from_value(json!({
         "engine": {"block_size": 16, "num_gpu_blocks": 4096, "max_num_seqs": 64, "max_num_batched_tokens": 2048,
                    "worker_type": worker_type},
         "startup_time": startup_s,
+        "dp_size": dp,
     }))
     .unwrap()
 }
@@ -136,6 +137,8 @@ proptest! {
         kv in any::<bool>(),
         startup in prop::sample::select(vec![0.0, 0.25]),
         workers in 1usize..3,
+        // Data-parallel ranks, aggregated only (as the reference).
+        dp in 1usize..3,
     ) {
         let plan = ScalingPlan::new(
             steps.iter().map(|&(at_ms, prefill, decode)| PlanStep { at_ms, prefill, decode }).collect(),
@@ -143,13 +146,13 @@ proptest! {
         let (cluster, initial) = if disaggregated {
             (
                 Cluster::Disaggregated {
-                    prefill: Pool { launch: launch("prefill", startup), workers },
-                    decode: Pool { launch: launch("decode", startup), workers },
+                    prefill: Pool { launch: launch("prefill", startup, 1), workers },
+                    decode: Pool { launch: launch("decode", startup, 1), workers },
                 },
                 vec![(PoolName::Prefill, workers), (PoolName::Decode, workers)],
             )
         } else {
-            (Cluster::aggregated(launch("aggregated", startup), workers), vec![(PoolName::Agg, workers)])
+            (Cluster::aggregated(launch("aggregated", startup, dp), workers), vec![(PoolName::Agg, workers)])
         };
         let options = ReplayOptions {
             cluster,

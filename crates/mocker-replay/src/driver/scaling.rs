@@ -6,6 +6,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use mocker_core::config::LaunchConfig;
+use mocker_core::wave::Waves;
 
 use super::{build_worker, Role, Sim};
 use crate::options::{ms_to_ns, ReplayError};
@@ -27,7 +28,9 @@ pub(super) struct PoolTrack {
     pub(super) launch: LaunchConfig,
     /// `startup_time` of the launch, ns (0: ready at once).
     startup_ns: u64,
-    /// Each worker's index among the driver's workers.
+    /// Data-parallel ranks per worker (more than one only in an aggregated pool).
+    pub(super) dp: usize,
+    /// Each worker's index among the driver's workers: its rank 0, the others after it.
     pub(super) members: Vec<usize>,
     pub(super) state: Vec<WorkerState>,
     /// The operation that began each worker's current phase.
@@ -35,7 +38,8 @@ pub(super) struct PoolTrack {
     /// When each worker was created and removed, for worker-seconds.
     created_ns: Vec<u64>,
     removed_ns: Vec<Option<u64>>,
-    /// Latest pass per worker since the last tick, and when it last published one.
+    /// Latest pass per worker rank (`id * dp + rank`) since the last tick, and when it
+    /// last published one.
     fpm: Vec<Option<FpmEntry>>,
     published_ns: Vec<u64>,
 }
@@ -86,8 +90,8 @@ pub(super) struct Scaling {
 }
 
 impl Scaling {
-    /// Scaling over `pools` (name, launch, initial driver indices), recording operations
-    /// when `capture`.
+    /// Scaling over `pools` (name, launch, each worker's first driver index), recording
+    /// operations when `capture`.
     pub(super) fn new(
         pools: Vec<(PoolName, LaunchConfig, Vec<usize>)>,
         workers: usize,
@@ -97,7 +101,9 @@ impl Scaling {
             .into_iter()
             .map(|(name, launch, members)| {
                 let n = members.len();
+                let dp = launch.dp_size.max(1);
                 PoolTrack {
+                    dp,
                     name,
                     startup_ns: ms_to_ns(launch.startup_time.unwrap_or(0.0) * 1000.0),
                     launch,
@@ -106,8 +112,8 @@ impl Scaling {
                     origin: vec![None; n],
                     created_ns: vec![0; n],
                     removed_ns: vec![None; n],
-                    fpm: vec![None; n],
-                    published_ns: vec![0; n],
+                    fpm: vec![None; n * dp],
+                    published_ns: vec![0; n * dp],
                 }
             })
             .collect();
@@ -238,17 +244,18 @@ impl Sim {
         let sc = self.scaling.as_mut().expect("a scaled run");
         let mut fpm = [Vec::new(), Vec::new()];
         for (p, pool) in sc.pools.iter_mut().enumerate() {
-            for id in 0..pool.state.len() {
-                let entry = pool.fpm[id].take();
+            for k in 0..pool.fpm.len() {
+                let (id, rank) = (k / pool.dp, k % pool.dp);
+                let entry = pool.fpm[k].take();
                 if pool.state[id] != WorkerState::Active {
                     continue;
                 }
                 match entry {
                     Some(e) => fpm[p].push(e),
-                    None if now.saturating_sub(pool.published_ns[id]) >= IDLE_FPM_NS => {
-                        let idle = (now - pool.published_ns[id]) / IDLE_FPM_NS;
-                        pool.published_ns[id] += idle * IDLE_FPM_NS;
-                        fpm[p].push(FpmEntry::idle(id, 0));
+                    None if now.saturating_sub(pool.published_ns[k]) >= IDLE_FPM_NS => {
+                        let idle = (now - pool.published_ns[k]) / IDLE_FPM_NS;
+                        pool.published_ns[k] += idle * IDLE_FPM_NS;
+                        fpm[p].push(FpmEntry::idle(id, rank as u32));
                     }
                     None => {}
                 }
@@ -340,9 +347,10 @@ impl Sim {
                 reason: None,
             });
         }
+        let dp = sc.pools[p].dp;
         for &id in &active {
             if let Some(r) = self.router_of(p) {
-                leave(r, id);
+                leave(r, id, dp);
             }
             if self.drained(p, id) {
                 removed.push(id);
@@ -363,7 +371,7 @@ impl Sim {
         let sc = self.scaling.as_mut().expect("a scaled run");
         let pool = &mut sc.pools[p];
         let id = pool.members.len();
-        let (launch, startup_ns) = (pool.launch.clone(), pool.startup_ns);
+        let (launch, startup_ns, dp) = (pool.launch.clone(), pool.startup_ns, pool.dp);
         let role = match pool.name {
             PoolName::Agg => Role::Aggregated,
             PoolName::Prefill => Role::Prefill,
@@ -374,16 +382,22 @@ impl Sim {
         pool.origin.push(Some(ordinal));
         pool.created_ns.push(now);
         pool.removed_ns.push(None);
-        pool.fpm.push(None);
-        pool.published_ns.push(now);
-        sc.stepped.push(FpmEntry::default());
+        pool.fpm.extend(std::iter::repeat_n(None, dp));
+        pool.published_ns.extend(std::iter::repeat_n(now, dp));
+        sc.stepped.extend(std::iter::repeat_n(FpmEntry::default(), dp));
         let record_events = self.router_of(p).is_some_and(|r| r.wants_kv_events());
-        // The launch built this pool's first workers, so it builds this one.
-        let worker = build_worker(self.template, &launch, role, record_events, id, 0)
-            .expect("a launch that built the pool builds more of it");
-        self.workers.push(worker);
-        if p == 0 {
-            self.entry_members.push(w);
+        for rank in 0..dp {
+            // The launch built this pool's first workers, so it builds this one.
+            let worker = build_worker(self.template, &launch, role, record_events, id, rank)
+                .expect("a launch that built the pool builds more of it");
+            self.workers.push(worker);
+            if p == 0 {
+                self.entry_members.push(w + rank);
+            }
+        }
+        if dp > 1 {
+            self.waves.push(Waves::new(dp));
+            self.rr_ranks.push(0);
         }
         if role == Role::Decode {
             let d = self.disagg.as_mut().expect("decode workers are disaggregated");
@@ -393,9 +407,11 @@ impl Sim {
         // The router knows every id (so its indices stay the pool's ids), but can choose
         // a worker only once it is ready.
         if let Some(Router::Kv(r)) = self.router_of(p) {
-            let index = r.add_worker();
-            debug_assert_eq!(index, id);
-            r.set_ineligible(index);
+            for rank in 0..dp {
+                let index = r.add_worker();
+                debug_assert_eq!(index, id * dp + rank);
+                r.set_ineligible(index);
+            }
         }
         let sc = self.scaling.as_mut().expect("a scaled run");
         op.transitions.push(Transition {
@@ -424,9 +440,11 @@ impl Sim {
         let sc = self.scaling.as_mut().expect("a scaled run");
         let pool = &mut sc.pools[p];
         pool.state[id] = WorkerState::Active;
-        pool.published_ns[id] = now;
+        let dp = pool.dp;
+        pool.published_ns[id * dp..(id + 1) * dp].fill(now);
         match self.router_of(p) {
-            Some(Router::Kv(r)) => r.set_eligible(id),
+            Some(Router::Kv(r)) => (id * dp..(id + 1) * dp).for_each(|i| r.set_eligible(i)),
+            // Round robin picks workers (a worker its ranks in turn).
             Some(Router::RoundRobin(rr)) => rr.add(id),
             None => {}
         }
@@ -502,12 +520,13 @@ impl Sim {
     /// request, no held source, no handoff on its way to it.
     fn drained(&self, p: usize, id: usize) -> bool {
         let sc = self.scaling.as_ref().expect("a scaled run");
-        let w = sc.pools[p].members[id];
-        let worker = &self.workers[w];
-        !worker.busy
-            && worker.engine.num_requests() == 0
-            && worker.engine.num_parked() == 0
-            && (worker.role != Role::Decode || self.disagg.as_ref().is_none_or(|d| d.idle(id)))
+        let (first, dp) = (sc.pools[p].members[id], sc.pools[p].dp);
+        self.workers[first..first + dp].iter().all(|worker| {
+            !worker.busy
+                && worker.engine.num_requests() == 0
+                && worker.engine.num_parked() == 0
+                && (worker.role != Role::Decode || self.disagg.as_ref().is_none_or(|d| d.idle(id)))
+        })
     }
 
     /// Removes draining worker `id` of pool `p` at `now`; returns its transition.
@@ -517,9 +536,9 @@ impl Sim {
         pool.state[id] = WorkerState::Removed;
         pool.removed_ns[id] = Some(now);
         sc.draining -= 1;
-        let origin = pool.origin[id];
+        let (origin, dp) = (pool.origin[id], pool.dp);
         if let Some(Router::Kv(r)) = self.router_of(p) {
-            r.remove_worker(id);
+            (id * dp..(id + 1) * dp).for_each(|i| r.remove_worker(i));
         }
         Transition {
             worker_id: id,
@@ -544,11 +563,12 @@ impl Sim {
     pub(super) fn note_stepped(&mut self, w: usize) {
         let Some(sc) = self.scaling.as_mut() else { return };
         let worker = &self.workers[w];
+        let dp = sc.pools[usize::from(worker.role == Role::Decode)].dp;
         let pass = worker.engine.last_pass();
         let m = &pass.metrics;
         let q = worker.engine.queued_work();
         sc.stepped[w] = FpmEntry {
-            worker_id: worker.pool_id,
+            worker_id: worker.pool_id / dp,
             dp_rank: m.dp_rank,
             wall_time: pass.end_ns.saturating_sub(pass.start_ns) as f64 / 1e9,
             num_prefill_requests: m.num_prefill_requests as u64,
@@ -570,18 +590,19 @@ impl Sim {
     /// Driver worker `w`'s pass ended at `t`: its metrics become the latest.
     pub(super) fn note_delivered(&mut self, w: usize, t: u64) {
         let Some(sc) = self.scaling.as_mut() else { return };
-        let id = self.workers[w].pool_id;
+        // `pool_id` is the worker rank's index, `id * dp + rank`.
+        let k = self.workers[w].pool_id;
         let p = usize::from(self.workers[w].role == Role::Decode);
         let pool = &mut sc.pools[p];
-        pool.fpm[id] = Some(sc.stepped[w]);
-        pool.published_ns[id] = t;
+        pool.fpm[k] = Some(sc.stepped[w]);
+        pool.published_ns[k] = t;
     }
 }
 
-/// A draining worker leaves its router's choices.
-fn leave(router: &mut Router, id: usize) {
+/// A draining worker (all `dp` of its ranks) leaves its router's choices.
+fn leave(router: &mut Router, id: usize, dp: usize) {
     match router {
-        Router::Kv(r) => r.set_ineligible(id),
+        Router::Kv(r) => (id * dp..(id + 1) * dp).for_each(|i| r.set_ineligible(i)),
         Router::RoundRobin(rr) => rr.remove(id),
     }
 }

@@ -129,7 +129,7 @@ impl Sim {
         let Some(pool) = sc.pools.get(p) else { return IntervalCounters::default() };
         let Some(t) = self.telemetry.as_ref() else { return IntervalCounters::default() };
         let mut c = IntervalCounters::default();
-        for &w in &pool.members {
+        for w in pool.members.iter().flat_map(|&first| first..first + pool.dp) {
             c.preemptions += t.gauges.get(w).map_or(0, |g| g.num_preemptions_total);
             // The reference's cache counters are SGLang's scheduler's: vLLM reports none.
             if self.workers[w].engine.backend() == Backend::Sglang {
@@ -172,11 +172,12 @@ impl Sim {
             let Some(pool) = sc.pools.get(p) else { return Vec::new() };
             (0..pool.state.len())
                 .filter(|&id| pool.state[id] != WorkerState::Removed)
-                .map(|id| {
-                    let w = pool.members[id];
+                .flat_map(|id| (0..pool.dp).map(move |rank| (id, rank)))
+                .map(|(id, rank)| {
+                    let w = pool.members[id] + rank;
                     let g = t.gauges.get(w).copied().unwrap_or_default();
                     let total = self.workers[w].engine.metrics().total_blocks;
-                    gauge_row(id, &g, total)
+                    gauge_row(id, rank as u32, &g, total)
                 })
                 .collect()
         };
@@ -211,15 +212,15 @@ impl Sim {
     }
 }
 
-/// A gauge row of worker `id` from its published metrics (`total`: its capacity, known
-/// before it ever published).
-fn gauge_row(id: usize, g: &EngineMetrics, total: usize) -> GaugeRow {
+/// A gauge row of worker `id`'s rank `rank` from its published metrics (`total`: its
+/// capacity, known before it ever published).
+fn gauge_row(id: usize, rank: u32, g: &EngineMetrics, total: usize) -> GaugeRow {
     let total = total as u64;
     let (active, inactive) = (g.active_blocks as u64, g.inactive_blocks as u64);
     let share = |n: u64| if total == 0 { 0.0 } else { n as f64 / total as f64 };
     GaugeRow {
         worker_id: id,
-        dp_rank: g.dp_rank,
+        dp_rank: rank,
         active_blocks: active,
         inactive_blocks: inactive,
         total_blocks: total,
