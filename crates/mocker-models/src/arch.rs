@@ -746,4 +746,58 @@ mod tests {
         assert!(e.0.starts_with("num_key_value_heads"), "{e}");
         assert!(parse_config("[1]").is_err() && parse_config("{").is_err());
     }
+
+    #[test]
+    fn qwen3_next_reads_its_linear_attention_layers() {
+        let entry = crate::find_model("Qwen/Qwen3-Next-80B-A3B-Instruct").unwrap();
+        let m = entry.arch().unwrap();
+        assert_eq!(
+            (m.attention_layers(), m.recurrent_layers(), m.num_kv_heads, m.head_dim),
+            (12, 36, 2, 256)
+        );
+        let r = m.recurrent.unwrap();
+        // gated_delta_net_state_shape at TP 1: conv (2 x 16 x 128 + 32 x 128) x 3, temporal
+        // 32 x 128 x 128; bf16.
+        assert_eq!(r.state_elements_per_gpu(1), (24_576, 524_288));
+        assert_eq!(r.state_bytes_per_layer_per_gpu(1), 1_097_728);
+        assert_eq!(r.state_bytes_per_layer_per_gpu(4), 274_432);
+        assert!(m.attention_output_gate && m.moe.as_ref().unwrap().moe_layers == 48);
+        assert!((m.parameters() / 1e9 - 79.7).abs() < 0.2, "{}", m.parameters() / 1e9);
+        // layer_types, where given, says which layers are linear; it must cover them all.
+        let text = entry.config_text();
+        let mut v: Value = serde_json::from_str(text).unwrap();
+        let types: Vec<&str> =
+            (0..48).map(|i| if i % 2 == 1 { "full_attention" } else { "linear_attention" }).collect();
+        v["layer_types"] = serde_json::json!(types);
+        assert_eq!(parse_config(&v.to_string()).unwrap().recurrent_layers(), 24);
+        v["layer_types"] = serde_json::json!(["linear_attention"]);
+        assert!(parse_config(&v.to_string()).unwrap_err().0.starts_with("layer_types"));
+    }
+
+    #[test]
+    fn nemotron_h_reads_its_mamba2_layers_from_the_pattern() {
+        let config = |pattern: &str, extra: &str| {
+            format!(
+                r#"{{"architectures":["NemotronHForCausalLM"],"model_type":"nemotron_h","hidden_size":4480,
+                "num_hidden_layers":{},"num_attention_heads":40,"num_key_value_heads":8,"head_dim":128,
+                "intermediate_size":15680,"vocab_size":131072,"hybrid_override_pattern":"{pattern}",
+                "mamba_num_heads":128,"mamba_head_dim":80,"ssm_state_size":128,"n_groups":8,
+                "conv_kernel":4,"torch_dtype":"bfloat16"{extra}}}"#,
+                pattern.len()
+            )
+        };
+        let m = parse_config(&config("M-M*M-M-", "")).unwrap();
+        // M: Mamba2 mixer only; *: attention only; -: MLP only.
+        assert_eq!((m.recurrent_layers(), m.attention_layers(), m.dense_mlp_layers()), (4, 1, 3));
+        let r = m.recurrent.unwrap();
+        // mamba2_state_shape: conv (128 x 80 + 2 x 8 x 128) x 3, SSM 128 x 80 x 128.
+        assert_eq!(r.state_elements_per_gpu(1), (36_864, 1_310_720));
+        // 8 groups over 16 GPUs: replicated to 16, so 10240 + 2 x 16 x 128 channels.
+        assert_eq!(r.state_elements_per_gpu(16).0, 14_336 / 16 * 3);
+        let f32_ssm = parse_config(&config("M-M*M-M-", r#","mamba_ssm_cache_dtype":"float32""#)).unwrap();
+        let r32 = f32_ssm.recurrent.unwrap();
+        assert_eq!(r32.state_bytes_per_layer_per_gpu(1), 36_864 * 2 + 1_310_720 * 4);
+        assert!(parse_config(&config("M-E*", "")).unwrap_err().0.contains("expert layers"));
+        assert!(parse_config(&config("M-X*", "")).unwrap_err().0.contains("'X'"));
+    }
 }

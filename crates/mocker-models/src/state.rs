@@ -153,7 +153,7 @@ pub fn prepare(
         return refuse(
             "emit_kv_events",
             "with enable_prefix_caching its state runs in align mode (prefix_match_unit), which exports no KV \
-             events; turn one of them off"
+             events (emit_kv_events, which a server's KV events endpoint turns on); turn one of them off"
                 .into(),
         );
     }
@@ -233,4 +233,42 @@ pub fn apply(
         align_mode,
         prefix_caching_off_by_default,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use mocker_core::config::LaunchConfig;
+    use serde_json::json;
+
+    use crate::resolve_launch;
+
+    #[test]
+    fn a_mamba2_hybrid_gets_its_state_cache_as_vllm_pages_it() {
+        let dir = std::env::temp_dir().join(format!("mocker-state-nemotron-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = json!({"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
+            "hidden_size": 4480, "num_hidden_layers": 8, "num_attention_heads": 40, "num_key_value_heads": 8,
+            "head_dim": 128, "intermediate_size": 15680, "vocab_size": 131072,
+            "hybrid_override_pattern": "M-M*M-M-", "mamba_num_heads": 128, "mamba_head_dim": 80,
+            "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4, "torch_dtype": "bfloat16"});
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+        let mut launch =
+            LaunchConfig::from_value(json!({"engine": {}, "model": dir.to_str().unwrap(), "gpu": "h100"}))
+                .unwrap();
+        let r = resolve_launch(&mut launch).unwrap().unwrap();
+        let s = r.state.expect("a state cache");
+        // A layer's state: (36,864 + 1,310,720) x 2 bytes; an attention layer's token:
+        // 2 x 8 heads x 128 x 2 bytes = 4096. vLLM: 16 x ceil(2,695,168 / (16 x 4096)) = 672.
+        assert_eq!((s.recurrent_layers, s.attention_layers, s.state_bytes), (4, 1, 4 * 2_695_168));
+        assert_eq!((s.block_size, s.state_blocks, s.mixer), (672, 4, "Mamba2"));
+        let e = &launch.engine;
+        assert_eq!((e.block_size, e.kv_cache_bytes_per_token), (672, Some(4096)));
+        assert!(
+            !e.enable_prefix_caching
+                && e.prefix_match_unit.is_none()
+                && e.kv_transfer_bytes_per_token.is_none()
+        );
+        assert!(launch.validate().is_ok(), "the derived state cache passes the reference's rules");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
