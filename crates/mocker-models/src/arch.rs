@@ -464,8 +464,13 @@ struct Hybrid {
 /// `layer_types`, else every layer but each `full_attention_interval`-th), Nemotron-H's
 /// `M` layers of `hybrid_override_pattern` (`*` attention, `-` MLP, `E` experts).
 fn recurrent(c: &Cfg<'_>, layers: usize, dtype: Precision) -> Result<Hybrid, ArchError> {
+    // vLLM keeps the SSM state in `mamba_ssm_cache_dtype` (auto: the model's dtype), except
+    // that for Nemotron-H it reads the config's key and defaults it to float32
+    // (`NemotronHForCausalLMConfig`: "only float32 is known to have no accuracy issues").
     let ssm_precision = match c.str("mamba_ssm_cache_dtype") {
         Some("float32") => Precision::Fp32,
+        Some("float16") | Some("bfloat16") => Precision::Bf16,
+        _ if c.str("model_type") == Some("nemotron_h") => Precision::Fp32,
         _ => dtype,
     };
     let none = Hybrid { recurrent: None, mlp_only: 0, mixer_only: 0 };
@@ -794,9 +799,10 @@ mod tests {
         assert_eq!(r.state_elements_per_gpu(1), (36_864, 1_310_720));
         // 8 groups over 16 GPUs: replicated to 16, so 10240 + 2 x 16 x 128 channels.
         assert_eq!(r.state_elements_per_gpu(16).0, 14_336 / 16 * 3);
-        let f32_ssm = parse_config(&config("M-M*M-M-", r#","mamba_ssm_cache_dtype":"float32""#)).unwrap();
-        let r32 = f32_ssm.recurrent.unwrap();
-        assert_eq!(r32.state_bytes_per_layer_per_gpu(1), 36_864 * 2 + 1_310_720 * 4);
+        // vLLM keeps Nemotron-H's SSM state in float32 unless the config says otherwise.
+        assert_eq!(r.state_bytes_per_layer_per_gpu(1), 36_864 * 2 + 1_310_720 * 4);
+        let bf16_ssm = parse_config(&config("M-M*M-M-", r#","mamba_ssm_cache_dtype":"bfloat16""#)).unwrap();
+        assert_eq!(bf16_ssm.recurrent.unwrap().state_bytes_per_layer_per_gpu(1), (36_864 + 1_310_720) * 2);
         assert!(parse_config(&config("M-E*", "")).unwrap_err().0.contains("expert layers"));
         assert!(parse_config(&config("M-X*", "")).unwrap_err().0.contains("'X'"));
     }

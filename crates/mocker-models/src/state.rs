@@ -257,12 +257,13 @@ mod tests {
                 .unwrap();
         let r = resolve_launch(&mut launch).unwrap().unwrap();
         let s = r.state.expect("a state cache");
-        // A layer's state: (36,864 + 1,310,720) x 2 bytes; an attention layer's token:
-        // 2 x 8 heads x 128 x 2 bytes = 4096. vLLM: 16 x ceil(2,695,168 / (16 x 4096)) = 672.
-        assert_eq!((s.recurrent_layers, s.attention_layers, s.state_bytes), (4, 1, 4 * 2_695_168));
-        assert_eq!((s.block_size, s.state_blocks, s.mixer), (672, 4, "Mamba2"));
+        // A layer's state: 36,864 x 2 bytes of convolution and 1,310,720 x 4 of SSM (float32,
+        // vLLM's default for Nemotron-H); an attention layer's token: 2 x 8 heads x 128 x 2
+        // bytes = 4096. vLLM: 16 x ceil(5,316,608 / (16 x 4096)) = 1312.
+        assert_eq!((s.recurrent_layers, s.attention_layers, s.state_bytes), (4, 1, 4 * 5_316_608));
+        assert_eq!((s.block_size, s.state_blocks, s.mixer), (1312, 4, "Mamba2"));
         let e = &launch.engine;
-        assert_eq!((e.block_size, e.kv_cache_bytes_per_token), (672, Some(4096)));
+        assert_eq!((e.block_size, e.kv_cache_bytes_per_token), (1312, Some(4096)));
         assert!(
             !e.enable_prefix_caching
                 && e.prefix_match_unit.is_none()
