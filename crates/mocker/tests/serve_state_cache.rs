@@ -205,3 +205,24 @@ fn a_recurrent_model_serves_with_its_state_cache() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A handoff would move the tokens' KV and not the state: P/D serving with a state cache is
+/// refused by name, as the reference refuses P/D worker types with one.
+#[test]
+fn disaggregated_serving_with_a_state_cache_is_refused_by_name() {
+    let pd = r#"{"kv_connector": "NixlConnector", "kv_role": "kv_producer"}"#;
+    let model = ["--model", "Qwen/Qwen3-Next-80B-A3B-Instruct", "--tensor-parallel-size", "4"];
+    for (args, flag) in [
+        (vec!["--engine-args", STATE, "--kv-transfer-config", pd], "--kv-transfer-config"),
+        ([&model[..], &["--prefill-workers", "1", "--decode-workers", "1"]].concat(), "--prefill-workers"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_mocker"))
+            .args(["serve", "--port", "0"])
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(flag) && err.contains("aggregated workers only"), "{err}");
+    }
+}

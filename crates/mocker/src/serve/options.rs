@@ -330,6 +330,25 @@ impl ServeArgs {
         // server, as the reference's disaggregation modes: every request must then carry
         // the matching kv_transfer_params.
         let wt = launch.engine.worker_type;
+        // The reference's state cache runs on aggregated workers only (it refuses P/D worker
+        // types): a handoff would move the token blocks and not the recurrent state.
+        if launch.engine.state_cache.is_some() {
+            let flag = match (&self.kv_transfer_config, self.prefill_workers) {
+                (Some(_), _) => Some("--kv-transfer-config"),
+                (None, Some(_)) => Some("--prefill-workers"),
+                _ => None,
+            };
+            if let Some(flag) = flag {
+                let whose = match &launch.hardware.model {
+                    Some(m) => format!("{m}'s recurrent layers keep a state_cache"),
+                    None => "engine-args state_cache".to_string(),
+                };
+                return Err(UsageError(format!(
+                    "{flag}: {whose}, which is simulated on aggregated workers only (the reference's rule: a \
+                     handoff would move the tokens' KV and not the state)"
+                )));
+            }
+        }
         let implied = match wt {
             WorkerType::Aggregated => None,
             WorkerType::Prefill => Some(KvRole::Producer),
