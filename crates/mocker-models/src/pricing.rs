@@ -57,6 +57,9 @@ pub struct LayerOps {
     pub activation: f64,
     /// One all-reduce of the layer's hidden states (two per layer; 0 at TP 1).
     pub allreduce: f64,
+    /// A recurrent layer's mixer in place of the attention projections (0 without one):
+    /// its projections and recurrence.
+    pub recurrent: f64,
 }
 
 /// A model placed on GPUs, with the tables that time its operations.
@@ -294,6 +297,7 @@ impl<'a> Pricer<'a> {
             elementwise: 2.0 * self.memory_op(t * ADD_NORM_ELEMENTS * h * 2.0),
             activation: self.memory_op(t * ACTIVATION_ELEMENTS * i * 2.0),
             allreduce: self.allreduce(t * h),
+            recurrent: self.recurrent_layer(t),
         }
     }
 
@@ -317,7 +321,7 @@ impl<'a> Pricer<'a> {
         let h = m.hidden_size as f64;
         let ops = self.layer_ops(t);
         let attention = m.attention_layers() as f64 * (ops.qkv_proj + ops.o_proj);
-        let recurrent = m.recurrent_layers() as f64 * self.recurrent_layer(t);
+        let recurrent = m.recurrent_layers() as f64 * ops.recurrent;
         let every_layer = ops.elementwise + 2.0 * ops.allreduce;
         let dense = m.dense_mlp_layers() as f64 * (ops.mlp_gate_up + ops.activation + ops.mlp_down);
         let moe = m.moe_layers() as f64 * ops.moe;
