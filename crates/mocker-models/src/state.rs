@@ -272,4 +272,27 @@ mod tests {
         assert!(launch.validate().is_ok(), "the derived state cache passes the reference's rules");
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    #[test]
+    fn an_fp8_kv_cache_doubles_the_block_and_leaves_the_state_in_the_model_dtype() {
+        let resolve = |kv: Option<&str>| {
+            let mut args = json!({"engine": {}, "model": "Qwen/Qwen3-Next-80B-A3B-Instruct", "gpu": "h100",
+                "tensor_parallel_size": 4});
+            if let Some(kv) = kv {
+                args["kv_cache_dtype"] = json!(kv);
+            }
+            let mut launch = LaunchConfig::from_value(args).unwrap();
+            let s = resolve_launch(&mut launch).unwrap().unwrap().state.unwrap();
+            (s, launch.engine.kv_cache_bytes_per_token.unwrap())
+        };
+        let (bf16, bf16_token) = resolve(None);
+        let (fp8, fp8_token) = resolve(Some("fp8"));
+        // vLLM's mamba_cache_dtype follows the model, not --kv-cache-dtype.
+        assert_eq!((bf16.state_bytes, fp8.state_bytes), (9_879_552, 9_879_552));
+        // Half the bytes an attention token: twice the tokens a page of the same state.
+        assert_eq!((bf16_token, fp8_token), (12_288, 6_144));
+        assert_eq!((bf16.block_size, fp8.block_size), (272, 544));
+        assert_eq!((bf16.state_blocks, fp8.state_blocks), (3, 3));
+        assert!(bf16.prefix_caching_off_by_default && !bf16.align_mode);
+    }
 }
