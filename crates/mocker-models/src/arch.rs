@@ -462,7 +462,8 @@ struct Hybrid {
 
 /// The recurrent layers of a hybrid model: Qwen3-Next's `linear_attention` layers (from
 /// `layer_types`, else every layer but each `full_attention_interval`-th), Nemotron-H's
-/// `M` layers of `hybrid_override_pattern` (`*` attention, `-` MLP, `E` experts).
+/// `M` layers of `hybrid_override_pattern` (`*` attention, `-` MLP, `E` experts; newer
+/// transformers list the same as `layers_block_type`: mamba, attention, mlp, moe).
 fn recurrent(c: &Cfg<'_>, layers: usize, dtype: Precision) -> Result<Hybrid, ArchError> {
     // vLLM keeps the SSM state in `mamba_ssm_cache_dtype` (auto: the model's dtype), except
     // that for Nemotron-H it reads the config's key and defaults it to float32
@@ -512,9 +513,31 @@ fn recurrent(c: &Cfg<'_>, layers: usize, dtype: Precision) -> Result<Hybrid, Arc
             Ok(Hybrid { recurrent, ..none })
         }
         Some("nemotron_h") => {
-            let pattern = c
-                .str("hybrid_override_pattern")
-                .ok_or_else(|| ArchError("hybrid_override_pattern: missing".into()))?;
+            // Newer transformers spell the pattern as `layers_block_type`, a list of kinds.
+            let listed: Option<String> = match c.get("layers_block_type") {
+                Some(Value::Array(kinds)) => Some(
+                    kinds
+                        .iter()
+                        .map(|k| match k.as_str() {
+                            Some("mamba") => Ok('M'),
+                            Some("attention") => Ok('*'),
+                            Some("mlp") => Ok('-'),
+                            Some("moe") => Ok('E'),
+                            _ => Err(ArchError(format!(
+                                "layers_block_type: {k} is not mamba, attention, mlp or moe"
+                            ))),
+                        })
+                        .collect::<Result<_, _>>()?,
+                ),
+                _ => None,
+            };
+            let pattern = match (&listed, c.str("hybrid_override_pattern")) {
+                (Some(p), _) => p.as_str(),
+                (None, Some(p)) => p,
+                (None, None) => {
+                    return Err(ArchError("hybrid_override_pattern (or layers_block_type): missing".into()))
+                }
+            };
             if pattern.chars().count() != layers {
                 return Err(ArchError(format!(
                     "hybrid_override_pattern: {} layers for {layers} num_hidden_layers",
@@ -804,6 +827,12 @@ mod tests {
         let bf16_ssm = parse_config(&config("M-M*M-M-", r#","mamba_ssm_cache_dtype":"bfloat16""#)).unwrap();
         assert_eq!(bf16_ssm.recurrent.unwrap().state_bytes_per_layer_per_gpu(1), (36_864 + 1_310_720) * 2);
         assert!(parse_config(&config("M-E*", "")).unwrap_err().0.contains("expert layers"));
+        // Newer transformers list the kinds instead of the pattern string.
+        let listed = config("M-M*M-M-", "").replace(
+            r#""hybrid_override_pattern":"M-M*M-M-""#,
+            r#""layers_block_type":["mamba","mlp","mamba","attention","mamba","mlp","mamba","mlp"]"#,
+        );
+        assert_eq!(parse_config(&listed).unwrap(), m);
         assert!(parse_config(&config("M-X*", "")).unwrap_err().0.contains("'X'"));
     }
 }
