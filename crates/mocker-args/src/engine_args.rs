@@ -155,6 +155,10 @@ fn load_timing(flag: &str, launch: &mut LaunchConfig, flags: &EngineFlags) -> Re
             };
             eprintln!("{kind}: {flag}: {}", layout.describe(&r.model));
         }
+        // So does a hybrid model's recurrent state: say what it takes of the blocks.
+        if let Some((r, state)) = resolved.as_ref().and_then(|r| r.state.as_ref().map(|s| (r, s))) {
+            eprintln!("note: {flag}: {}", state.describe(&r.model));
+        }
         return Ok(());
     }
     mocker_models::resolve_launch(launch).map_err(model_err)?;

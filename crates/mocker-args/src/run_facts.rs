@@ -5,7 +5,8 @@ use std::path::Path;
 
 use mocker_core::config::{LaunchConfig, TimingModelConfig};
 use mocker_replay::report::{
-    KvCapacity, KvGroupsFacts, KvSource, PoolFacts, ProfileFacts, RunDescription, TimingSource, Topology,
+    KvCapacity, KvGroupsFacts, KvSource, PoolFacts, ProfileFacts, RunDescription, StateFacts, TimingSource,
+    Topology,
 };
 use mocker_replay::{Cluster, Pool, ReplayOptions, RouterMode};
 use serde_json::Value;
@@ -73,11 +74,20 @@ fn pool_facts(pool: &Pool, flags: &EngineFlags) -> PoolFacts {
                 })
                 .collect(),
         });
+    let state = e.state_cache.zip(e.state_blocks()).map(|(s, blocks)| StateFacts {
+        bytes_per_request: s.bytes_per_request,
+        blocks_per_request: blocks,
+        kv_bytes_per_token: e.kv_cache_bytes_per_token.unwrap_or(0),
+        // Derived from the model's recurrent layers when a model named in the launch
+        // sized the engine (mocker_models refuses a state_cache given beside one).
+        model: launch.hardware.model.clone().filter(|_| by_model),
+    });
     let kv_capacity = KvCapacity {
         blocks: e.num_gpu_blocks,
         block_size: e.block_size,
         source,
         groups: groups.map(Box::new),
+        state: state.map(Box::new),
     };
     PoolFacts { workers: pool.workers, timing, kv_capacity }
 }

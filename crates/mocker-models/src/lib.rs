@@ -19,6 +19,7 @@ pub mod hybrid;
 pub mod memory;
 pub mod ops;
 pub mod pricing;
+pub mod state;
 
 pub use arch::{parse_config, ModelArch, Precision};
 pub use catalogue::{find_model, model_names, models, CatalogueEntry};
@@ -147,6 +148,8 @@ pub struct Resolved {
     pub kv_bytes_per_token_per_gpu: f64,
     /// What became of the model's sliding-window layers, if it has any.
     pub hybrid: Option<hybrid::HybridLayout>,
+    /// The recurrent state cache of a hybrid model with recurrent layers.
+    pub state: Option<state::StateLayout>,
 }
 
 /// Times the launch's engines from its `model` on its `gpu` (default [`DEFAULT_GPU`]) and
@@ -183,6 +186,8 @@ pub fn resolve_launch(launch: &mut LaunchConfig) -> Result<Option<Resolved>, Mod
     launch.hardware.gpu.get_or_insert_with(|| DEFAULT_GPU.to_string());
     let Setup { model, gpu, place, tables, scaled_from } = setup(launch, model_spec)?;
     apply_vllm_batch_defaults(launch, gpu);
+    // Before the pool is sized: vLLM's block size for a recurrent state's pages.
+    state::prepare(&model.arch, &place, launch, &model.name)?;
     let system = tables.system.clone();
     let overhead = h.pass_overhead_ms.unwrap_or(DEFAULT_PASS_OVERHEAD_MS);
     let label = format!("{} on {}, TP {}", model.name, gpu.name, place.tp);
@@ -216,6 +221,7 @@ pub fn resolve_launch(launch: &mut LaunchConfig) -> Result<Option<Resolved>, Mod
         other => err("model", other.to_string()),
     })?;
     let hybrid = hybrid::apply(&model.arch, &place, launch, kv_per_token);
+    let state = state::apply(&model.arch, &place, launch, &model.name)?;
     // vLLM's context defaults to the model's trained length, which the KV cache must hold.
     if launch.engine.max_model_len.is_none() {
         let pool = match &hybrid {
@@ -232,13 +238,23 @@ pub fn resolve_launch(launch: &mut LaunchConfig) -> Result<Option<Resolved>, Mod
                 ((*capacity_bytes as f64 - windows).max(0.0) / (per_layer * (*full_layers).max(1) as f64))
                     as usize
             }
-            _ => launch.engine.num_gpu_blocks.saturating_mul(launch.engine.block_size),
+            // A request's state takes its blocks beside its tokens'.
+            _ => {
+                let state_blocks = launch.engine.state_blocks().unwrap_or(0);
+                launch
+                    .engine
+                    .num_gpu_blocks
+                    .saturating_sub(state_blocks)
+                    .saturating_mul(launch.engine.block_size)
+            }
         };
         launch.engine.max_model_len = Some(model.arch.max_position_embeddings.min(pool).max(1));
     }
-    // A P/D transfer moves every GPU's shard of each token's KV (cache groups model none).
+    // A P/D transfer moves every GPU's shard of each token's KV (cache groups and state
+    // caches model none).
     let whole_token = kv_per_token * place.tp as f64;
-    if launch.engine.kv_transfer_bytes_per_token.is_none() && !launch.engine.has_kv_cache_groups() {
+    let e = &launch.engine;
+    if e.kv_transfer_bytes_per_token.is_none() && !e.has_kv_cache_groups() && e.state_cache.is_none() {
         launch.engine.kv_transfer_bytes_per_token = Some(whole_token);
     }
     let ops = match scaled_from {
@@ -255,6 +271,7 @@ pub fn resolve_launch(launch: &mut LaunchConfig) -> Result<Option<Resolved>, Mod
         weight_bytes_per_gpu: weights,
         kv_bytes_per_token_per_gpu: kv_per_token,
         hybrid,
+        state,
     }))
 }
 

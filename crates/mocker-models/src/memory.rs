@@ -53,6 +53,12 @@ impl Placement {
         per_layer * m.attention_layers() as f64 * self.kv.bytes()
     }
 
+    /// Bytes of a request's recurrent state on each GPU: every recurrent layer's
+    /// convolution and SSM state (`None` for a model without recurrent layers).
+    pub fn state_bytes_per_request_per_gpu(&self, m: &ModelArch) -> Option<u64> {
+        m.recurrent.as_ref().map(|r| r.layers as u64 * r.state_bytes_per_layer_per_gpu(self.tp))
+    }
+
     /// Peak activation bytes of vLLM's profiling pass on each GPU: the widest MLP
     /// intermediate and a few residual-width buffers for every token, plus fp32 logits of
     /// every sequence.

@@ -57,6 +57,9 @@ pub struct LayerOps {
     pub activation: f64,
     /// One all-reduce of the layer's hidden states (two per layer; 0 at TP 1).
     pub allreduce: f64,
+    /// A recurrent layer's mixer in place of the attention projections (0 without one):
+    /// its projections and recurrence.
+    pub recurrent: f64,
 }
 
 /// A model placed on GPUs, with the tables that time its operations.
@@ -278,7 +281,11 @@ impl<'a> Pricer<'a> {
                 );
                 (q + kv_b, self.gemm(t, h, heads * mla.v_head_dim as f64, p))
             }
-            None => (self.gemm(t, (heads + 2.0 * kv) * d, h, p), self.gemm(t, h, heads * d, p)),
+            None => {
+                // A gated attention (Qwen3-Next) projects a gate beside each query.
+                let q = if m.attention_output_gate { 2.0 * heads } else { heads };
+                (self.gemm(t, (q + 2.0 * kv) * d, h, p), self.gemm(t, h, heads * d, p))
+            }
         };
         let i = m.intermediate_size as f64 / self.place.tp as f64;
         LayerOps {
@@ -290,7 +297,22 @@ impl<'a> Pricer<'a> {
             elementwise: 2.0 * self.memory_op(t * ADD_NORM_ELEMENTS * h * 2.0),
             activation: self.memory_op(t * ACTIVATION_ELEMENTS * i * 2.0),
             allreduce: self.allreduce(t * h),
+            recurrent: self.recurrent_layer(t),
         }
+    }
+
+    /// ms of one recurrent layer's mixer for `t` tokens (0 without one): its input and
+    /// output projections and the recurrence, compute-bound at the roofline (the state
+    /// traffic is a sequence's, priced with the logits).
+    pub fn recurrent_layer(&self, t: f64) -> f64 {
+        let m = self.model;
+        let Some(r) = &m.recurrent else { return 0.0 };
+        let h = m.hidden_size as f64;
+        let p = self.place.weights;
+        let (inp, out) = r.projection_widths(self.place.tp);
+        let scan =
+            t * r.recurrence_flops_per_token(self.place.tp) / self.gpu.peak_flops(Precision::Bf16) * 1e3;
+        self.gemm(t, inp as f64, h, p) + self.gemm(t, h, out as f64, p) + scan + KERNEL_LATENCY_MS
     }
 
     /// ms of the token-proportional work of a whole pass of `t` tokens.
@@ -298,12 +320,14 @@ impl<'a> Pricer<'a> {
         let m = self.model;
         let h = m.hidden_size as f64;
         let ops = self.layer_ops(t);
-        let every_layer = ops.qkv_proj + ops.o_proj + ops.elementwise + 2.0 * ops.allreduce;
+        let attention = m.attention_layers() as f64 * (ops.qkv_proj + ops.o_proj);
+        let recurrent = m.recurrent_layers() as f64 * ops.recurrent;
+        let every_layer = ops.elementwise + 2.0 * ops.allreduce;
         let dense = m.dense_mlp_layers() as f64 * (ops.mlp_gate_up + ops.activation + ops.mlp_down);
         let moe = m.moe_layers() as f64 * ops.moe;
         // The embedding gathers a row a token; vocabulary-parallel, it ends in an all-reduce.
         let embedding = self.memory_op(t * h * 2.0) + self.allreduce(t * h);
-        m.num_layers as f64 * every_layer + dense + moe + embedding
+        m.num_layers as f64 * every_layer + attention + recurrent + dense + moe + embedding
     }
 
     /// ms of a memory-bound kernel moving `bytes`, as AIConfigurator prices one.
@@ -311,7 +335,8 @@ impl<'a> Pricer<'a> {
         bytes / (self.gpu.memory_bandwidth * ELEMENTWISE_BW_FRACTION) * 1e3 + KERNEL_LATENCY_MS
     }
 
-    /// ms of the LM head and sampling for `s` sequences.
+    /// ms of the per-sequence work of a pass of `s` sequences: the LM head and sampling, and
+    /// a hybrid model's recurrent states read and written.
     pub fn logits(&self, s: f64) -> f64 {
         let m = self.model;
         let v = m.vocab_size as f64 / self.place.tp as f64;
@@ -321,7 +346,15 @@ impl<'a> Pricer<'a> {
         let sample =
             s * m.vocab_size as f64 * 4.0 * 3.0 / (self.gpu.memory_bandwidth * ELEMENTWISE_BW_FRACTION) * 1e3
                 + 2.0 * KERNEL_LATENCY_MS;
-        head + gather + sample
+        // A recurrent layer reads and writes each sequence's state once a pass.
+        let states = match &m.recurrent {
+            Some(r) => {
+                let bytes = 2.0 * s * r.layers as f64 * r.state_bytes_per_layer_per_gpu(self.place.tp) as f64;
+                bytes / (self.gpu.memory_bandwidth * ELEMENTWISE_BW_FRACTION) * 1e3
+            }
+            None => 0.0,
+        };
+        head + gather + sample + states
     }
 
     /// Context attention of all layers: full layers see every token, sliding ones their window.

@@ -173,16 +173,24 @@ fn ops(args: OpsArgs) -> Result<(), UsageError> {
     let launch = launch_config(args.engine_args.as_deref(), &args.engine)?;
     let tokens: Vec<f64> = args.tokens.iter().map(|&t| f64::from(t)).collect();
     let rows = mocker_models::layer_operations(&launch, &tokens).map_err(|e| UsageError(e.to_string()))?;
+    // A hybrid's recurrent layers replace the attention projections with their mixer: a
+    // column of their own, only for such models (the others' CSV is as it was).
+    let recurrent = rows.iter().any(|o| o.recurrent > 0.0);
     let mut text = String::from(
-        "tokens,qkv_proj_ms,o_proj_ms,mlp_gate_up_ms,mlp_down_ms,moe_ms,elementwise_ms,activation_ms,allreduce_ms\n",
+        "tokens,qkv_proj_ms,o_proj_ms,mlp_gate_up_ms,mlp_down_ms,moe_ms,elementwise_ms,activation_ms,allreduce_ms",
     );
+    text.push_str(if recurrent { ",recurrent_mixer_ms\n" } else { "\n" });
     for (t, o) in args.tokens.iter().zip(rows) {
-        writeln!(
+        write!(
             text,
             "{t},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6}",
             o.qkv_proj, o.o_proj, o.mlp_gate_up, o.mlp_down, o.moe, o.elementwise, o.activation, o.allreduce
         )
         .expect("writing to a String");
+        if recurrent {
+            write!(text, ",{:.6}", o.recurrent).expect("writing to a String");
+        }
+        text.push('\n');
     }
     print_all(&text)
 }

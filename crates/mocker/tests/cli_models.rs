@@ -231,3 +231,186 @@ fn sliding_window_models_get_their_hybrid_capacity() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--disable-hybrid-kv-cache-manager"), "{}", stderr(&out));
 }
+
+/// Qwen3-Next-80B-A3B's `config.json`, read here to compute its state independently.
+fn qwen3_next_config() -> Value {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../mocker-models/data/models/Qwen--Qwen3-Next-80B-A3B-Instruct.json"
+    );
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// A model with recurrent layers (Qwen3-Next's gated delta net) gets the reference's state
+/// cache from its config.json: vLLM's attention block size, the attention layers' bytes a
+/// token, each request's state as vLLM's padded pages, all from one memory budget. Sized
+/// as if every layer attended (the same config as a Qwen3-MoE), the pool holds a quarter of
+/// the tokens. `serve` starts with the blocks offline replay reports.
+#[test]
+fn recurrent_models_get_their_state_cache_from_config_json() {
+    let c = qwen3_next_config();
+    let n = |k: &str| c[k].as_u64().unwrap();
+    let tp = 4;
+    // vLLM's gated_delta_net_state_shape at TP 4, bf16: the convolution keeps kernel-1
+    // columns of q, k and v; the temporal state is value heads x key dim x value dim.
+    let conv_dim = 2 * n("linear_num_key_heads") * n("linear_key_head_dim")
+        + n("linear_num_value_heads") * n("linear_value_head_dim");
+    let conv = conv_dim / tp * (n("linear_conv_kernel_dim") - 1);
+    let temporal = n("linear_num_value_heads") / tp * n("linear_key_head_dim") * n("linear_value_head_dim");
+    let state_layer = (conv + temporal) * 2;
+    let layers = n("num_hidden_layers");
+    let attention_layers = layers / n("full_attention_interval");
+    let recurrent_layers = layers - attention_layers;
+    assert_eq!((attention_layers, recurrent_layers, state_layer), (12, 36, 274_432));
+    // 2 KV heads over 4 GPUs: one each, replicated.
+    let token_layer = 2 * (n("num_key_value_heads") / tp).max(1) * n("head_dim") * 2;
+    // vLLM raises the block size to a multiple of 16 whose attention page holds a state.
+    let block = 16 * state_layer.div_ceil(16 * token_layer);
+    assert_eq!(block, 272);
+    let per_token = attention_layers * token_layer;
+    let padded = recurrent_layers * block * token_layer;
+    let state_blocks = padded.div_ceil(block * per_token);
+    assert_eq!((per_token, padded, state_blocks), (12_288, 10_027_008, 3));
+
+    let dir = scratch("recurrent");
+    let run = |model: &str, extra: &[&str], name: &str| -> (Value, String) {
+        let path = dir.join(format!("{name}.json"));
+        let mut args = vec!["replay", "--model", model, "--gpu", "h100", "--tensor-parallel-size", "4"];
+        args.extend(WORKLOAD);
+        args.extend(extra);
+        args.extend(["--report-json", path.to_str().unwrap()]);
+        let out = mocker(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        (serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap(), stderr(&out))
+    };
+    let (report, note) = run("Qwen/Qwen3-Next-80B-A3B-Instruct", &[], "next");
+    assert!(
+        note.contains("36 gated delta net layers keep 9879552 bytes a request on each GPU (10027008 in vLLM's pages), 3 of the pool's 272-token blocks"),
+        "{note}"
+    );
+    assert!(note.contains("prefix caching off, as vLLM's default for hybrid models"), "{note}");
+    let kv = report["run"]["kv_capacity"].clone();
+    assert_eq!(
+        (kv["block_size"].as_u64(), kv["source"].as_str()),
+        (Some(block), Some("model_memory")),
+        "{kv}"
+    );
+    let st = &kv["state_cache"];
+    assert_eq!(st["bytes_per_request"], padded, "{kv}");
+    assert_eq!(st["blocks_per_request"], state_blocks, "{kv}");
+    assert_eq!(st["kv_cache_bytes_per_token"], per_token, "{kv}");
+    let blocks = kv["blocks"].as_u64().unwrap();
+    assert_eq!(st["max_requests"], blocks / (state_blocks + 1), "{kv}");
+    assert_eq!(kv["tokens"], blocks * block);
+
+    // The same model with every layer attending: a Qwen3-MoE of the same widths.
+    let dense_dir = dir.join("dense");
+    std::fs::create_dir_all(&dense_dir).unwrap();
+    let mut dense = c.clone();
+    dense["architectures"] = serde_json::json!(["Qwen3MoeForCausalLM"]);
+    dense["model_type"] = "qwen3_moe".into();
+    std::fs::write(dense_dir.join("config.json"), dense.to_string()).unwrap();
+    let (dense_report, dense_note) = run(dense_dir.to_str().unwrap(), &[], "dense");
+    assert!(!dense_note.contains("recurrent"), "{dense_note}");
+    let dkv = dense_report["run"]["kv_capacity"].clone();
+    assert!(dkv.get("state_cache").is_none() && dkv["block_size"] == 16, "{dkv}");
+    // One budget (the weights differ by the mixers' projections, about 1 %) split into
+    // four times the layers' KV a token.
+    let budget = (blocks * block * per_token) as f64;
+    let dense_budget = (dkv["blocks"].as_u64().unwrap() * 16 * layers * token_layer) as f64;
+    assert!((budget / dense_budget - 1.0).abs() < 0.03, "{budget} vs {dense_budget}");
+    let (tokens, dense_tokens) = (kv["tokens"].as_u64().unwrap(), dkv["tokens"].as_u64().unwrap());
+    assert!(tokens > 3 * dense_tokens && tokens < 5 * dense_tokens, "{tokens} vs {dense_tokens}");
+
+    // Prefix caching asked for runs in align mode.
+    let (_, align) = run(
+        "Qwen/Qwen3-Next-80B-A3B-Instruct",
+        &["--engine-args", r#"{"enable_prefix_caching": true}"#],
+        "align",
+    );
+    assert!(align.contains("prefix caching in align mode (prefix_match_unit = block_size)"), "{align}");
+
+    // serve sizes the same pool and says what a state takes.
+    let line = serve_start_line(&[
+        "--model",
+        "Qwen/Qwen3-Next-80B-A3B-Instruct",
+        "--gpu",
+        "h100",
+        "--tensor-parallel-size",
+        "4",
+    ]);
+    assert!(
+        line.contains(&format!("{blocks} KV blocks × {block} tokens per rank, shared with a recurrent state of 3 blocks ({padded} bytes) a request")),
+        "{line}"
+    );
+}
+
+/// The first line `mocker serve` writes about its engine.
+fn serve_start_line(args: &[&str]) -> String {
+    use std::io::BufRead;
+    let mut child = Command::new(BIN)
+        .args(["serve", "--port", "0"])
+        .args(args)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let line = std::io::BufReader::new(stderr)
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| l.contains("KV blocks") || l.starts_with("error"))
+        .expect("a start line");
+    let _ = child.kill();
+    let _ = child.wait();
+    line
+}
+
+/// Keys that contradict what a recurrent model derives are refused by name (exit 2), and
+/// architectures mocker does not know still are.
+#[test]
+fn recurrent_models_refuse_conflicting_keys_and_unknown_layouts_by_name() {
+    let model = ["--model", "Qwen/Qwen3-Next-80B-A3B-Instruct", "--tensor-parallel-size", "4"];
+    let state = r#"{"state_cache": {"bytes_per_request": 1000000}, "num_gpu_blocks": 100, "block_size": 272,
+        "kv_cache_bytes_per_token": 12288}"#;
+    let cases: [(&[&str], &[&str]); 7] = [
+        (&["--engine-args", r#"{"block_size": 64}"#], &["block_size", "272"]),
+        (&["--engine-args", state], &["state_cache", "9879552", "leave state_cache out"]),
+        (
+            &["--disable-hybrid-kv-cache-manager"],
+            &["--disable-hybrid-kv-cache-manager", "hybrid KV cache manager"],
+        ),
+        (&["--engine-args", r#"{"backend": "sglang"}"#], &["backend", "vllm"]),
+        (
+            &["--engine-args", r#"{"enable_prefix_caching": true, "emit_kv_events": true}"#],
+            &["emit_kv_events", "align mode"],
+        ),
+        (&["--engine-args", r#"{"num_gpu_blocks": 3}"#], &["num_gpu_blocks", "3-block recurrent state"]),
+        (&["--engine-args", r#"{"worker_type": "prefill"}"#], &["worker_type", "aggregated"]),
+    ];
+    for (flags, words) in cases {
+        let mut args = vec!["replay"];
+        args.extend_from_slice(&WORKLOAD);
+        args.extend_from_slice(&model);
+        args.extend_from_slice(flags);
+        let out = mocker(&args);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {}", stderr(&out));
+        for w in words {
+            assert!(stderr(&out).contains(w), "{flags:?}: {w:?} not in {}", stderr(&out));
+        }
+    }
+    // Jamba and Falcon-H1 are Mamba hybrids mocker does not lay out: refused by name.
+    let dir = scratch("unknown-hybrid");
+    let mut c = qwen3_next_config();
+    c["architectures"] = serde_json::json!(["JambaForCausalLM"]);
+    std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+    let mut args = vec!["replay"];
+    args.extend_from_slice(&WORKLOAD);
+    args.extend_from_slice(&["--model", dir.to_str().unwrap()]);
+    let out = mocker(&args);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("JambaForCausalLM") && stderr(&out).contains("Qwen3NextForCausalLM"),
+        "{}",
+        stderr(&out)
+    );
+}

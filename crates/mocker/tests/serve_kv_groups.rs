@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::process::Command;
+
 use common::{http, Server};
 
 const GROUPS: &str = r#"{"engine": {"block_size": 16, "enable_prefix_caching": false,
@@ -51,4 +53,49 @@ fn live_groups_show_per_group_usage_while_a_request_runs() {
     assert_eq!(status, 200, "{text}");
     let after = group_gauges(&server.base);
     assert!(after.iter().all(|(_, b)| *b == 0.0), "{after:?} (full held {full})");
+}
+
+/// A sliding-window model serves with the groups and budget offline replay derives for it;
+/// with a KV events endpoint (groups publish none) both size every layer as full attention.
+#[test]
+fn a_sliding_window_model_serves_the_capacity_replay_reports() {
+    let dir = std::env::temp_dir().join(format!("mocker-serve-groups-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = ["--model", "google/gemma-3-27b-it"];
+    let replay = |extra: &[&str], name: &str| -> serde_json::Value {
+        let path = dir.join(format!("{name}.json"));
+        let out = Command::new(env!("CARGO_BIN_EXE_mocker"))
+            .args(["replay", "--input-tokens", "100", "--output-tokens", "4", "--request-count", "2"])
+            .args(model)
+            .args(extra)
+            .args(["--report-json", path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        report["run"]["kv_capacity"].clone()
+    };
+    let engine_line =
+        |server: &Server| server.start_lines.iter().find(|l| l.contains("engine vllm")).unwrap().clone();
+    let groups = replay(&[], "groups");
+    let server = Server::start(&model);
+    let bytes = groups["kv_cache_capacity_bytes"].as_u64().unwrap();
+    assert!(
+        engine_line(&server).contains(&format!("KV cache groups sharing {bytes} bytes per rank")),
+        "{:?}",
+        server.start_lines
+    );
+    drop(server);
+    let uniform = replay(&["--engine-args", r#"{"emit_kv_events": true}"#], "uniform");
+    assert!(uniform.get("kv_cache_groups").is_none(), "{uniform}");
+    let server = Server::start(&[&model[..], &["--kv-events-endpoint", "tcp://127.0.0.1:0"]].concat());
+    let line = engine_line(&server);
+    assert!(line.contains(&format!("{} KV blocks × 16 tokens per rank", uniform["blocks"])), "{line}");
+    assert!(
+        server.start_lines.iter().any(|l| l.contains("cache groups publish no KV events")),
+        "{:?}",
+        server.start_lines
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -13,8 +13,8 @@ pub mod table;
 pub mod workers;
 
 pub use run::{
-    AgenticFacts, KvCapacity, KvGroupsFacts, KvSource, PoolFacts, ProfileFacts, RunDescription, TimingSource,
-    Topology,
+    AgenticFacts, KvCapacity, KvGroupsFacts, KvSource, PoolFacts, ProfileFacts, RunDescription, StateFacts,
+    TimingSource, Topology,
 };
 pub use stats::{DistSummary, ExactDistribution, SketchDistribution};
 pub use summary::{GoodputInputs, GroupPeak, Summary, SummaryInputs};

@@ -99,6 +99,22 @@ pub struct KvCapacity {
     pub source: KvSource,
     /// With KV cache groups: their byte budget and pages, which replace the blocks.
     pub groups: Option<Box<KvGroupsFacts>>,
+    /// With a state cache: what each request's recurrent state takes of the blocks.
+    pub state: Option<Box<StateFacts>>,
+}
+
+/// A recurrent state a request kept in the same blocks as the tokens (`state_cache`, or a
+/// hybrid model's recurrent layers).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateFacts {
+    /// Bytes of one request's state (`state_cache.bytes_per_request`).
+    pub bytes_per_request: u64,
+    /// Blocks one state takes.
+    pub blocks_per_request: usize,
+    /// Bytes a token costs in the attention layers (`kv_cache_bytes_per_token`).
+    pub kv_bytes_per_token: u64,
+    /// The model whose recurrent layers it comes from (`None`: given in the engine args).
+    pub model: Option<String>,
 }
 
 /// KV cache groups sharing a byte budget (`kv_cache_groups`, or a hybrid model's layers).
@@ -135,6 +151,8 @@ pub struct PoolFacts {
 }
 
 /// The workers of a run.
+// One is built a run: boxing a variant to save bytes would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Topology {
     /// Every worker prefills and decodes.
@@ -340,12 +358,28 @@ impl KvCapacity {
                 grouped(self.tokens())
             );
         }
+        let state = match &self.state {
+            Some(st) => format!(
+                ", shared with a recurrent state of {} blocks ({} bytes) a request{} (at most {} requests)",
+                st.blocks_per_request,
+                grouped(st.bytes_per_request),
+                st.model.as_ref().map(|m| format!(" from {m}'s recurrent layers")).unwrap_or_default(),
+                grouped(self.max_requests().unwrap_or(0))
+            ),
+            None => String::new(),
+        };
         format!(
-            "{} blocks × {} tokens = {} tokens ({source})",
+            "{} blocks × {} tokens = {} tokens{state} ({source})",
             grouped(self.blocks as u64),
             self.block_size,
             grouped(self.tokens())
         )
+    }
+
+    /// With a state cache: how many requests the blocks hold at once, each with its state
+    /// and at least one token block.
+    pub fn max_requests(&self) -> Option<u64> {
+        self.state.as_ref().map(|s| self.blocks as u64 / (s.blocks_per_request as u64 + 1))
     }
 
     fn to_json(&self) -> Value {
@@ -362,6 +396,15 @@ impl KvCapacity {
                 .map(|(name, layers, tokens, page, window)| json!({"name": name, "num_layers": layers,
                     "block_size_tokens": tokens, "page_size_bytes": page, "sliding_window": window}))
                 .collect::<Vec<_>>());
+        }
+        if let Some(st) = &self.state {
+            v["state_cache"] = json!({
+                "bytes_per_request": st.bytes_per_request,
+                "blocks_per_request": st.blocks_per_request,
+                "kv_cache_bytes_per_token": st.kv_bytes_per_token,
+                "max_requests": self.max_requests(),
+                "from_model": st.model,
+            });
         }
         let source = match &self.source {
             KvSource::EngineArgs => "engine_args",
@@ -519,6 +562,7 @@ mod tests {
                 block_size: 16,
                 source: KvSource::ProfileMemory { key: "gpu_memory_utilization".into(), fraction: 0.9 },
                 groups: None,
+                state: None,
             },
         }
     }
@@ -550,11 +594,43 @@ mod tests {
     }
 
     #[test]
+    fn a_state_cache_says_what_each_request_takes_of_the_blocks() {
+        let kv = KvCapacity {
+            blocks: 10_609,
+            block_size: 272,
+            source: KvSource::ModelMemory { key: "gpu_memory_utilization".into(), fraction: 0.9 },
+            groups: None,
+            state: Some(Box::new(StateFacts {
+                bytes_per_request: 9_879_552,
+                blocks_per_request: 3,
+                kv_bytes_per_token: 12_288,
+                model: Some("Qwen/Qwen3-Next-80B-A3B-Instruct".into()),
+            })),
+        };
+        assert_eq!(kv.max_requests(), Some(2652));
+        assert_eq!(
+            kv.label(),
+            "10,609 blocks × 272 tokens = 2,885,648 tokens, shared with a recurrent state of 3 blocks \
+             (9,879,552 bytes) a request from Qwen/Qwen3-Next-80B-A3B-Instruct's recurrent layers (at most \
+             2,652 requests) (derived from GPU memory by the model's size, gpu_memory_utilization 0.9)"
+        );
+        let v = kv.to_json();
+        assert_eq!(v["state_cache"]["blocks_per_request"], 3);
+        assert_eq!(v["state_cache"]["max_requests"], 2652);
+        assert_eq!(v["state_cache"]["from_model"], "Qwen/Qwen3-Next-80B-A3B-Instruct");
+    }
+
+    #[test]
     fn disaggregated_pools_are_named_and_differing_timing_split() {
         let mut decode = profiled(3);
         decode.timing = TimingSource::Polynomial;
-        decode.kv_capacity =
-            KvCapacity { blocks: 1000, block_size: 64, source: KvSource::EngineArgs, groups: None };
+        decode.kv_capacity = KvCapacity {
+            blocks: 1000,
+            block_size: 64,
+            source: KvSource::EngineArgs,
+            groups: None,
+            state: None,
+        };
         let run = RunDescription {
             mode: "offline".into(),
             backend: "vllm".into(),

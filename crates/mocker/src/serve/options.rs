@@ -177,9 +177,19 @@ impl ServeArgs {
     }
 
     fn launch_config(&self, flag: &str, engine_args: Option<&str>) -> Result<LaunchConfig, UsageError> {
+        // A server publishing KV events turns the engine's emission on (ServerOptions): say so
+        // before a model lays out its cache, which must then be one that emits them (the
+        // reference's cache groups and align-mode state caches do not). engine-args
+        // `emit_kv_events: false` keeps them off, as kv_event_keys reads it.
+        let events_off = crate::engine_args::given_engine_key(engine_args, "emit_kv_events")?
+            == Some(serde_json::Value::Bool(false));
+        let publishes = !events_off && self.kv_events_endpoint.is_some();
         // The engine flags act as their engine-args keys: laid on before the timing source
         // is read, so a profile or a model sizes the cache with them.
         let mut launch = crate::engine_args::launch_config_with(flag, engine_args, &self.engine, |launch| {
+            if publishes || (!events_off && launch.dynamo.zmq_kv_events_port.is_some()) {
+                launch.engine.emit_kv_events = true;
+            }
             let engine = &mut launch.engine;
             if let Some(v) = self.block_size {
                 engine.block_size = v;
@@ -201,11 +211,14 @@ impl ServeArgs {
             if let Some(v) = self.speedup_ratio {
                 engine.speedup_ratio = v;
             }
+            // Given, as the key would be: a model's cache layout must not overrule it.
             if self.enable_prefix_caching {
                 engine.enable_prefix_caching = true;
+                launch.given_keys.enable_prefix_caching = true;
             }
             if self.no_enable_prefix_caching {
                 engine.enable_prefix_caching = false;
+                launch.given_keys.enable_prefix_caching = true;
             }
             if let Some(v) = self.max_model_len {
                 engine.max_model_len = Some(v);
@@ -317,6 +330,25 @@ impl ServeArgs {
         // server, as the reference's disaggregation modes: every request must then carry
         // the matching kv_transfer_params.
         let wt = launch.engine.worker_type;
+        // The reference's state cache runs on aggregated workers only (it refuses P/D worker
+        // types): a handoff would move the token blocks and not the recurrent state.
+        if launch.engine.state_cache.is_some() {
+            let flag = match (&self.kv_transfer_config, self.prefill_workers) {
+                (Some(_), _) => Some("--kv-transfer-config"),
+                (None, Some(_)) => Some("--prefill-workers"),
+                _ => None,
+            };
+            if let Some(flag) = flag {
+                let whose = match &launch.hardware.model {
+                    Some(m) => format!("{m}'s recurrent layers keep a state_cache"),
+                    None => "engine-args state_cache".to_string(),
+                };
+                return Err(UsageError(format!(
+                    "{flag}: {whose}, which is simulated on aggregated workers only (the reference's rule: a \
+                     handoff would move the tokens' KV and not the state)"
+                )));
+            }
+        }
         let implied = match wt {
             WorkerType::Aggregated => None,
             WorkerType::Prefill => Some(KvRole::Producer),

@@ -73,6 +73,14 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, UsageError> {
                     Some(bytes) => format!("KV cache groups sharing {bytes} bytes per rank"),
                     None => format!("{} KV blocks × {} tokens per rank", e.num_gpu_blocks, e.block_size),
                 };
+                // A state cache takes its blocks from the same pool: say how many a request.
+                let kv = match e.state_cache.zip(e.state_blocks()) {
+                    Some((s, blocks)) => format!(
+                        "{kv}, shared with a recurrent state of {blocks} blocks ({} bytes) a request",
+                        s.bytes_per_request
+                    ),
+                    None => kv,
+                };
                 eprintln!(
                     "mocker: {}engine {}, {kv}, context {} tokens; chat outputs without max_tokens: {}",
                     if mixed { format!("worker {i}: ") } else { String::new() },

@@ -33,6 +33,8 @@ pub struct Server {
     pub base: String,
     /// Lines the server printed to stderr after its address.
     pub stderr: mpsc::Receiver<String>,
+    /// Lines it printed before its address (what the engine is).
+    pub start_lines: Vec<String>,
 }
 
 impl Server {
@@ -72,13 +74,15 @@ impl Server {
                 let _ = tx.send(line);
             }
         });
+        let mut start_lines = Vec::new();
         let base = loop {
             let line = rx.recv_timeout(Duration::from_secs(30)).expect("server announces its address");
             if let Some(url) = line.split("serving model on ").nth(1) {
                 break url.trim().to_string();
             }
+            start_lines.push(line);
         };
-        Self { child, base, stderr: rx }
+        Self { child, base, stderr: rx, start_lines }
     }
 
     pub fn pid(&self) -> u32 {
