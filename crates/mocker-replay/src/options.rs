@@ -470,6 +470,17 @@ impl ReplayOptions {
                 }
                 return Err(invalid("router", msg));
             }
+            // Nor does a state cache's align mode (the reference's engine error, up front).
+            if let Some(p) = self.cluster.pools().find(|p| p.launch.engine.prefix_match_unit.is_some()) {
+                let mut msg = "prefix_match_unit does not yet support KV event export, which the KV \
+                               router reads; use the round-robin router"
+                    .to_string();
+                if let Some(model) = &p.launch.hardware.model {
+                    // Align mode came from asking for prefix caching on a recurrent model.
+                    msg += &format!(", or leave prefix caching off for {model}");
+                }
+                return Err(invalid("router", msg));
+            }
         }
         Ok(())
     }

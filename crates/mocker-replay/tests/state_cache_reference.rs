@@ -16,7 +16,8 @@ use mocker_core::config::{LaunchConfig, TimingModelConfig};
 use mocker_core::{Engine, EngineOptions, Request};
 use mocker_replay::trace::load::parse_trace;
 use mocker_replay::{
-    run_synthetic, Cluster, Load, ReplayOptions, SyntheticWorkload, TraceFormat, TraceWorkload, Workload,
+    run_synthetic, Cluster, Load, ReplayOptions, RouterMode, SyntheticWorkload, TraceFormat, TraceWorkload,
+    Workload,
 };
 use serde_json::{json, Value};
 
@@ -370,4 +371,29 @@ fn extra_cases() {
             if failures.is_empty() { "match".to_string() } else { failures.join("; ") }
         );
     }
+}
+
+/// The reference's engine fails a KV-router run in align mode ("engine error:
+/// prefix_match_unit does not yet support KV event export", tried with 1.6.1); mocker
+/// refuses it up front with the same words, and round robin runs.
+#[test]
+fn align_mode_behind_the_kv_router_is_refused_as_the_reference_fails_it() {
+    let engine = json!({"block_size": 16, "num_gpu_blocks": 2000, "kv_cache_bytes_per_token": 1024,
+        "state_cache": {"bytes_per_request": 65536}, "prefix_match_unit": 16, "enable_prefix_caching": true});
+    let options = |router| ReplayOptions {
+        cluster: Cluster::aggregated(launch(&engine, 1).expect("a valid launch"), 2),
+        workload: SyntheticWorkload {
+            input_tokens: 512,
+            output_tokens: 8,
+            request_count: 4,
+            ..Default::default()
+        }
+        .into(),
+        router,
+        ..Default::default()
+    };
+    let err = run_synthetic(&options(RouterMode::Kv)).expect_err("refused").to_string();
+    assert!(err.contains("prefix_match_unit does not yet support KV event export"), "{err}");
+    let ok = run_synthetic(&options(RouterMode::RoundRobin)).expect("round robin runs");
+    assert_eq!(ok.summary.completed_requests, 4);
 }
