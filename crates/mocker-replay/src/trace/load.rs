@@ -1,6 +1,7 @@
 //! Reading a trace, from a file or text: row by row, each handed to its format's reader
 //! (a Weka corpus is handed over whole). Above the formats, since it picks one.
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 
 use serde_json::{Map, Value};
@@ -38,15 +39,12 @@ pub fn load_trace_with(
     if !(meta.is_file() || is_fifo(&meta)) {
         return Err(fail(0, "trace", "not a regular file (or a pipe); give a trace file".into()));
     }
-    let bytes = std::fs::read(path).map_err(|e| fail(0, "trace", format!("cannot read: {e}")))?;
-    let text = String::from_utf8(bytes).map_err(|e| {
-        let bytes = e.as_bytes();
-        let at = e.utf8_error().valid_up_to();
-        let line_start = bytes[..at].iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-        let line = bytes[..at].iter().filter(|&&b| b == b'\n').count() + 1;
-        fail(line, "row", format!("invalid UTF-8 at byte {} of the line", at - line_start + 1))
-    })?;
-    let mut trace = parse_trace_with(&text, format, block_size, basis).map_err(|mut e| {
+    // Read a line at a time: the file's text is never held whole (a million-row trace is
+    // hundreds of MB of JSON, more than the rows parsed from it).
+    let file = std::fs::File::open(path).map_err(|e| fail(0, "trace", format!("cannot read: {e}")))?;
+    let mut lines =
+        Lines::Reader { reader: BufReader::with_capacity(1 << 16, file), buf: Vec::new(), line: 0 };
+    let mut trace = parse_lines(&mut lines, format, block_size).map_err(|mut e| {
         e.path = path.to_path_buf();
         e
     })?;
@@ -77,7 +75,7 @@ pub fn parse_trace_with(
     block_size: Option<usize>,
     basis: NestedTimestampBasis,
 ) -> Result<Trace, TraceError> {
-    let mut p = Parser::new(format, block_size);
+    let p = Parser::new(format, block_size);
     if !(1..=MAX_TRACE_BLOCK_SIZE).contains(&p.block_size) {
         let msg = format!("must be in 1..={MAX_TRACE_BLOCK_SIZE} (got {})", p.block_size);
         return Err(p.err(0, "trace_block_size", msg));
@@ -85,27 +83,90 @@ pub fn parse_trace_with(
     if format == TraceFormat::Weka {
         return crate::trace::weka::parse_weka_text(text, block_size, basis);
     }
+    parse_lines(&mut Lines::<std::io::Empty>::Text(text.lines().enumerate()), format, block_size)
+}
+
+/// A trace's lines, numbered from 1: from text in memory, or read from a file as they
+/// are needed.
+enum Lines<'a, R> {
+    Text(std::iter::Enumerate<std::str::Lines<'a>>),
+    Reader { reader: R, buf: Vec<u8>, line: usize },
+}
+
+impl<R: BufRead> Lines<'_, R> {
+    /// The next line and its number (line endings as [`str::lines`] drops them), or
+    /// `None` at the end.
+    fn next_line(&mut self) -> Option<Result<(usize, &str), TraceError>> {
+        match self {
+            Lines::Text(lines) => lines.next().map(|(i, l)| Ok((i + 1, l))),
+            Lines::Reader { reader, buf, line } => {
+                buf.clear();
+                *line += 1;
+                let fail = |message: String| TraceError {
+                    path: Default::default(),
+                    line: *line,
+                    field: "row".into(),
+                    message,
+                };
+                match reader.read_until(b'\n', buf) {
+                    Ok(0) => return None,
+                    Ok(_) => {}
+                    Err(e) => {
+                        return Some(Err(TraceError {
+                            line: 0,
+                            field: "trace".into(),
+                            ..fail(format!("cannot read: {e}"))
+                        }))
+                    }
+                }
+                if buf.last() == Some(&b'\n') {
+                    buf.pop();
+                    if buf.last() == Some(&b'\r') {
+                        buf.pop();
+                    }
+                }
+                Some(match std::str::from_utf8(buf) {
+                    Ok(text) => Ok((*line, text)),
+                    Err(e) => Err(fail(format!("invalid UTF-8 at byte {} of the line", e.valid_up_to() + 1))),
+                })
+            }
+        }
+    }
+}
+
+/// Parses the rows of every format but Weka, a line at a time.
+fn parse_lines<R: BufRead>(
+    lines: &mut Lines<'_, R>,
+    format: TraceFormat,
+    block_size: Option<usize>,
+) -> Result<Trace, TraceError> {
+    let mut p = Parser::new(format, block_size);
+    if !(1..=MAX_TRACE_BLOCK_SIZE).contains(&p.block_size) {
+        let msg = format!("must be in 1..={MAX_TRACE_BLOCK_SIZE} (got {})", p.block_size);
+        return Err(p.err(0, "trace_block_size", msg));
+    }
     let mut first = true;
     let plain = matches!(format, TraceFormat::Mooncake | TraceFormat::MooncakeDelta);
-    for (i, line) in text.lines().enumerate() {
+    while let Some(next) = lines.next_line() {
+        let (n, line) = next?;
         if line.trim().is_empty() {
             continue;
         }
         if line.len() >= crate::trace::scan::SCAN_MIN_LINE {
-            p.check_entries(i + 1, line)?;
+            p.check_entries(n, line)?;
         }
         if plain {
             if let Ok(row) = serde_json::from_str::<PlainRow>(line) {
-                if p.plain_row(i + 1, row)? {
+                if p.plain_row(n, row)? {
                     continue;
                 }
             }
         }
-        let row = p.object(i + 1, line)?;
+        let row = p.object(n, line)?;
         let header = std::mem::take(&mut first)
             && format == TraceFormat::AgenticMooncake
             && row.contains_key("schema");
-        let read = if header { p.header(i + 1, &row) } else { p.row(i + 1, &row) };
+        let read = if header { p.header(n, &row) } else { p.row(n, &row) };
         // A field the row lacks may be there under a misspelt key: say so.
         read.map_err(|mut e| {
             if let Some(note) = p.keys.note(e.line, &e.field) {

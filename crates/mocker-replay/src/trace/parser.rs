@@ -19,8 +19,8 @@ pub(crate) fn time_in_range(x: f64, max: f64) -> bool {
     x.is_finite() && (0.0..=max).contains(&x)
 }
 
-/// Raw hash ids below this map to dense ids through a vector (at most 4 MiB): a fixed
-/// bound, so a raw id always takes the same path.
+/// Raw hash ids below this map to dense ids through a vector (4 MiB) from the start; the
+/// vector's range then grows while the ids stay dense (see [`Parser::dense_id`]).
 pub(crate) const DIRECT_IDS: u64 = 1 << 20;
 
 /// Where an agentic request sits: its session and turn.
@@ -43,11 +43,14 @@ pub(crate) struct Parser {
     pub(crate) explicit_block_size: bool,
     /// A v2 header was read: rows use the v2 schema.
     pub(crate) v2: bool,
-    /// Dense ids of raw ids below [`DIRECT_IDS`], by raw id (`u32::MAX`: none yet).
+    /// Dense ids of raw ids below `direct_bound`, by raw id (`u32::MAX`: none yet).
     /// Mooncake traces number their blocks from 0, so a vector indexed by raw id replaces
     /// a hash map that, grown to a hundred thousand entries, cost a few ms of probes and
-    /// page faults in every load.
+    /// page faults in every load, and at ten million entries 200 MB (the vector: 40 MB).
     direct_ids: Vec<u32>,
+    /// The vector's range beyond [`DIRECT_IDS`] (0: not widened), doubled while ids stay
+    /// dense.
+    direct_bound: u64,
     /// Dense ids of larger raw ids.
     ids: FxHashMap<u64, u32>,
     pub(crate) sessions: Vec<TraceSession>,
@@ -120,7 +123,10 @@ impl Parser {
 
     /// The dense id of a trace's raw hash id.
     pub(crate) fn dense_id(&mut self, raw: u64) -> u32 {
-        if raw < DIRECT_IDS {
+        if raw >= self.direct_bound() {
+            self.widen_direct(raw);
+        }
+        if raw < self.direct_bound() {
             let i = raw as usize;
             if i >= self.direct_ids.len() {
                 self.direct_ids.resize(i + 1, u32::MAX);
@@ -138,6 +144,35 @@ impl Parser {
                 d
             }
         }
+    }
+
+    /// The vector's range (a parser made by `Default` starts at [`DIRECT_IDS`] too).
+    #[inline]
+    fn direct_bound(&self) -> u64 {
+        self.direct_bound.max(DIRECT_IDS)
+    }
+
+    /// Widens the vector's range to cover `raw` if it then holds at most two slots per id
+    /// handed out (so it never costs more than the map would), moving the map's entries
+    /// it now covers into it: a raw id is always found where it was put.
+    fn widen_direct(&mut self, raw: u64) {
+        let Some(bound) = raw.checked_add(1).and_then(u64::checked_next_power_of_two) else { return };
+        if bound > 2 * (u64::from(self.next_dense) + 1) {
+            return;
+        }
+        self.direct_bound = bound;
+        let direct = &mut self.direct_ids;
+        self.ids.retain(|&r, &mut d| {
+            if r >= bound {
+                return true;
+            }
+            let i = r as usize;
+            if i >= direct.len() {
+                direct.resize(i + 1, u32::MAX);
+            }
+            direct[i] = d;
+            false
+        });
     }
 
     /// A dense id no raw hash id maps to (a block private to one session).
@@ -357,5 +392,35 @@ impl Parser {
         });
         self.history.push(0);
         self.sessions.len() - 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Raw ids first seen while sparse go to the map; once the ids are dense enough the
+    /// vector's range grows over them and each raw id keeps the dense id it was given.
+    #[test]
+    fn widening_the_direct_range_keeps_every_raw_ids_dense_id() {
+        let mut p = Parser::new(TraceFormat::Mooncake, None);
+        let late = [DIRECT_IDS + 5, 3 * DIRECT_IDS, u64::MAX - 1];
+        let first: Vec<u32> = late.iter().map(|&r| p.dense_id(r)).collect();
+        assert_eq!(first, vec![0, 1, 2]);
+        assert_eq!(p.direct_bound(), DIRECT_IDS, "three ids do not make a dense range");
+        let dense: Vec<u32> = (0..4 * DIRECT_IDS).map(|r| p.dense_id(r)).collect();
+        assert!(p.direct_bound() >= 4 * DIRECT_IDS, "sequential ids widen the range");
+        assert_eq!(p.ids.len(), 1, "only the sparse id stays in the map");
+        // Every id, either side of the widening, still has the id it was first given.
+        assert_eq!(late.iter().map(|&r| p.dense_id(r)).collect::<Vec<_>>(), first);
+        let again: Vec<u32> = (0..4 * DIRECT_IDS).map(|r| p.dense_id(r)).collect();
+        assert_eq!(again, dense);
+        let mut sorted = dense.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), dense.len(), "injective");
+        // The two late ids inside the swept range kept theirs (from the map, then the vector).
+        assert_eq!(dense[(DIRECT_IDS + 5) as usize], first[0]);
+        assert_eq!(dense[(3 * DIRECT_IDS) as usize], first[1]);
     }
 }
