@@ -672,34 +672,12 @@ impl BlockPool {
         let id = if self.leaf_head != NIL { self.leaf_head } else { self.lru_head };
         debug_assert!(id != NIL, "eviction with an empty LRU");
         self.lru_unlink(id);
-        let node = self.lineage[id as usize];
-        if node.first_child == NIL {
+        if self.lineage[id as usize].first_child == NIL {
             self.leaf_unlink(id);
-        } else {
-            let mut c = node.first_child;
-            while c != NIL {
-                let child = &mut self.lineage[c as usize];
-                let next = child.next_sibling;
-                (child.parent, child.prev_sibling, child.next_sibling) = (NIL, NIL, NIL);
-                c = next;
-            }
         }
-        let p = node.parent;
-        if p != NIL {
-            if node.prev_sibling == NIL {
-                self.lineage[p as usize].first_child = node.next_sibling;
-            } else {
-                self.lineage[node.prev_sibling as usize].next_sibling = node.next_sibling;
-            }
-            if node.next_sibling != NIL {
-                self.lineage[node.next_sibling as usize].prev_sibling = node.prev_sibling;
-            }
-            // A parent whose last cached child went becomes a leaf if nobody references it.
-            if self.lineage[p as usize].first_child == NIL && self.blocks[p as usize].refcount == 0 {
-                self.leaf_push_tail(p);
-            }
-        }
-        self.lineage[id as usize] = Lineage::NONE;
+        // Orphans its children; a parent whose last cached child went becomes a leaf if
+        // nobody references it.
+        self.cut_lineage(id);
         self.forget(id, evicted);
         id
     }
