@@ -11,7 +11,7 @@ policies run in the loop and telemetry is sampled as in the reference. The inter
 """
 
 import os
-from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Union, overload
+from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Union, overload
 
 try:
     import pandas
@@ -182,13 +182,13 @@ def run_mocker_trace_replay(
     capture_per_request: bool = False,
     capture_planner_details: bool = True,
     scaling_policy: Optional[Any] = None,
-    agentic_lanes: None = None,
-    execution_model: None = None,
-    weka_nested_timestamp_basis: Optional[Literal["auto"]] = None,
-    capture_telemetry: Literal[False] = False,
+    agentic_lanes: Optional[int] = None,
+    execution_model: Optional[str] = None,
+    weka_nested_timestamp_basis: Optional[Literal["auto", "absolute", "relative"]] = None,
+    capture_telemetry: bool = False,
     telemetry_sample_interval_ms: float = 1_000.0,
-    telemetry_callback: None = None,
-    telemetry_jsonl_path: None = None,
+    telemetry_callback: Optional[Callable[[Dict[str, Any]], Any]] = None,
+    telemetry_jsonl_path: Optional[_Path] = None,
     kv_event_lag_ms: Optional[float] = None,
 ) -> Union[ReplayResult, Dict[str, Any]]:
     """Replay one trace file (``mocker replay TRACE``) and return the report.
@@ -206,12 +206,17 @@ def run_mocker_trace_replay(
     ``kv_event_lag_ms`` delays the KV router's view of stored and removed blocks
     (``--kv-event-lag-ms``; kv_router only), ``scaling_policy`` (an object with
     ``initial_tick_ms()`` and ``on_tick(snapshot)``) scales the pools on simulated-time ticks.
+    ``capture_telemetry`` keeps samples on ``.telemetry``, ``telemetry_callback`` is given
+    each sample, ``telemetry_jsonl_path`` writes them (``--telemetry-jsonl``), every
+    ``telemetry_sample_interval_ms`` of simulated time (another interval without a sink is
+    refused). Agentic and Weka traces: ``agentic_lanes`` (``--agentic-lanes``: plays run N at
+    a time), ``execution_model`` (``--execution-model``: the target model every source model
+    is projected onto; required for agentic traces), ``weka_nested_timestamp_basis``
+    (``--weka-nested-timestamp-basis``).
 
-    Refused by name (``ValueError``) unless left at their defaults:
-    ``capture_telemetry``, ``telemetry_sample_interval_ms``, ``telemetry_callback``,
-    ``telemetry_jsonl_path``, ``ais_perf_config``, ``model_name``, ``trace_shared_prefix_ratio``,
-    ``trace_num_prefix_groups``, ``agentic_lanes``, ``execution_model`` and
-    ``weka_nested_timestamp_basis`` (``"auto"`` is accepted). Exactly one trace file.
+    Refused by name (``ValueError``) unless left at their defaults: ``ais_perf_config``,
+    ``model_name``, ``trace_shared_prefix_ratio`` and ``trace_num_prefix_groups``. Exactly
+    one trace file.
     """
     ...
 
@@ -264,10 +269,10 @@ def run_mocker_synthetic_trace_replay(
     capture_per_request: bool = False,
     capture_planner_details: bool = True,
     scaling_policy: Optional[Any] = None,
-    capture_telemetry: Literal[False] = False,
+    capture_telemetry: bool = False,
     telemetry_sample_interval_ms: float = 1_000.0,
-    telemetry_callback: None = None,
-    telemetry_jsonl_path: None = None,
+    telemetry_callback: Optional[Callable[[Dict[str, Any]], Any]] = None,
+    telemetry_jsonl_path: Optional[_Path] = None,
     kv_event_lag_ms: Optional[float] = None,
 ) -> Union[ReplayResult, Dict[str, Any]]:
     """Replay a synthetic workload (``mocker replay --input-tokens ...``) and return the report.
