@@ -379,8 +379,12 @@ impl Sim {
         sc.stepped.push(FpmEntry::default());
         let record_events = self.router_of(p).is_some_and(|r| r.wants_kv_events());
         // The launch built this pool's first workers, so it builds this one.
-        let worker = build_worker(self.template, &launch, role, record_events, id, 0)
+        let mut worker = build_worker(self.template, &launch, role, record_events, id, 0)
             .expect("a launch that built the pool builds more of it");
+        if let Some(tier) = &self.shared_g3 {
+            let index = tier.lock().expect("G3 tier lock").add_worker();
+            worker.engine.share_g3(tier.clone(), index);
+        }
         self.workers.push(worker);
         if p == 0 {
             self.entry_members.push(w);
