@@ -212,6 +212,14 @@ impl Engine {
         }
     }
 
+    /// The last pass completes (the shell reached its end): runs what waits for that, the
+    /// host/G3 boundary of an engine sharing a G3 tier. Stepping does it too if not done.
+    pub fn complete_pass(&mut self) {
+        if let Core::Vllm(s) = &mut self.core {
+            s.complete_pass();
+        }
+    }
+
     /// Lets host and G3 transfers still in flight finish, at the end of a run (vLLM with
     /// `native_host_offload`); returns whether any was. The engine must not step after.
     pub fn settle_transfers(&mut self) -> bool {

@@ -725,6 +725,8 @@ impl Sim {
                     continue;
                 }
                 self.workers[w].busy = false;
+                // A shared G3 tier sees the pass's boundary now, in time order.
+                self.workers[w].engine.complete_pass();
                 self.deliver(w, now);
                 self.mark_dirty(w);
                 if self.dp > 1 {

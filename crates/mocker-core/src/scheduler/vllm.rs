@@ -464,6 +464,9 @@ impl VllmScheduler {
         if let Some(o) = self.offload.as_mut() {
             o.clear_retry();
         }
+        if self.offload.is_some() {
+            self.offload_complete_pass(&mut pass);
+        }
         while let Some(t) = self.offload.as_ref().and_then(|o| o.next_deadline()) {
             // Each tick takes up every event due by `t`, so the deadlines move on.
             let t = t.max(self.last_end_ns);
@@ -473,6 +476,16 @@ impl VllmScheduler {
         }
         self.pass = pass;
         any
+    }
+
+    /// The last pass completes (its end time has come): runs its host/G3 boundary if it
+    /// waited for this (a G3 tier shared by several engines); otherwise nothing to do.
+    pub fn complete_pass(&mut self) {
+        if self.offload.as_ref().is_some_and(|o| o.pending_boundary.is_some()) {
+            let mut pass = std::mem::take(&mut self.pass);
+            self.offload_complete_pass(&mut pass);
+            self.pass = pass;
+        }
     }
 
     /// The G3 tier (`g3_offload`), if configured: its counters are the report's.
@@ -660,6 +673,10 @@ impl VllmScheduler {
         self.state_begin_step();
         let defer_prefill = self.defers_prefill();
         let mut b = Budget { tokens: self.max_num_batched_tokens, defer_prefill, ..Default::default() };
+        if self.offload.is_some() {
+            // A boundary still waiting (the shell did not complete the pass) comes first.
+            self.offload_complete_pass(&mut pass);
+        }
         let g3_epoch = self.offload.as_ref().and_then(|o| o.g3_epoch());
         if self.offload.is_some() {
             self.offload_tick(now_ns, &mut pass);
@@ -694,7 +711,12 @@ impl VllmScheduler {
         } else {
             self.emit(&mut pass);
         }
-        if self.offload.is_some() {
+        if self.offload.as_ref().is_some_and(|o| o.defers_boundaries() && pass.end_ns > now_ns) {
+            self.offload.as_mut().expect("offload configured").pending_boundary = Some(pass.end_ns);
+            let progressed = b.scheduled_tokens > 0 || !pass.outputs.is_empty();
+            let off = self.offload.as_mut().expect("offload configured");
+            off.end_pass(now_ns, pass.end_ns, g3_epoch, progressed);
+        } else if self.offload.is_some() {
             self.offload_boundary(pass.end_ns, &mut pass);
             let progressed = b.scheduled_tokens > 0 || !pass.outputs.is_empty();
             let off = self.offload.as_mut().expect("offload configured");

@@ -90,6 +90,12 @@ pub(super) struct Offload {
     /// With G3: the pass that just ran took no time but changed G3 or load state, so the
     /// engine steps again at this same instant (the reference's same-timestamp retry).
     retry_at: Option<u64>,
+    /// With a G3 tier shared by several engines: the end of the pass in flight, whose
+    /// boundary (completions, then its stores) waits until the pass completes. The shared
+    /// tier must see each engine's operations in time order, and the others step before
+    /// this pass ends.
+    pub(super) pending_boundary: Option<u64>,
+    defers_boundaries: bool,
 }
 
 impl Offload {
@@ -129,7 +135,14 @@ impl Offload {
             g3,
             load_epoch: 0,
             retry_at: None,
+            pending_boundary: None,
+            defers_boundaries: false,
         }
+    }
+
+    /// Whether a pass's boundary waits for the pass to complete (see `pending_boundary`).
+    pub(super) fn defers_boundaries(&self) -> bool {
+        self.defers_boundaries
     }
 
     /// Replaces this engine's G3 tier with `tier`, shared by a deployment, as its worker
@@ -137,6 +150,7 @@ impl Offload {
     pub(super) fn share_g3(&mut self, tier: SharedG3, worker: usize) {
         debug_assert!(self.g3.is_some(), "the engine has a G3 tier to share");
         self.g3 = Some(G3Link::new(tier, worker));
+        self.defers_boundaries = true;
     }
 
     /// Forgets a same-instant retry (the run is over).
@@ -178,7 +192,7 @@ impl Offload {
     /// The next transfer completion, for waking an idle engine.
     pub(super) fn next_deadline(&self) -> Option<u64> {
         let g3 = self.g3.as_ref().and_then(G3Link::next_deadline_ns);
-        [self.tier.next_deadline(), g3, self.retry_at].into_iter().flatten().min()
+        [self.tier.next_deadline(), g3, self.retry_at, self.pending_boundary].into_iter().flatten().min()
     }
 
     /// When the pass starting at `now` may compute.
@@ -560,6 +574,13 @@ impl VllmScheduler {
             }
         }
         self.off().done = done;
+    }
+
+    /// Runs the boundary of the pass that ended, if it waited (see `pending_boundary`).
+    pub(super) fn offload_complete_pass(&mut self, pass: &mut Pass) {
+        if let Some(end) = self.offload.as_mut().and_then(|o| o.pending_boundary.take()) {
+            self.offload_boundary(end, pass);
+        }
     }
 
     /// The pass boundary at `end`: due completions, then the prepared stores start.
