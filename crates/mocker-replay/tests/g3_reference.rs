@@ -1,0 +1,373 @@
+//! `g3_offload` against the reference (ai-dynamo-runtime 1.6.1): the E cases of
+//! `tests/fixtures/hybrid_reference.json` (written by `scripts/probe_hybrid_reference.py`,
+//! see docs/hybrid-kv.md §3) replayed through mocker's replay API give the reference's
+//! headline figures and its `g3_offload` report to 1e-9, and the G3 refusal cases are
+//! refused with the substance of the reference's message (the ones it accepts run as its
+//! 2-request replay did).
+//!
+//! The "deep" Mooncake workload is the probe's `mooncake_rows()` for its `gen`, stored in
+//! `tests/data/hybrid_deep.jsonl`; "sessions" is the reference's synthetic generator;
+//! the E13 cases carry their rows in the fixture.
+
+use std::sync::Arc;
+
+use mocker_core::config::LaunchConfig;
+use mocker_replay::trace::load::parse_trace;
+use mocker_replay::{
+    run_synthetic, Cluster, Load, ReplayOptions, SyntheticWorkload, TraceFormat, TraceWorkload, Workload,
+};
+use serde_json::{json, Value};
+
+const FIXTURE: &str = include_str!("../../../tests/fixtures/hybrid_reference.json");
+const DEEP: &str = include_str!("data/hybrid_deep.jsonl");
+/// The probe's `gen` of the deep workload the rows above were generated from.
+const DEEP_GEN: &str = r#"{"seed": 5, "sessions": 60, "rate_per_s": 4.0, "groups": 16, "group_blocks": 24,
+    "turns": 1, "first_new": [2, 6], "next_new": [0, 0], "out_range": [8, 32], "delay_ms": 0.0}"#;
+
+fn cases() -> Vec<Value> {
+    let doc: Value = serde_json::from_str(FIXTURE).expect("fixture parses");
+    doc["cases"].as_array().expect("cases").clone()
+}
+
+fn launch(engine: &Value, dp_size: u64) -> Result<LaunchConfig, String> {
+    LaunchConfig::from_value(json!({"engine": engine, "dp_size": dp_size})).map_err(|e| e.to_string())
+}
+
+/// `kv_cache_bytes_per_token` without a host tier does nothing in the reference, and mocker
+/// refuses a key that does nothing, so it is left out there (E0).
+fn mocker_engine(engine: &Value) -> Value {
+    let mut e = engine.clone();
+    let m = e.as_object_mut().expect("engine object");
+    if !m.contains_key("native_host_offload") {
+        m.remove("kv_cache_bytes_per_token");
+    }
+    e
+}
+
+fn trace(rows: &str, block: Option<usize>) -> Workload {
+    let trace = parse_trace(rows, TraceFormat::Mooncake, block).expect("trace parses");
+    Workload::Trace(TraceWorkload { trace: Arc::new(trace), concurrency: None, repeat: 1, lanes: None })
+}
+
+fn workload(w: &Value) -> Workload {
+    let block = w["trace_block_size"].as_u64().map(|b| b as usize);
+    match w["kind"].as_str() {
+        Some("synthetic") => {
+            let n = |k: &str| w[k].as_u64().map(|x| x as usize);
+            SyntheticWorkload {
+                input_tokens: n("input_tokens").unwrap(),
+                output_tokens: n("output_tokens").unwrap(),
+                request_count: n("request_count").unwrap(),
+                load: Load::RequestRate(w["request_rate"].as_f64().unwrap()),
+                arrival_seed: w["arrival_seed"].as_u64().unwrap_or(42),
+                turns_per_session: n("turns_per_session").unwrap_or(1),
+                shared_prefix_ratio: w["shared_prefix_ratio"].as_f64().unwrap_or(0.0),
+                num_prefix_groups: n("num_prefix_groups").unwrap_or(0),
+                inter_turn_delay_ms: w["inter_turn_delay_ms"].as_f64().unwrap_or(0.0),
+                ..Default::default()
+            }
+            .into()
+        }
+        Some("mooncake") => {
+            let gen: Value = serde_json::from_str(DEEP_GEN).unwrap();
+            assert_eq!(w["gen"], gen, "only the deep workload's rows are stored");
+            trace(DEEP, block)
+        }
+        Some("rows") => {
+            let rows: String = w["rows"].as_array().unwrap().iter().map(|r| format!("{r}\n")).collect();
+            trace(&rows, block)
+        }
+        other => panic!("workload kind {other:?} is not replayed here"),
+    }
+}
+
+/// Figures that cannot meet 1e-9, and why. A G3 read of 24 blocks at 10 GB/s takes
+/// 0.0393216 ms, 39_321.6 ns: the reference's clock (f64 ms) starts the request's host
+/// load at that fraction of a nanosecond, mocker's (u64 ns) at the nearest nanosecond, so
+/// each such restore's TTFT (and e2e) is 0.4 ns longer. Relative to a 10 ms TTFT (E13) or
+/// a 48 ms mean (E9/E10, 44 restores) that exceeds 1e-9; every other figure of these cases,
+/// their G3 reports included, is checked to 1e-9. These are held to half a nanosecond.
+const SUB_NANOSECOND: &[(&str, &str)] = &[
+    ("E9_g3_2workers_shared_deep", "mean_ttft_ms"),
+    ("E10_g3_2workers_local_deep", "mean_ttft_ms"),
+    ("E13_restore_g3_lat0.0_bw10.0", "mean_ttft_ms"),
+    ("E13_restore_g3_lat0.0_bw10.0", "p99_ttft_ms"),
+    ("E13_restore_g3_lat0.0_bw10.0", "mean_e2e_latency_ms"),
+    ("E13_restore_g3_lat0.1_bw10.0", "mean_ttft_ms"),
+    ("E13_restore_g3_lat0.1_bw10.0", "p99_ttft_ms"),
+    ("E13_restore_g3_lat0.1_bw10.0", "mean_e2e_latency_ms"),
+    ("E13_restore_g3_lat5.0_bw10.0", "mean_ttft_ms"),
+    ("E13_restore_g3_lat5.0_bw10.0", "p99_ttft_ms"),
+    ("E13_restore_g3_lat5.0_bw10.0", "mean_e2e_latency_ms"),
+];
+
+fn close(case: &str, key: &str, got: f64, want: f64) -> Option<String> {
+    let ok = if SUB_NANOSECOND.contains(&(case, key)) {
+        (got - want).abs() <= 0.5e-6
+    } else {
+        (got - want).abs() <= 1e-9 * want.abs().max(1e-9)
+    };
+    (!ok).then(|| format!("{case} {key}: mocker {got}, reference {want}"))
+}
+
+fn options(name: &str, case: &Value) -> ReplayOptions {
+    let replay = &case["replay"];
+    let workers = replay["num_workers"].as_u64().unwrap_or(1) as usize;
+    ReplayOptions {
+        cluster: Cluster::aggregated(launch(&mocker_engine(&case["engine"]), 1).expect(name), workers),
+        workload: workload(&case["workload"]),
+        router: match replay["router_mode"].as_str() {
+            Some("kv_router") => mocker_replay::RouterMode::Kv,
+            _ => mocker_replay::RouterMode::RoundRobin,
+        },
+        ..Default::default()
+    }
+}
+
+/// The mismatches of one case's figures against the reference's.
+fn compare(name: &str, case: &Value) -> Vec<String> {
+    let want = &case["result"];
+    let s = run_synthetic(&options(name, case)).unwrap_or_else(|e| panic!("{name}: {e}")).summary;
+    let exact = |key: &str, got: u64| {
+        let want = want[key].as_u64().unwrap();
+        (got != want).then(|| format!("{name} {key}: mocker {got}, reference {want}"))
+    };
+    let f = |key: &str| want[key].as_f64().unwrap();
+    let mut out: Vec<String> = [
+        exact("num_requests", s.num_requests),
+        exact("completed_requests", s.completed_requests),
+        exact("committed_prefill_tokens", s.committed_prefill_tokens),
+        exact("total_output_tokens", s.total_output_tokens),
+        close(name, "duration_ms", s.duration_ms, f("duration_ms")),
+        close(name, "mean_ttft_ms", s.ttft_ms.mean, f("mean_ttft_ms")),
+        close(name, "p99_ttft_ms", s.ttft_ms.p99, f("p99_ttft_ms")),
+        close(name, "mean_itl_ms", s.itl_ms.mean, f("mean_itl_ms")),
+        close(name, "mean_e2e_latency_ms", s.e2e_latency_ms.mean, f("mean_e2e_latency_ms")),
+        close(name, "prefix_cache_reused_ratio", s.prefix_cache_reused_ratio, f("prefix_cache_reused_ratio")),
+        close(
+            name,
+            "first_admission_prefix_cache_reused_ratio",
+            s.first_admission_prefix_cache_reused_ratio,
+            f("first_admission_prefix_cache_reused_ratio"),
+        ),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let got = s.g3_offload.as_ref().map(|g| serde_json::to_value(g).unwrap());
+    match (got, want.get("g3_offload")) {
+        (None, None) => {}
+        (Some(got), Some(want)) => compare_object(name, "g3_offload", &got, want, &mut out),
+        (got, want) => out.push(format!("{name} g3_offload: mocker {got:?}, reference {want:?}")),
+    }
+    out
+}
+
+/// Same keys in the same order; integers equal, floats to 1e-9.
+fn compare_object(name: &str, path: &str, got: &Value, want: &Value, out: &mut Vec<String>) {
+    let (g, w) = (got.as_object().unwrap(), want.as_object().unwrap());
+    let (gk, wk): (Vec<_>, Vec<_>) = (g.keys().collect(), w.keys().collect());
+    if gk != wk {
+        out.push(format!("{name} {path} keys: mocker {gk:?}, reference {wk:?}"));
+        return;
+    }
+    for (k, wv) in w {
+        let gv = &g[k];
+        let at = format!("{path}.{k}");
+        if wv.is_object() {
+            compare_object(name, &at, gv, wv, out);
+        } else if wv.is_u64() {
+            if gv != wv {
+                out.push(format!("{name} {at}: mocker {gv}, reference {wv}"));
+            }
+        } else if let Some(m) = close(name, &at, gv.as_f64().unwrap(), wv.as_f64().unwrap()) {
+            out.push(m);
+        }
+    }
+}
+
+fn check_cases(filter: impl Fn(&str) -> bool) {
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for case in cases() {
+        let name = case["case"].as_str().unwrap();
+        if !name.starts_with('E') || !filter(name) {
+            continue;
+        }
+        failures.extend(compare(name, &case));
+        checked += 1;
+    }
+    assert!(checked > 0, "no cases found");
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// One worker under load (`deep`, `sessions`): G1 alone, G1 + host, and G3 with its
+/// default, slow, tiny, shared and instant settings.
+#[test]
+fn single_worker_cases_match_the_reference() {
+    check_cases(|n| !n.starts_with("E13") && !n.contains("2workers"));
+}
+
+/// Two workers, round robin, with one shared pool or one pool each.
+#[test]
+fn two_worker_cases_match_the_reference() {
+    check_cases(|n| n.contains("2workers"));
+}
+
+/// One prefix flushed from G1 and G2 and read back from G3 (`E13_*`).
+#[test]
+fn restore_cases_match_the_reference() {
+    check_cases(|n| n.starts_with("E13"));
+}
+
+/// Where mocker's wording of a shape error differs from serde's, the part that must appear.
+fn substance(case: &str, reference: &str) -> String {
+    let shape = [
+        ("refusal_g3_missing_scope", "g3_offload.scope: missing required field"),
+        ("refusal_g3_missing_num_g3_blocks", "g3_offload.num_g3_blocks: missing required field"),
+        (
+            "refusal_g3_scope_dp_rank_local",
+            "g3_offload.scope: unknown variant \"dp_rank_local\"; expected one of: worker_local, cluster_shared",
+        ),
+        (
+            "refusal_g3_unknown_field",
+            "g3_offload.bandwidth: unknown field; expected one of: scope, num_g3_blocks, \
+             latency_to_first_byte_ms, read_bandwidth_gbps, write_bandwidth_gbps, \
+             shared_read_bandwidth_gbps, shared_write_bandwidth_gbps",
+        ),
+    ];
+    if let Some((_, s)) = shape.iter().find(|(c, _)| *c == case) {
+        return s.to_string();
+    }
+    let m = reference.trim_start_matches("ValueError: ");
+    m.trim_start_matches("invalid engine launch config: engine: ").to_string()
+}
+
+/// The two-request replay the probe runs on an accepted engine.
+fn two_requests(engine: LaunchConfig, workers: usize, kv_router: bool) -> Result<u64, String> {
+    let options = ReplayOptions {
+        cluster: Cluster::aggregated(engine, workers),
+        workload: SyntheticWorkload {
+            input_tokens: 64,
+            output_tokens: 4,
+            request_count: 2,
+            load: Load::Concurrency(2),
+            ..Default::default()
+        }
+        .into(),
+        router: if kv_router { mocker_replay::RouterMode::Kv } else { mocker_replay::RouterMode::RoundRobin },
+        ..Default::default()
+    };
+    run_synthetic(&options).map(|o| o.summary.completed_requests).map_err(|e| e.to_string())
+}
+
+#[test]
+fn g3_refusals_match_the_reference() {
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for case in cases() {
+        let name = case["case"].as_str().unwrap();
+        if !(name.starts_with("refusal_g3") || name == "refusal_state_g3") {
+            continue;
+        }
+        checked += 1;
+        let replay = &case["replay"];
+        let normalize = case["normalize"].as_str().unwrap();
+        let result = case["replay_result"].as_str().unwrap_or("");
+        let dp = replay["dp_size"].as_u64().unwrap_or(1);
+        let parsed = launch(&case["engine"], dp);
+        // Mocker refuses at parse time what the reference refuses only at replay time.
+        let refused_at_replay = replay["dp_size"].is_u64()
+            || replay["disagg"].as_bool() == Some(true)
+            || replay["replay_mode"].is_string();
+        if normalize != "ok" || replay["dp_size"].is_u64() {
+            let want = if normalize != "ok" {
+                substance(name, normalize)
+            } else {
+                result.trim_start_matches("Exception: invalid replay spec: ").to_string()
+            };
+            match parsed {
+                Ok(_) => {
+                    failures.push(format!("{name}: accepted; the reference refuses: {normalize} {result}"))
+                }
+                Err(e) if !e.contains(&want) => failures.push(format!("{name}: {e:?} lacks {want:?}")),
+                Err(_) => {}
+            }
+            continue;
+        }
+        let engine = match parsed {
+            Ok(engine) => engine,
+            Err(e) => {
+                failures.push(format!("{name}: refused ({e}); the reference accepts it"));
+                continue;
+            }
+        };
+        if refused_at_replay {
+            // Disaggregated and online replays: checked by `g3_needs_an_aggregated_offline_replay`.
+            continue;
+        }
+        let workers = replay["num_workers"].as_u64().unwrap_or(1) as usize;
+        let kv = replay["router_mode"].as_str() == Some("kv_router");
+        match two_requests(engine, workers, kv) {
+            Ok(n) if result == format!("ok: completed {n} of 2") => {}
+            got => failures.push(format!("{name}: mocker {got:?}, reference {result}")),
+        }
+    }
+    assert!(checked >= 16, "only {checked} refusal cases found");
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Debug aid: prints per-request (arrival, ttft, e2e) of the case named by env G3_CASE.
+#[test]
+#[ignore]
+fn dump_case() {
+    let want = std::env::var("G3_CASE").unwrap_or_default();
+    for case in cases() {
+        let name = case["case"].as_str().unwrap();
+        if name != want {
+            continue;
+        }
+        let mut rows = Vec::new();
+        let mut on_end =
+            |r: mocker_replay::RequestRecord| rows.push((r.arrival_time_ms, r.ttft_ms, r.e2e_latency_ms));
+        let mut on_pass = |p: mocker_replay::PassRecord| {
+            println!(
+                "PASS {:.6} {:.6} pf={} pft={} dec={} q={}",
+                p.start_ms,
+                p.end_ms,
+                p.num_prefill_requests,
+                p.prefill_tokens,
+                p.num_decode_requests,
+                p.num_queued_requests
+            )
+        };
+        let hooks = mocker_replay::Hooks {
+            request_ended: Some(&mut on_end),
+            pass_ended: Some(&mut on_pass),
+            ..Default::default()
+        };
+        mocker_replay::run_replay(&options(name, &case), hooks).unwrap();
+        rows.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
+        for r in rows {
+            println!("ROW {:.6} {:?} {:?}", r.0, r.1, r.2);
+        }
+    }
+}
+
+/// The reference runs G3 only in an aggregated offline replay: online replay fails
+/// (`constructing attention-DP rank 0`, for want of the offline deployment's G3 registry)
+/// and prefill/decode workers are refused. Mocker refuses both naming `g3_offload`.
+#[test]
+fn g3_needs_an_aggregated_offline_replay() {
+    let case = cases().into_iter().find(|c| c["case"] == "refusal_g3_online").expect("online case");
+    let engine = launch(&case["engine"], 1).expect("accepted");
+    let options = ReplayOptions { cluster: Cluster::aggregated(engine, 1), ..Default::default() };
+    let e = options.validate("online").expect_err("online replay refused").to_string();
+    assert!(e.contains("g3_offload") && e.contains("offline"), "{e}");
+    for role in ["prefill", "decode"] {
+        let mut engine = case["engine"].clone();
+        engine["worker_type"] = json!(role);
+        let e = launch(&engine, 1).expect_err("refused");
+        assert!(e.contains("g3_offload is supported only for worker_type=aggregated"), "{e}");
+    }
+}
