@@ -41,8 +41,42 @@ CASES = {
 }
 
 
+def bypass_rows():
+    """A 24-block prefix written through a 16- or 20-block host tier in 8-block chunks, flushed
+    by six other prompts, then asked for again: promoting it back evicts its own blocks, so
+    the request thrashes until the 1024-round bound makes it compute."""
+    pre = list(range(100, 124))
+    rows = [{"timestamp": 0, "input_length": 416, "output_length": 2, "hash_ids": pre + [1, 2]}]
+    for i in range(6):
+        rows.append({"timestamp": 1000 * (i + 1), "input_length": 416, "output_length": 2,
+                     "hash_ids": list(range(1000 + 100 * i, 1026 + 100 * i))})
+    rows.append({"timestamp": 10000, "input_length": 416, "output_length": 2, "hash_ids": pre + [3, 4]})
+    return rows
+
+
+def bypass_engine(host):
+    return {"block_size": 16, "max_num_seqs": 32, "max_num_batched_tokens": 128, "num_gpu_blocks": 48,
+            "kv_cache_bytes_per_token": 1024, "native_host_offload": {"num_host_blocks": host},
+            "g3_offload": {"scope": "worker_local", "num_g3_blocks": 4096},
+            "timing_model": {"type": "fixed", "prefill_ms": 10.0, "decode_ms": 1.0}}
+
+
 def main():
     out = {}
+    rows = bypass_rows()
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "g3_bypass_rows.jsonl")
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    for name, host in [("Y1_bypass_host16", 16), ("Y2_bypass_host20", 20)]:
+        engine = bypass_engine(host)
+        r = c.run_mocker_trace_replay([path], trace_block_size=16,
+                                      extra_engine_args={"engine": engine, "dp_size": 1},
+                                      num_workers=1, router_mode="round_robin", replay_mode="offline")
+        s = r.summary
+        out[name] = {"engine": engine, "replay": {"num_workers": 1, "router_mode": "round_robin"},
+                     "workload": {"kind": "rows", "trace_format": "mooncake", "trace_block_size": 16,
+                                  "rows": rows},
+                     "result": {k: s[k] for k in KEEP if k in s}}
     for name, (engine, workers, router) in CASES.items():
         r = c.run_mocker_trace_replay([ROWS], trace_block_size=16,
                                       extra_engine_args={"engine": engine, "dp_size": 1},

@@ -82,28 +82,37 @@ fn workload(w: &Value) -> Workload {
 }
 
 /// Figures that cannot meet 1e-9, and why. A G3 read of 24 blocks at 10 GB/s takes
-/// 0.0393216 ms, 39_321.6 ns: the reference's clock (f64 ms) starts the request's host
-/// load at that fraction of a nanosecond, mocker's (u64 ns) at the nearest nanosecond, so
-/// each such restore's TTFT (and e2e) is 0.4 ns longer. Relative to a 10 ms TTFT (E13) or
-/// a 48 ms mean (E9/E10, 44 restores) that exceeds 1e-9; every other figure of these cases,
-/// their G3 reports included, is checked to 1e-9. These are held to half a nanosecond.
-const SUB_NANOSECOND: &[(&str, &str)] = &[
-    ("E9_g3_2workers_shared_deep", "mean_ttft_ms"),
-    ("E10_g3_2workers_local_deep", "mean_ttft_ms"),
-    ("E13_restore_g3_lat0.0_bw10.0", "mean_ttft_ms"),
-    ("E13_restore_g3_lat0.0_bw10.0", "p99_ttft_ms"),
-    ("E13_restore_g3_lat0.0_bw10.0", "mean_e2e_latency_ms"),
-    ("E13_restore_g3_lat0.1_bw10.0", "mean_ttft_ms"),
-    ("E13_restore_g3_lat0.1_bw10.0", "p99_ttft_ms"),
-    ("E13_restore_g3_lat0.1_bw10.0", "mean_e2e_latency_ms"),
-    ("E13_restore_g3_lat5.0_bw10.0", "mean_ttft_ms"),
-    ("E13_restore_g3_lat5.0_bw10.0", "p99_ttft_ms"),
-    ("E13_restore_g3_lat5.0_bw10.0", "mean_e2e_latency_ms"),
+/// 0.0393216 ms, 39_321.6 ns: the reference's clock (f64 ms) takes the completion up at
+/// that fraction of a nanosecond, mocker's (u64 ns) at the nearest nanosecond, so each
+/// restore lands up to half a nanosecond off. Relative to a 10 ms TTFT (E13) or a 48 ms
+/// mean (E9/E10, 44 restores) that exceeds 1e-9, and the thrashing `Y` cases chain 1024
+/// such reads. Every other figure of these cases, their G3 reports included, is checked to
+/// 1e-9; these are held to half a nanosecond per read on the path (the third field).
+const SUB_NANOSECOND: &[(&str, &str, f64)] = &[
+    ("E9_g3_2workers_shared_deep", "mean_ttft_ms", 1.0),
+    ("E10_g3_2workers_local_deep", "mean_ttft_ms", 1.0),
+    ("E13_restore_g3_lat0.0_bw10.0", "mean_ttft_ms", 1.0),
+    ("E13_restore_g3_lat0.0_bw10.0", "p99_ttft_ms", 1.0),
+    ("E13_restore_g3_lat0.0_bw10.0", "mean_e2e_latency_ms", 1.0),
+    ("E13_restore_g3_lat0.1_bw10.0", "mean_ttft_ms", 1.0),
+    ("E13_restore_g3_lat0.1_bw10.0", "p99_ttft_ms", 1.0),
+    ("E13_restore_g3_lat0.1_bw10.0", "mean_e2e_latency_ms", 1.0),
+    ("E13_restore_g3_lat5.0_bw10.0", "mean_ttft_ms", 1.0),
+    ("E13_restore_g3_lat5.0_bw10.0", "p99_ttft_ms", 1.0),
+    ("E13_restore_g3_lat5.0_bw10.0", "mean_e2e_latency_ms", 1.0),
+    ("Y1_bypass_host16", "duration_ms", 1024.0),
+    ("Y1_bypass_host16", "mean_ttft_ms", 1024.0),
+    ("Y1_bypass_host16", "p99_ttft_ms", 1024.0),
+    ("Y1_bypass_host16", "mean_e2e_latency_ms", 1024.0),
+    ("Y2_bypass_host20", "duration_ms", 1024.0),
+    ("Y2_bypass_host20", "mean_ttft_ms", 1024.0),
+    ("Y2_bypass_host20", "p99_ttft_ms", 1024.0),
+    ("Y2_bypass_host20", "mean_e2e_latency_ms", 1024.0),
 ];
 
 fn close(case: &str, key: &str, got: f64, want: f64) -> Option<String> {
-    let ok = if SUB_NANOSECOND.contains(&(case, key)) {
-        (got - want).abs() <= 0.5e-6
+    let ok = if let Some((_, _, reads)) = SUB_NANOSECOND.iter().find(|(c, k, _)| (*c, *k) == (case, key)) {
+        (got - want).abs() <= 0.5e-6 * reads
     } else {
         (got - want).abs() <= 1e-9 * want.abs().max(1e-9)
     };
@@ -376,7 +385,9 @@ const EXTRA: &str = include_str!("../../../tests/fixtures/g3_extra_reference.jso
 
 /// The cases of `g3_extra_reference.json` (written by `scripts/probe_g3_extra.py`) on the
 /// deep workload: three workers under a binding `cluster_shared` cap, small `worker_local`
-/// pools with a 2 ms first byte (evictions), and a host tier no store cohort fits. With
+/// pools with a 2 ms first byte (evictions), and a host tier no store cohort fits; and two
+/// prefixes larger than the host tier whose promotion thrashes until the 1024-round bound
+/// (`Y1`, `Y2`: `bypassed_restores` 1). With
 /// the KV router (`X1`, `X5`, and `X6` without G3) mocker's figures differ: the reference's
 /// router also scores blocks in the host tier and in G3 (`host_pinned_blocks`,
 /// `disk_blocks`), which mocker's host tier does not publish, so the router places
@@ -388,7 +399,9 @@ fn extra_cases_match_the_reference() {
     let mut failures = Vec::new();
     for (name, case) in doc["cases"].as_object().expect("cases") {
         let mut case = case.clone();
-        case["workload"] = json!({"kind": "mooncake", "trace_block_size": 16, "gen": gen});
+        if case["workload"].is_null() {
+            case["workload"] = json!({"kind": "mooncake", "trace_block_size": 16, "gen": gen});
+        }
         if case["replay"]["router_mode"] == "kv_router" {
             let s = run_synthetic(&options(name, &case)).unwrap_or_else(|e| panic!("{name}: {e}")).summary;
             assert_eq!(s.completed_requests, 60, "{name}");
