@@ -212,6 +212,48 @@ impl Engine {
         }
     }
 
+    /// The last pass completes (the shell reached its end): runs what waits for that, the
+    /// host/G3 boundary of an engine sharing a G3 tier. Stepping does it too if not done.
+    pub fn complete_pass(&mut self) {
+        if let Core::Vllm(s) = &mut self.core {
+            s.complete_pass();
+        }
+    }
+
+    /// Lets host and G3 transfers still in flight finish, at the end of a run (vLLM with
+    /// `native_host_offload`); returns whether any was. The engine must not step after.
+    pub fn settle_transfers(&mut self) -> bool {
+        match &mut self.core {
+            Core::Vllm(s) => s.settle_transfers(),
+            Core::Sglang(_) => false,
+        }
+    }
+
+    /// The G3 tier's counters (`g3_offload`), if configured (vLLM).
+    pub fn g3_stats(&self) -> Option<crate::kv::G3Stats> {
+        match &self.core {
+            Core::Vllm(s) => s.g3_tier().map(|t| t.lock().expect("G3 tier lock").stats()),
+            Core::Sglang(_) => None,
+        }
+    }
+
+    /// The G3 tier this engine uses, if configured; engines handed the same tier through
+    /// [`Self::share_g3`] share it (`cluster_shared`).
+    pub fn g3_tier(&self) -> Option<crate::kv::SharedG3> {
+        match &self.core {
+            Core::Vllm(s) => s.g3_tier().cloned(),
+            Core::Sglang(_) => None,
+        }
+    }
+
+    /// Makes this engine worker `worker` of `tier` (a `cluster_shared` G3 tier one
+    /// deployment shares) in place of its own. Call before the engine runs.
+    pub fn share_g3(&mut self, tier: crate::kv::SharedG3, worker: usize) {
+        if let Core::Vllm(s) = &mut self.core {
+            s.share_g3(tier, worker);
+        }
+    }
+
     /// Turns the last pass into a run of the passes that would follow it back to back, as
     /// long as each only counts the steady tokens of every running request, nothing waits
     /// and the run ends by `max_end_ns`: a discrete-event shell then handles one event for

@@ -175,6 +175,18 @@ fn build_worker(
     })
 }
 
+/// One G3 tier for every engine of the pool (and those a scaled pool adds), when
+/// `g3_offload` is `cluster_shared`.
+fn shared_g3_tier(launch: &LaunchConfig, engines: usize) -> Option<mocker_core::kv::SharedG3> {
+    let g3 = launch.engine.g3_offload.as_ref()?;
+    if g3.scope != mocker_core::config::G3Scope::ClusterShared {
+        return None;
+    }
+    let bytes = launch.engine.kv_cache_bytes_per_token.unwrap_or(1) * launch.engine.block_size as u64;
+    let tier = mocker_core::kv::G3Tier::new(g3, engines, bytes);
+    Some(std::sync::Arc::new(std::sync::Mutex::new(tier)))
+}
+
 struct Sim {
     /// The aggregated or prefill pool (indices from 0), then the decode pool; a scaled
     /// pool's new workers follow them all.
@@ -191,6 +203,8 @@ struct Sim {
     entry_members: Vec<usize>,
     /// With KV cache groups: each group's peak bytes on one worker (empty without groups).
     group_peaks: Vec<u64>,
+    /// The pool's G3 tier when it is `cluster_shared` across several engines.
+    shared_g3: Option<mocker_core::kv::SharedG3>,
     /// Disaggregated: requests waiting for a prefill worker (a scaled pool at zero).
     parked: VecDeque<(SessionId, RecordId, Request, Option<HandoffId>)>,
     feed: SessionFeed,
@@ -353,6 +367,14 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
             workers.push(new_worker(&entry.launch, entry_role, router.wants_kv_events(), i, r)?);
         }
     }
+    // A cluster_shared G3 tier is one store for the whole pool; otherwise each engine keeps
+    // the (worker_local) tier it built.
+    let shared_g3 = shared_g3_tier(&entry.launch, entry.workers * dp);
+    if let Some(tier) = &shared_g3 {
+        for (i, w) in workers.iter_mut().enumerate() {
+            w.engine.share_g3(tier.clone(), i);
+        }
+    }
     let disagg = match options.cluster.decode() {
         None => None,
         Some(decode) => {
@@ -443,6 +465,7 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
         placement_error: None,
         entry_members: (0..entry.workers * dp).collect(),
         group_peaks: vec![0; entry.launch.engine.kv_cache_groups.len()],
+        shared_g3,
         parked: VecDeque::new(),
         feed: SessionFeed::new(&options.workload, feed_options),
         sessions: SessionTable::default(),
@@ -545,6 +568,17 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
     let mut summary = Summary::from_inputs(inputs);
     summary.kv_eviction_policy = entry.launch.engine.eviction_policy.as_str().to_string();
     let budget = entry.launch.engine.kv_cache_capacity_bytes.unwrap_or(0).max(1) as f64;
+    if entry.launch.engine.g3_offload.is_some() {
+        // The reference lets the last stores' G3 writes finish before it reports.
+        while sim.workers.iter_mut().fold(false, |any, w| w.engine.settle_transfers() | any) {}
+    }
+    summary.g3_offload = match &sim.shared_g3 {
+        Some(tier) => Some(tier.lock().expect("G3 tier lock").stats()),
+        None => sim.workers.iter().filter_map(|w| w.engine.g3_stats()).reduce(|mut a, b| {
+            a.add(&b);
+            a
+        }),
+    };
     summary.kv_cache_group_peak_usage = (entry.launch.engine.kv_cache_groups.iter().zip(&sim.group_peaks))
         .map(|(g, &peak_bytes)| crate::report::GroupPeak {
             group: g.name.clone(),
@@ -695,6 +729,8 @@ impl Sim {
                     continue;
                 }
                 self.workers[w].busy = false;
+                // A shared G3 tier sees the pass's boundary now, in time order.
+                self.workers[w].engine.complete_pass();
                 self.deliver(w, now);
                 self.mark_dirty(w);
                 if self.dp > 1 {

@@ -221,6 +221,11 @@ impl Cluster {
         match self {
             Self::Aggregated(p) => {
                 limits::count("num_workers", p.workers, limits::MAX_WORKERS)?;
+                if mode != "offline" && p.launch.engine.g3_offload.is_some() {
+                    // The reference's G3 tier needs its offline deployment's registry.
+                    let msg = format!("is simulated only by offline replay (--mode offline), got {mode}");
+                    return Err(invalid("engine.g3_offload", msg));
+                }
                 if mode != "offline" && p.launch.engine.native_host_offload.is_some() {
                     // Live engines are stepped by requests, not woken by transfer completions.
                     let msg = format!("is simulated only by offline replay (--mode offline), got {mode}");

@@ -123,6 +123,12 @@ const PREFIX_RATE: &[&str] = &[
 ];
 const HOST: &str = r#"{"num_gpu_blocks": 24, "block_size": 16, "kv_cache_bytes_per_token": 100000,
     "native_host_offload": {"num_host_blocks": 200}}"#;
+/// The host tier of `HOST` cut to 16 blocks, so prefixes it loses can come back from G3.
+const G3_HOST: &str = r#"{"num_gpu_blocks": 24, "block_size": 16, "kv_cache_bytes_per_token": 100000,
+    "native_host_offload": {"num_host_blocks": 16}}"#;
+/// `G3_HOST` with a G3 tier of 4096 blocks.
+const G3: &str = r#"{"num_gpu_blocks": 24, "block_size": 16, "kv_cache_bytes_per_token": 100000,
+    "native_host_offload": {"num_host_blocks": 16}, "g3_offload": {"scope": "worker_local", "num_g3_blocks": 4096}}"#;
 const REASONING: &str =
     r#"{"reasoning": {"start_thinking_token_id": 1, "end_thinking_token_id": 2, "thinking_ratio": 0.5}}"#;
 const XFER: &str = r#"{"kv_transfer_bytes_per_token": 200000, "kv_transfer_bandwidth": 1}"#;
@@ -215,7 +221,28 @@ fn rows() -> Vec<Row> {
           SMALL, [Refused, Refused, Refused, Refused]),
         r("native_host_offload.kv_layout_id", HOST, r#"{"native_host_offload": {"kv_layout_id": 1}}"#, SMALL,
           [Refused, Refused, Refused, Refused]),
-        r("g3_offload", "{}", r#"{"g3_offload": {}}"#, SMALL, [Refused, Refused, Refused, Refused]),
+        // G3 hangs below the host tier, which only aggregated offline replay simulates.
+        r("g3_offload", G3_HOST, r#"{"g3_offload": {"scope": "worker_local", "num_g3_blocks": 4096}}"#, PREFIX,
+          [Affects, Refused, Refused, Refused]),
+        r("g3_offload", "{}", r#"{"g3_offload": {"scope": "worker_local", "num_g3_blocks": 8}}"#, SMALL,
+          [Refused, Refused, Refused, Refused]),
+        // One worker: the shared pool differs from a local one only by its aggregate caps.
+        named("g3_offload", r("g3_offload.scope", G3, r#"{"g3_offload": {"scope": "cluster_shared", "shared_read_bandwidth_gbps": 0.01}}"#,
+          PREFIX, [Affects, Refused, Refused, Refused])),
+        named("g3_offload", r("g3_offload.num_g3_blocks", G3, r#"{"g3_offload": {"num_g3_blocks": 4}}"#, PREFIX,
+          [Affects, Refused, Refused, Refused])),
+        named("g3_offload", r("g3_offload.latency_to_first_byte_ms", G3, r#"{"g3_offload": {"latency_to_first_byte_ms": 50}}"#,
+          PREFIX, [Affects, Refused, Refused, Refused])),
+        named("g3_offload", r("g3_offload.read_bandwidth_gbps", G3, r#"{"g3_offload": {"read_bandwidth_gbps": 0.01}}"#, PREFIX,
+          [Affects, Refused, Refused, Refused])),
+        named("g3_offload", r("g3_offload.write_bandwidth_gbps", G3, r#"{"g3_offload": {"write_bandwidth_gbps": 0.01}}"#, PREFIX,
+          [Affects, Refused, Refused, Refused])),
+        named("g3_offload", r("g3_offload.shared_read_bandwidth_gbps", G3,
+          r#"{"g3_offload": {"scope": "cluster_shared", "shared_read_bandwidth_gbps": 0.01}}"#, PREFIX,
+          [Affects, Refused, Refused, Refused])),
+        named("g3_offload", r("g3_offload.shared_write_bandwidth_gbps", G3,
+          r#"{"g3_offload": {"scope": "cluster_shared", "shared_write_bandwidth_gbps": 0.01}}"#, PREFIX,
+          [Affects, Refused, Refused, Refused])),
         r("kv_cache_groups", r#"{"enable_prefix_caching": false, "block_size": 16}"#,
           r#"{"kv_cache_capacity_bytes": 65536, "kv_cache_groups": [{"name": "full", "kind": "attention", "num_layers": 1,
               "block_size_tokens": 16, "page_size_bytes": 1024}]}"#, SMALL, [Affects, Refused, Affects, CORE]),

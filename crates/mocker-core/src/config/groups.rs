@@ -85,7 +85,7 @@ impl EngineConfig {
                 "kv_cache_groups currently require enable_prefix_caching=false (it defaults to true)",
             );
         }
-        if self.native_host_offload.is_some() {
+        if self.native_host_offload.is_some() || self.g3_offload.is_some() {
             return fail("kv_cache_groups currently support only HBM without host or G3 offload");
         }
         if self.aic_nextn.is_some() {

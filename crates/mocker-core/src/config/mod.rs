@@ -98,6 +98,8 @@ mod groups;
 pub use groups::{CacheGroupKind, KvCacheGroup, MAX_EXACT_BYTES};
 mod state;
 pub use state::StateCacheConfig;
+mod g3;
+pub use g3::{G3OffloadConfig, G3Scope};
 
 string_enum! {
     /// Which inference engine is simulated; selects the scheduler core and block-size default.
@@ -312,6 +314,9 @@ pub struct EngineConfig {
     /// vLLM's native host-memory KV tier (OffloadingConnector), if configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub native_host_offload: Option<HostOffloadConfig>,
+    /// The G3 tier below the host tier (`g3_offload`), if configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub g3_offload: Option<G3OffloadConfig>,
     /// Hybrid KV cache groups sharing `kv_cache_capacity_bytes` (empty: the linear block
     /// pool of `num_gpu_blocks`, which groups replace).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -365,6 +370,7 @@ impl Default for EngineConfig {
             kv_transfer_bytes_per_token: None,
             kv_cache_bytes_per_token: None,
             native_host_offload: None,
+            g3_offload: None,
             kv_cache_groups: Vec::new(),
             kv_cache_capacity_bytes: None,
             state_cache: None,

@@ -54,6 +54,7 @@ pub fn accepted_keys() -> Vec<String> {
         ("sglang", SGLANG_KEYS),
         ("trtllm", "capacity_scheduler_policy"),
         ("native_host_offload", HOST_OFFLOAD_KEYS),
+        ("g3_offload", super::g3::G3_KEYS),
         ("state_cache", "bytes_per_request"),
         ("reasoning", REASONING_KEYS),
     ];
@@ -311,16 +312,7 @@ fn parse_engine(v: &Value, path: &str) -> Result<EngineConfig> {
     set_opt!(o, c.kv_cache_capacity_bytes, to_uint);
     set_opt!(o, c.state_cache, super::state::parse_state_cache);
     set_opt!(o, c.prefix_match_unit, to_uint);
-    if o.map.get("g3_offload").is_some_and(|v| !v.is_null()) {
-        if c.state_cache.is_some() && c.native_host_offload.is_some() {
-            // The reference judges the state cache's host tier before it reaches G3.
-            let msg = "state_cache does not support native_host_offload in the G1-only implementation";
-            return Err(ConfigError::new(o.path("state_cache"), msg));
-        }
-        // Its G3 tier (a third, disk/remote level) is not simulated.
-        let msg = "the G3 tier is not simulated by mocker; remove g3_offload (native_host_offload alone is)";
-        return Err(ConfigError::new(o.path("g3_offload"), msg));
-    }
+    set_opt!(o, c.g3_offload, super::g3::parse_g3);
     set_opt!(o, c.kv_transfer_bandwidth, to_f64);
     set!(o, c.kv_transfer_timing_mode, KvTransferTimingMode::parse);
     set!(o, c.timing_model, parse_timing);
@@ -488,7 +480,7 @@ pub(super) fn to_uint<T: TryFrom<u64>>(v: &Value, path: &str) -> Result<T> {
     T::try_from(n).map_err(|_| ConfigError::new(path, format!("{n} is out of range for {ty}")))
 }
 
-fn to_f64(v: &Value, path: &str) -> Result<f64> {
+pub(super) fn to_f64(v: &Value, path: &str) -> Result<f64> {
     v.as_f64().ok_or_else(|| type_err(path, "a number", v))
 }
 

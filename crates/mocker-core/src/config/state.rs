@@ -78,6 +78,9 @@ impl EngineConfig {
                 "state_cache does not support native_host_offload in the G1-only implementation",
             );
         }
+        if self.g3_offload.is_some() {
+            return state_err("state_cache does not support g3_offload in the G1-only implementation");
+        }
         if self.kv_transfer_bytes_per_token.is_some() || self.kv_transfer_bandwidth.is_some() {
             return state_err(
                 "state_cache does not support kv_transfer_bytes_per_token or kv_transfer_bandwidth",

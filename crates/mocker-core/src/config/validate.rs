@@ -52,6 +52,11 @@ impl LaunchConfig {
         self.engine.validate_at("engine")?;
         int_range("dp_size", self.dp_size, 1, MAX_PARALLEL)?;
         int_range("tensor_parallel_size", self.tensor_parallel_size, 1, MAX_PARALLEL)?;
+        if self.engine.g3_offload.is_some() && self.dp_size > 1 {
+            // The reference accepts the args and refuses the replay: one G3 client per worker.
+            let msg = format!("g3_offload supports only dp_size=1 (got {})", self.dp_size);
+            return Err(ConfigError::new("engine.g3_offload".to_string(), msg));
+        }
         if self.engine.native_host_offload.is_some() && self.dp_size > 1 {
             let msg = "is not simulated with dp_size > 1 yet; use dp_size 1";
             return Err(ConfigError::new("engine.native_host_offload".to_string(), msg));
@@ -178,6 +183,7 @@ impl EngineConfig {
         // Before the host tier's rules: the reference refuses a host tier (or
         // kv_cache_bytes_per_token) beside groups with the groups' messages.
         self.validate_kv_cache_groups(p)?;
+        self.validate_g3(p)?;
         self.validate_host_offload(p)?;
         validate_timing(&self.timing_model, &f("timing_model"))?;
         let policy = &self.trtllm.capacity_scheduler_policy;

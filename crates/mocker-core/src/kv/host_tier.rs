@@ -120,6 +120,13 @@ pub struct HostTier {
     h2d: Lane,
     prepared: Vec<TransferId>,
     next_id: TransferId,
+    /// With a G3 tier below: completed stores keep their blocks pinned until the G3
+    /// write-through takes them (see [`HostTier::take_held`]).
+    hold_completed: bool,
+    /// Blocks of completed stores awaiting that hand-off, in completion order.
+    held: Vec<Vec<u64>>,
+    /// Pending entries reserved for G3 promotions, by reservation.
+    external: FxHashMap<TransferId, u64>,
 }
 
 impl HostTier {
@@ -136,7 +143,73 @@ impl HostTier {
             h2d: Lane::new(opts.h2d_gbps),
             prepared: Vec::new(),
             next_id: 0,
+            hold_completed: false,
+            held: Vec::new(),
+            external: FxHashMap::default(),
         }
+    }
+
+    /// Keeps completed stores pinned until [`Self::unpin`] (a G3 tier writes them through).
+    pub fn hold_completed_sources(&mut self) {
+        self.hold_completed = true;
+    }
+
+    /// The blocks of stores completed (and held) since the last call, one list per store.
+    pub fn take_held(&mut self, out: &mut Vec<Vec<u64>>) {
+        out.append(&mut self.held);
+    }
+
+    /// Releases one pin of each block; the newly unpinned resident ones enter the LRU as
+    /// one cohort.
+    pub fn unpin(&mut self, blocks: &[u64]) {
+        let mut cohort = Vec::new();
+        for &h in blocks {
+            let e = self.entries.get_mut(&h).expect("a pinned block stays present");
+            e.pins -= 1;
+            if e.pins == 0 && e.pending.is_none() {
+                cohort.push(h);
+            }
+        }
+        cohort.sort_unstable();
+        self.touch_cohort(&cohort);
+    }
+
+    /// Whether reserving the blocks of `prefix` not yet present would find room, evicting
+    /// resident blocks outside it; changes nothing.
+    pub fn can_reserve_prefix(&self, prefix: &[u64]) -> bool {
+        let mut seen = rustc_hash::FxHashSet::default();
+        let missing = prefix.iter().filter(|h| seen.insert(**h) && !self.entries.contains_key(h)).count();
+        let needed = missing.saturating_sub(self.opts.capacity_blocks - self.entries.len());
+        self.lru.iter().filter(|(_, h)| !seen.contains(h)).take(needed).count() == needed
+    }
+
+    /// Reserves a pending entry for `hash`, which a G3 read will fill (no host transfer);
+    /// evicts the least recently used block when full. `None` when there is no room or the
+    /// block is present.
+    pub fn reserve_external(&mut self, hash: u64) -> Option<TransferId> {
+        let StoreOutcome::Prepared(id) = self.prepare_store(&[hash]) else { return None };
+        // Not a store: it never enters a lane.
+        self.prepared.pop();
+        self.transfers.remove(&id);
+        self.external.insert(id, hash);
+        Some(id)
+    }
+
+    /// The G3 read behind reservation `id` landed: its block is resident, and the most
+    /// recently used.
+    pub fn complete_external(&mut self, id: TransferId) {
+        let h = self.external.remove(&id).expect("external reservation exists");
+        let e = self.entries.get_mut(&h).expect("reserved block stays present");
+        e.pending = None;
+        if e.pins == 0 {
+            self.touch(h);
+        }
+    }
+
+    /// Rolls back reservation `id` (its G3 read was not submitted).
+    pub fn cancel_external(&mut self, id: TransferId) {
+        let h = self.external.remove(&id).expect("external reservation exists");
+        self.entries.remove(&h);
     }
 
     /// Blocks present (resident or pending).
@@ -290,7 +363,10 @@ impl HostTier {
             for &h in &t.blocks {
                 let e = self.entries.get_mut(&h).expect("transfer blocks stay present");
                 match kind {
-                    TransferKind::Store => e.pending = None,
+                    TransferKind::Store => {
+                        e.pending = None;
+                        e.pins += u32::from(self.hold_completed);
+                    }
                     TransferKind::Load => e.pins -= 1,
                 }
                 if e.pins == 0 && e.pending.is_none() {
@@ -299,6 +375,9 @@ impl HostTier {
             }
             cohort.sort_unstable();
             self.touch_cohort(&cohort);
+            if kind == TransferKind::Store && self.hold_completed {
+                self.held.push(t.blocks);
+            }
             done.push(Completed { id, kind });
         }
     }

@@ -14,6 +14,7 @@ use crate::timing::{pass_ms, scaled_nanos, PassWork, TimingModel};
 
 use super::{Pass, PrefixCacheBusy, RunEntry, SchedulerOptions, SubmitError};
 
+mod g3;
 mod grouped;
 mod handoff;
 mod mtp;
@@ -290,7 +291,8 @@ impl VllmScheduler {
             },
             offload: config.native_host_offload.as_ref().map(|h| {
                 let bytes = config.kv_cache_bytes_per_token.unwrap_or(1);
-                Box::new(offload::Offload::new(h, config.block_size, bytes, config.num_gpu_blocks))
+                let g3 = config.g3_offload.as_ref();
+                Box::new(offload::Offload::new(h, g3, config.block_size, bytes, config.num_gpu_blocks))
             }),
             groups,
             fault: None,
@@ -449,9 +451,54 @@ impl VllmScheduler {
         !self.running.is_empty() || !self.waiting.is_empty() || self.has_ready_connector()
     }
 
-    /// The next host-tier transfer completion, if any: an idle engine steps then.
+    /// The next host-tier or G3 transfer event, if any: an idle engine steps then.
     pub fn next_wake_ns(&self) -> Option<u64> {
         self.offload.as_ref().and_then(|o| o.next_deadline())
+    }
+
+    /// Lets the host and G3 transfers still in flight finish (a run's end: the reference
+    /// reports the G3 writes of the last stores as completed). Returns whether any was.
+    pub fn settle_transfers(&mut self) -> bool {
+        let mut any = false;
+        let mut pass = std::mem::take(&mut self.pass);
+        if let Some(o) = self.offload.as_mut() {
+            o.clear_retry();
+        }
+        if self.offload.is_some() {
+            self.offload_complete_pass(&mut pass);
+        }
+        while let Some(t) = self.offload.as_ref().and_then(|o| o.next_deadline()) {
+            // Each tick takes up every event due by `t`, so the deadlines move on.
+            let t = t.max(self.last_end_ns);
+            self.offload_tick(t, &mut pass);
+            self.last_end_ns = t;
+            any = true;
+        }
+        self.pass = pass;
+        any
+    }
+
+    /// The last pass completes (its end time has come): runs its host/G3 boundary if it
+    /// waited for this (a G3 tier shared by several engines); otherwise nothing to do.
+    pub fn complete_pass(&mut self) {
+        if self.offload.as_ref().is_some_and(|o| o.pending_boundary.is_some()) {
+            let mut pass = std::mem::take(&mut self.pass);
+            self.offload_complete_pass(&mut pass);
+            self.pass = pass;
+        }
+    }
+
+    /// The G3 tier (`g3_offload`), if configured: its counters are the report's.
+    pub fn g3_tier(&self) -> Option<&crate::kv::SharedG3> {
+        self.offload.as_ref().and_then(|o| o.g3_tier())
+    }
+
+    /// Makes this engine worker `worker` of a G3 tier its deployment shares
+    /// (`cluster_shared`), in place of its own. Only before the engine has run.
+    pub fn share_g3(&mut self, tier: crate::kv::SharedG3, worker: usize) {
+        if let Some(o) = self.offload.as_mut() {
+            o.share_g3(tier, worker);
+        }
     }
 
     /// Changes whenever KV capacity or a batch slot is given back (see the field); a
@@ -627,6 +674,11 @@ impl VllmScheduler {
         let defer_prefill = self.defers_prefill();
         let mut b = Budget { tokens: self.max_num_batched_tokens, defer_prefill, ..Default::default() };
         if self.offload.is_some() {
+            // A boundary still waiting (the shell did not complete the pass) comes first.
+            self.offload_complete_pass(&mut pass);
+        }
+        let g3_epoch = self.offload.as_ref().and_then(|o| o.g3_epoch());
+        if self.offload.is_some() {
             self.offload_tick(now_ns, &mut pass);
         }
 
@@ -659,8 +711,16 @@ impl VllmScheduler {
         } else {
             self.emit(&mut pass);
         }
-        if self.offload.is_some() {
+        if self.offload.as_ref().is_some_and(|o| o.defers_boundaries() && pass.end_ns > now_ns) {
+            self.offload.as_mut().expect("offload configured").pending_boundary = Some(pass.end_ns);
+            let progressed = b.scheduled_tokens > 0 || !pass.outputs.is_empty();
+            let off = self.offload.as_mut().expect("offload configured");
+            off.end_pass(now_ns, pass.end_ns, g3_epoch, progressed);
+        } else if self.offload.is_some() {
             self.offload_boundary(pass.end_ns, &mut pass);
+            let progressed = b.scheduled_tokens > 0 || !pass.outputs.is_empty();
+            let off = self.offload.as_mut().expect("offload configured");
+            off.end_pass(now_ns, pass.end_ns, g3_epoch, progressed);
         }
 
         let m = &mut pass.metrics;

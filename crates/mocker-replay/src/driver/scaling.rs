@@ -388,8 +388,12 @@ impl Sim {
         let record_events = self.router_of(p).is_some_and(|r| r.wants_kv_events());
         for rank in 0..dp {
             // The launch built this pool's first workers, so it builds this one.
-            let worker = build_worker(self.template, &launch, role, record_events, id, rank)
+            let mut worker = build_worker(self.template, &launch, role, record_events, id, rank)
                 .expect("a launch that built the pool builds more of it");
+            if let Some(tier) = &self.shared_g3 {
+                let index = tier.lock().expect("G3 tier lock").add_worker();
+                worker.engine.share_g3(tier.clone(), index);
+            }
             self.workers.push(worker);
             if p == 0 {
                 self.entry_members.push(w + rank);

@@ -96,6 +96,9 @@ pub struct Summary {
     /// mocker's own, with KV cache groups only (the key is left out without them): each
     /// group's peak use of its worker's byte budget over the run.
     pub kv_cache_group_peak_usage: Vec<GroupPeak>,
+    /// With `g3_offload` only (the key is left out without it): the G3 tier's counters,
+    /// summed over `worker_local` tiers, as the reference reports them.
+    pub g3_offload: Option<mocker_core::kv::G3Stats>,
     /// Prompt tokens actually computed (excludes cache hits, includes recompute).
     pub committed_prefill_tokens: u64,
     /// Requests that arrived.
@@ -191,6 +194,7 @@ impl Summary {
         Summary {
             kv_eviction_policy: "lru".to_string(),
             kv_cache_group_peak_usage: Vec::new(),
+            g3_offload: None,
             committed_prefill_tokens: inputs.committed_prefill_tokens,
             num_requests: inputs.num_requests,
             completed_requests: inputs.completed_requests,
@@ -265,6 +269,10 @@ impl Serialize for Summary {
         let mut map = serializer.serialize_map(None)?;
         map.serialize_entry("kv_eviction_policy", &self.kv_eviction_policy)?;
         map.serialize_entry("committed_prefill_tokens", &self.committed_prefill_tokens)?;
+        // The reference puts it right after committed_prefill_tokens.
+        if let Some(g3) = &self.g3_offload {
+            map.serialize_entry("g3_offload", g3)?;
+        }
         map.serialize_entry("num_requests", &self.num_requests)?;
         map.serialize_entry("completed_requests", &self.completed_requests)?;
         map.serialize_entry("total_input_tokens", &self.total_input_tokens)?;

@@ -255,6 +255,10 @@ impl ServeArgs {
                  orders the KV router's queue in mocker replay --router kv"
             );
         }
+        if launch.engine.g3_offload.is_some() {
+            let msg = "engine.g3_offload: is simulated only by offline replay (mocker replay)";
+            return Err(UsageError(msg.into()));
+        }
         if launch.engine.native_host_offload.is_some() {
             // Live engines are stepped by requests, not woken by transfer completions.
             let msg = "engine.native_host_offload: is simulated only by offline replay (mocker replay)";

@@ -13,10 +13,11 @@
 
 use std::collections::VecDeque;
 
+use super::g3::{G3Link, G3Restore};
 use super::{Budget, PrefillCost, Scheduled, SeqKey, Status, VllmScheduler};
-use crate::config::HostOffloadConfig;
+use crate::config::{G3OffloadConfig, HostOffloadConfig};
 use crate::kv::host_tier::{Completed, HostLookup, StoreOutcome, TransferId, TransferKind};
-use crate::kv::{BlockId, HostTier, HostTierOptions};
+use crate::kv::{BlockId, HostTier, HostTierOptions, SharedG3};
 use crate::scheduler::Pass;
 use rustc_hash::FxHashMap;
 
@@ -47,11 +48,20 @@ pub(super) struct HostSeq {
     queued: bool,
     /// Waits for some transfer to complete before it is looked at again.
     asleep: bool,
+    /// Its G3 promotion rounds (with `g3_offload`).
+    restore: G3Restore,
 }
 
 impl HostSeq {
     pub(super) fn new() -> Self {
-        Self { next_store: 0, latest_store: None, load: Load::None, queued: false, asleep: false }
+        Self {
+            next_store: 0,
+            latest_store: None,
+            load: Load::None,
+            queued: false,
+            asleep: false,
+            restore: G3Restore::default(),
+        }
     }
 }
 
@@ -72,21 +82,46 @@ pub(super) struct Offload {
     /// The current pass computes no earlier than this.
     compute_not_before: u64,
     done: Vec<Completed>,
+    /// The G3 tier below (`g3_offload`), if configured.
+    g3: Option<G3Link>,
+    /// Counts loads started and host transfers completed; with [`G3Link::epoch`] it tells
+    /// whether a pass changed the connector's state.
+    load_epoch: u64,
+    /// With G3: the pass that just ran took no time but changed G3 or load state, so the
+    /// engine steps again at this same instant (the reference's same-timestamp retry).
+    retry_at: Option<u64>,
+    /// With a G3 tier shared by several engines: the end of the pass in flight, whose
+    /// boundary (completions, then its stores) waits until the pass completes. The shared
+    /// tier must see each engine's operations in time order, and the others step before
+    /// this pass ends.
+    pub(super) pending_boundary: Option<u64>,
+    defers_boundaries: bool,
 }
 
 impl Offload {
     pub(super) fn new(
         cfg: &HostOffloadConfig,
+        g3: Option<&G3OffloadConfig>,
         block_size: usize,
         bytes_per_token: u64,
         gpu_blocks: usize,
     ) -> Self {
-        let tier = HostTier::new(HostTierOptions {
+        let block_bytes = block_size as u64 * bytes_per_token;
+        let mut tier = HostTier::new(HostTierOptions {
             capacity_blocks: cfg.num_host_blocks,
             block_bytes: block_size as u64 * bytes_per_token,
             d2h_gbps: cfg.d2h_bandwidth_gbps,
             h2d_gbps: cfg.h2d_bandwidth_gbps,
             first_byte_ns: (cfg.latency_to_first_byte_ms * 1e6).round() as u64,
+        });
+        let g3 = g3.map(|g| {
+            // G3 writes read the host copy: it stays pinned until they land.
+            tier.hold_completed_sources();
+            // An engine owns its tier until a deployment shares one (`share_g3`).
+            G3Link::new(
+                std::sync::Arc::new(std::sync::Mutex::new(crate::kv::G3Tier::new(g, 1, block_bytes))),
+                0,
+            )
         });
         Self {
             tier,
@@ -97,6 +132,55 @@ impl Offload {
             source_busy_until: vec![0; gpu_blocks],
             compute_not_before: 0,
             done: Vec::new(),
+            g3,
+            load_epoch: 0,
+            retry_at: None,
+            pending_boundary: None,
+            defers_boundaries: false,
+        }
+    }
+
+    /// Whether a pass's boundary waits for the pass to complete (see `pending_boundary`).
+    pub(super) fn defers_boundaries(&self) -> bool {
+        self.defers_boundaries
+    }
+
+    /// Replaces this engine's G3 tier with `tier`, shared by a deployment, as its worker
+    /// `worker`. Only before the engine has run.
+    pub(super) fn share_g3(&mut self, tier: SharedG3, worker: usize) {
+        debug_assert!(self.g3.is_some(), "the engine has a G3 tier to share");
+        self.g3 = Some(G3Link::new(tier, worker));
+        self.defers_boundaries = true;
+    }
+
+    /// Forgets a same-instant retry (the run is over).
+    pub(super) fn clear_retry(&mut self) {
+        self.retry_at = None;
+    }
+
+    /// The G3 tier, if configured.
+    pub(super) fn g3_tier(&self) -> Option<&SharedG3> {
+        self.g3.as_ref().map(G3Link::tier)
+    }
+
+    /// With G3: the state a same-instant retry compares.
+    pub(super) fn g3_epoch(&self) -> Option<u64> {
+        self.g3.as_ref().map(|g| g.epoch + self.load_epoch)
+    }
+
+    /// Called at the end of a pass that started at `now` (see `retry_at`).
+    pub(super) fn end_pass(&mut self, now: u64, end: u64, epoch_before: Option<u64>, progressed: bool) {
+        if let Some(g) = self.g3.as_mut() {
+            if progressed {
+                g.note_rank_progress();
+            }
+        }
+        self.retry_at = None;
+        if epoch_before.is_some() && end == now {
+            let changed = self.g3_epoch() != epoch_before;
+            if changed || self.next_deadline().is_some_and(|d| d <= now) {
+                self.retry_at = Some(now);
+            }
         }
     }
 
@@ -107,7 +191,8 @@ impl Offload {
 
     /// The next transfer completion, for waking an idle engine.
     pub(super) fn next_deadline(&self) -> Option<u64> {
-        self.tier.next_deadline()
+        let g3 = self.g3.as_ref().and_then(G3Link::next_deadline_ns);
+        [self.tier.next_deadline(), g3, self.retry_at, self.pending_boundary].into_iter().flatten().min()
     }
 
     /// When the pass starting at `now` may compute.
@@ -127,6 +212,7 @@ impl Offload {
 }
 
 /// How a waiting request's prefix continues in the host tier.
+#[derive(PartialEq, Eq)]
 enum Lookup {
     Miss,
     Deferred,
@@ -195,9 +281,17 @@ impl VllmScheduler {
     /// The next request to admit: the first awake connector waiter, else the waiting head.
     fn next_candidate(&self) -> Option<SeqKey> {
         let off = self.offload.as_ref()?;
-        let ready = off.connector.iter().copied().find(|&k| {
-            self.seqs[k.0 as usize].as_ref().and_then(|s| s.host.as_ref()).is_some_and(|h| !h.asleep)
+        let host = |k: SeqKey| self.seqs[k.0 as usize].as_ref().and_then(|s| s.host.as_ref());
+        // With G3, an awake waiter that holds GPU blocks for a load goes first (the
+        // reference's G1 owner), so promotions cannot starve it of the blocks it holds.
+        let owner = off.g3.as_ref().and_then(|_| {
+            off.connector
+                .iter()
+                .copied()
+                .find(|&k| host(k).is_some_and(|h| !h.asleep && h.load != Load::None))
         });
+        let ready =
+            owner.or_else(|| off.connector.iter().copied().find(|&k| host(k).is_some_and(|h| !h.asleep)));
         ready.or_else(|| self.waiting.front().copied())
     }
 
@@ -231,7 +325,7 @@ impl VllmScheduler {
                 cost.cached = cost.cached.min(end * bs);
                 cost.active_cached = cost.cached;
             }
-            let lookup = self.host_lookup(key, cost);
+            let lookup = self.host_lookup(key, cost, now);
             let hit = match lookup {
                 Lookup::Deferred => {
                     self.sleep(key);
@@ -295,7 +389,7 @@ impl VllmScheduler {
 
     /// Looks the request's prompt up in the host tier past its GPU prefix, then touches
     /// its prompt blocks in reverse order (vLLM's LRU touch).
-    fn host_lookup(&mut self, key: SeqKey, cost: PrefillCost) -> Lookup {
+    fn host_lookup(&mut self, key: SeqKey, cost: PrefillCost, now: u64) -> Lookup {
         let bs = self.block_size;
         let seq = self.seqs[key.0 as usize].as_ref().expect("live seq");
         let h = seq.host.as_ref().expect("offload state");
@@ -312,9 +406,25 @@ impl VllmScheduler {
         let base = (cost.cached / bs) as usize;
         // The last prompt token is always computed: never load the block that holds it.
         let limit = ((seq.len - 1) / bs) as usize;
-        let keys = &seq.hashes[..prompt_blocks.min(seq.hashes.len())];
+        let n = prompt_blocks.min(seq.hashes.len());
         let mut outcome = Lookup::Miss;
-        if base < keys.len() {
+        let off = self.offload.as_mut().expect("offload configured");
+        if let Some(g3) = off.g3.as_mut() {
+            // G3 first: promotions of what only G3 holds make the request wait for them.
+            let seq = self.seqs[key.0 as usize].as_mut().expect("live seq");
+            let (uuid, h) = (seq.uuid, seq.host.as_mut().expect("offload state"));
+            if base >= n {
+                g3.release(uuid);
+            } else if !h.restore.bypassed()
+                && g3.stage(&mut off.tier, uuid, &mut h.restore, &seq.hashes[base..n], now)
+            {
+                outcome = Lookup::Deferred;
+            }
+        }
+        let seq = self.seqs[key.0 as usize].as_ref().expect("live seq");
+        let keys = &seq.hashes[..n];
+        let off = self.offload.as_ref().expect("offload configured");
+        if outcome != Lookup::Deferred && base < keys.len() {
             let (mut end, mut deferred) = (base, false);
             for &k in &keys[base..] {
                 match off.tier.lookup(k) {
@@ -361,6 +471,10 @@ impl VllmScheduler {
             off.loading.insert(k, id);
         }
         off.load_owner.insert(id, (key, uuid));
+        off.load_epoch += 1;
+        if let Some(g3) = off.g3.as_mut() {
+            g3.release(uuid);
+        }
         self.host(key).load = Load::Loading { id, base, end };
         self.sleep(key);
         true
@@ -411,6 +525,7 @@ impl VllmScheduler {
 
     /// A preempted request's pending store must finish before its blocks are rewritten.
     pub(super) fn offload_preempted(&mut self, key: SeqKey) {
+        self.host(key).restore.reset();
         let Some(id) = self.seq(key).host.as_ref().and_then(|h| h.latest_store) else { return };
         let off = self.off();
         if let Some(at) = off.tier.deadline(id) {
@@ -424,6 +539,13 @@ impl VllmScheduler {
         let mut done = std::mem::take(&mut self.off().done);
         done.clear();
         self.off().tier.tick(now, &mut done);
+        let off = self.off();
+        off.load_epoch += done.len() as u64;
+        let mut g3_progress = false;
+        if let Some(g3) = off.g3.as_mut() {
+            g3.store_completed(&mut off.tier, now);
+            g3_progress = g3.advance(&mut off.tier, now);
+        }
         for c in &done {
             if c.kind == TransferKind::Store {
                 self.off().store_sources.remove(&c.id);
@@ -443,7 +565,7 @@ impl VllmScheduler {
             }
             self.host(key).load = Load::Activated { end };
         }
-        if !done.is_empty() {
+        if !done.is_empty() || g3_progress {
             let keys: Vec<SeqKey> = self.off().connector.iter().copied().collect();
             for k in keys {
                 if let Some(h) = self.seqs[k.0 as usize].as_mut().and_then(|s| s.host.as_mut()) {
@@ -452,6 +574,13 @@ impl VllmScheduler {
             }
         }
         self.off().done = done;
+    }
+
+    /// Runs the boundary of the pass that ended, if it waited (see `pending_boundary`).
+    pub(super) fn offload_complete_pass(&mut self, pass: &mut Pass) {
+        if let Some(end) = self.offload.as_mut().and_then(|o| o.pending_boundary.take()) {
+            self.offload_boundary(end, pass);
+        }
     }
 
     /// The pass boundary at `end`: due completions, then the prepared stores start.
@@ -471,6 +600,7 @@ impl VllmScheduler {
     pub(super) fn offload_admitted(&mut self, key: SeqKey, cached: u32) {
         let bs = self.block_size;
         if let Some(h) = self.seq_mut(key).host.as_mut() {
+            h.restore.reset();
             if let Load::Activated { .. } = h.load {
                 h.next_store = cached / bs;
             }
