@@ -16,17 +16,41 @@ use crate::config::EngineConfig;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Geometry {
     page_tokens: u64,
+    /// `log2(page_tokens)` when it is a power of two (pages are almost always 16 tokens):
+    /// a shift then replaces the division, which every group pays twice a token.
+    shift: Option<u32>,
     page_bytes: u64,
     /// Retained history in tokens (`None`: full attention).
     window: Option<u64>,
 }
 
 impl Geometry {
+    fn new(page_tokens: u64, page_bytes: u64, window: Option<u64>) -> Self {
+        let shift = page_tokens.is_power_of_two().then(|| page_tokens.trailing_zeros());
+        Self { page_tokens, shift, page_bytes, window }
+    }
+
+    #[inline]
+    fn div(&self, x: u64) -> u64 {
+        match self.shift {
+            Some(s) => x >> s,
+            None => x / self.page_tokens,
+        }
+    }
+
     /// Pages held during a pass from `before` to `after` computed tokens.
     #[inline]
     fn pages(&self, before: u64, after: u64) -> std::ops::Range<u64> {
-        let first = self.window.map_or(0, |w| before.saturating_sub(w - 1) / self.page_tokens);
-        first..after.div_ceil(self.page_tokens)
+        let first = self.window.map_or(0, |w| self.div(before.saturating_sub(w - 1)));
+        // ceil(after / P) without overflow: after < 2^33 (u32 token counts).
+        first..self.div(after + self.page_tokens - 1)
+    }
+
+    /// How many pages [`Self::pages`] holds.
+    #[inline]
+    fn span(&self, before: u64, after: u64) -> u64 {
+        let r = self.pages(before, after);
+        r.end.saturating_sub(r.start)
     }
 }
 
@@ -62,6 +86,8 @@ pub struct GroupedPool {
     active_pages: u64,
     /// Pages live leases hold, per group.
     group_pages: Vec<u64>,
+    /// Per group, the pages of the lease [`Self::allocate`] is taking (reused).
+    next_spans: Vec<u64>,
 }
 
 impl GroupedPool {
@@ -74,29 +100,30 @@ impl GroupedPool {
         let groups = config
             .kv_cache_groups
             .iter()
-            .map(|g| Geometry {
-                page_tokens: u64::from(g.block_size_tokens.max(1)),
-                page_bytes: g.page_size_bytes,
-                window: g.sliding_window.map(|w| u64::from(w.max(1))),
+            .map(|g| {
+                Geometry::new(
+                    u64::from(g.block_size_tokens.max(1)),
+                    g.page_size_bytes,
+                    g.sliding_window.map(|w| u64::from(w.max(1))),
+                )
             })
             .collect();
         let capacity_bytes = config.kv_cache_capacity_bytes.unwrap_or(0);
-        let group_pages = vec![0; config.kv_cache_groups.len()];
-        Some(Self { groups, capacity_bytes, used_bytes: 0, active_pages: 0, group_pages })
+        let n = config.kv_cache_groups.len();
+        Some(Self {
+            groups,
+            capacity_bytes,
+            used_bytes: 0,
+            active_pages: 0,
+            group_pages: vec![0; n],
+            next_spans: vec![0; n],
+        })
     }
 
     /// The lease a pass from `before` to `after` computed tokens needs. Saturates instead
     /// of overflowing: a lease of `u64::MAX` bytes fits no pool.
     pub fn lease_for(&self, before: u32, after: u32) -> GroupLease {
-        let mut lease = GroupLease { before, after: after.max(before), ..GroupLease::default() };
-        let (before, after) = (u64::from(before), u64::from(after.max(before)));
-        for g in &self.groups {
-            let n = g.pages(before, after);
-            let n = n.end.saturating_sub(n.start);
-            lease.pages += n;
-            lease.bytes = lease.bytes.saturating_add(n.saturating_mul(g.page_bytes));
-        }
-        lease
+        lease_for(&self.groups, before, after, None)
     }
 
     /// Bytes a pass from `before` to `after` computed tokens holds (see [`Self::lease_for`]).
@@ -109,30 +136,21 @@ impl GroupedPool {
     /// group at once, if the other leases leave room for it; pages that fell out of a
     /// window are given back in the same move. On failure nothing changes.
     pub fn allocate(&mut self, lease: &mut GroupLease, before: u32, after: u32) -> bool {
-        let next = self.lease_for(before, after);
+        let next = lease_for(&self.groups, before, after, Some(&mut self.next_spans));
         let others = self.used_bytes - lease.bytes;
         if next.bytes > self.capacity_bytes - others {
             return false;
         }
         self.used_bytes = others + next.bytes;
         self.active_pages = self.active_pages - lease.pages + next.pages;
-        self.move_group_pages(lease, &next);
+        // Per group, give back the old lease's pages and take the new one's.
+        let old = (u64::from(lease.before), u64::from(lease.after));
+        for (i, g) in self.groups.iter().enumerate() {
+            let held = if lease.pages == 0 { 0 } else { g.span(old.0, old.1) };
+            self.group_pages[i] = self.group_pages[i] - held + self.next_spans[i];
+        }
         *lease = next;
         true
-    }
-
-    /// Per group, gives back `old`'s pages and takes `new`'s.
-    fn move_group_pages(&mut self, old: &GroupLease, new: &GroupLease) {
-        let span = |g: &Geometry, l: &GroupLease| {
-            if l.pages == 0 {
-                return 0;
-            }
-            let r = g.pages(u64::from(l.before), u64::from(l.after));
-            r.end.saturating_sub(r.start)
-        };
-        for (i, g) in self.groups.iter().enumerate() {
-            self.group_pages[i] = self.group_pages[i] - span(g, old) + span(g, new);
-        }
     }
 
     /// Pages and bytes live leases hold in each group, in the groups' order.
@@ -145,7 +163,11 @@ impl GroupedPool {
         let lease = std::mem::take(lease);
         self.used_bytes -= lease.bytes;
         self.active_pages -= lease.pages;
-        self.move_group_pages(&lease, &GroupLease::default());
+        if lease.pages > 0 {
+            for (i, g) in self.groups.iter().enumerate() {
+                self.group_pages[i] -= g.span(u64::from(lease.before), u64::from(lease.after));
+            }
+        }
     }
 
     /// The rank's byte budget (`kv_cache_capacity_bytes`).
@@ -167,6 +189,23 @@ impl GroupedPool {
     pub fn active_pages(&self) -> u64 {
         self.active_pages
     }
+}
+
+/// The lease `groups` need for a pass from `before` to `after` computed tokens, each
+/// group's pages also written to `spans` when given.
+#[inline]
+fn lease_for(groups: &[Geometry], before: u32, after: u32, mut spans: Option<&mut Vec<u64>>) -> GroupLease {
+    let mut lease = GroupLease { before, after: after.max(before), ..GroupLease::default() };
+    let (before, after) = (u64::from(before), u64::from(after.max(before)));
+    for (i, g) in groups.iter().enumerate() {
+        let n = g.span(before, after);
+        if let Some(s) = spans.as_deref_mut() {
+            s[i] = n;
+        }
+        lease.pages += n;
+        lease.bytes = lease.bytes.saturating_add(n.saturating_mul(g.page_bytes));
+    }
+    lease
 }
 
 #[cfg(test)]
