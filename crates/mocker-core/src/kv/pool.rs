@@ -329,17 +329,31 @@ impl BlockPool {
         owned.reserve(target - prev);
         for i in 0..self.hit_ids.len() {
             let id = self.hit_ids[i];
-            let b = &mut self.blocks[id as usize];
-            if b.refcount == 0 {
-                self.lru_unlink(id);
-                if self.policy == EvictionPolicy::Lineage && self.lineage[id as usize].first_child == NIL {
-                    self.leaf_unlink(id);
-                }
-            }
-            self.blocks[id as usize].refcount += 1;
+            self.pin(id);
             owned.push(id);
         }
-        for _ in 0..fresh {
+        self.take_fresh(fresh, owned, evicted);
+        true
+    }
+
+    /// References block `id` once more; an inactive one leaves the eviction order.
+    #[inline]
+    fn pin(&mut self, id: BlockId) {
+        if self.blocks[id as usize].refcount == 0 {
+            self.lru_unlink(id);
+            if self.policy == EvictionPolicy::Lineage && self.lineage[id as usize].first_child == NIL {
+                self.leaf_unlink(id);
+            }
+        }
+        self.blocks[id as usize].refcount += 1;
+    }
+
+    /// Appends `n` newly referenced blocks to `out`, evicting in policy order; the caller
+    /// checked that the pool can supply them.
+    #[inline]
+    fn take_fresh(&mut self, n: usize, out: &mut Vec<BlockId>, evicted: &mut Vec<u64>) {
+        out.reserve(n);
+        for _ in 0..n {
             // Freed blocks first, then never-used ones in id order: the same ids a pool
             // created whole with a free list of every block would hand out.
             let id = match self.free.pop() {
@@ -348,9 +362,8 @@ impl BlockPool {
                 None => self.evict(evicted),
             };
             self.blocks[id as usize].refcount = 1;
-            owned.push(id);
+            out.push(id);
         }
-        true
     }
 
     /// Registers a freshly computed full block under `hash`. `parent` is the block before it
@@ -555,24 +568,9 @@ impl BlockPool {
             return false;
         }
         for &id in &hit_ids[start..] {
-            if self.blocks[id as usize].refcount == 0 {
-                self.lru_unlink(id);
-                if self.policy == EvictionPolicy::Lineage && self.lineage[id as usize].first_child == NIL {
-                    self.leaf_unlink(id);
-                }
-            }
-            self.blocks[id as usize].refcount += 1;
+            self.pin(id);
         }
-        fresh_ids.reserve(fresh);
-        for _ in 0..fresh {
-            let id = match self.free.pop() {
-                Some(id) => id,
-                None if self.blocks.len() < self.capacity => self.new_block(),
-                None => self.evict(evicted),
-            };
-            self.blocks[id as usize].refcount = 1;
-            fresh_ids.push(id);
-        }
+        self.take_fresh(fresh, fresh_ids, evicted);
         true
     }
 
