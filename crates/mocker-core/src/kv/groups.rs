@@ -38,6 +38,14 @@ impl Geometry {
         }
     }
 
+    #[inline]
+    fn rem(&self, x: u64) -> u64 {
+        match self.shift {
+            Some(s) => x & ((1 << s) - 1),
+            None => x % self.page_tokens,
+        }
+    }
+
     /// Pages held during a pass from `before` to `after` computed tokens.
     #[inline]
     fn pages(&self, before: u64, after: u64) -> std::ops::Range<u64> {
@@ -151,6 +159,34 @@ impl GroupedPool {
         }
         *lease = next;
         true
+    }
+
+    /// How many one-token decode passes after `lease`'s (which must be one: `after ==
+    /// before + 1`) keep every group's page range as it is, so allocating for them would
+    /// change nothing and the scheduler may count them without touching the lease (a
+    /// steady run). 0 for any other lease. Each range moves only when its end crosses a
+    /// page boundary or its window's first page falls behind, both periodic in the page.
+    pub fn steady_decode_passes(&self, lease: &GroupLease) -> u32 {
+        if lease.pages == 0 || lease.after != lease.before + 1 {
+            return 0;
+        }
+        let (b0, a0) = (u64::from(lease.before), u64::from(lease.after));
+        let mut passes = u64::from(u32::MAX);
+        for g in &self.groups {
+            let p = g.page_tokens;
+            // ceil(a / P) grows at the first a = kP + 1 past a0.
+            passes = passes.min(g.rem(p - g.rem(a0)));
+            if let Some(w) = g.window {
+                // floor(max(0, b - (W - 1)) / P) grows when b - (W - 1) reaches a
+                // positive multiple of P.
+                let change = match b0.checked_sub(w - 1) {
+                    Some(c) => p - g.rem(c),
+                    None => p + (w - 1 - b0),
+                };
+                passes = passes.min(change - 1);
+            }
+        }
+        passes as u32
     }
 
     /// Pages and bytes live leases hold in each group, in the groups' order.
@@ -270,6 +306,40 @@ mod tests {
         // C2: window 1 and a 2^20-token page: one page at all times.
         let c2 = pool(vec![group("state", 1 << 20, 8, Some(1))], 1 << 20);
         assert!([(0, 100), (100, 101), (5000, 5001)].iter().all(|&(b, a)| c2.lease_for(b, a).pages() == 1));
+    }
+
+    /// Steady decode passes keep every group's page range, and the pass after them moves
+    /// one (checked against the page arithmetic itself over many geometries).
+    #[test]
+    fn steady_decode_passes_match_the_page_ranges() {
+        let geometries = [
+            vec![group("full", 16, 1, None)],
+            vec![group("full", 16, 1, None), group("swa", 16, 1, Some(512))],
+            vec![group("full", 16, 1, None), group("swa", 16, 1, Some(48)), group("conv", 16, 1, Some(4))],
+            vec![group("odd", 12, 1, None), group("w", 5, 1, Some(7))],
+            vec![group("one", 1, 1, None)],
+            vec![group("state", 1 << 20, 8, Some(1))],
+        ];
+        for groups in geometries {
+            let p = pool(groups, 1 << 40);
+            for b0 in 0..700u32 {
+                let mut lease = GroupLease::default();
+                assert!(p.clone().allocate(&mut lease, b0, b0 + 1));
+                let n = p.steady_decode_passes(&lease);
+                let ranges = |b: u64| p.groups.iter().map(move |g| g.pages(b, b + 1));
+                let base: Vec<_> = ranges(u64::from(b0)).collect();
+                for j in 1..=u64::from(n).min(5000) {
+                    assert!(ranges(u64::from(b0) + j).eq(base.iter().cloned()), "b0 {b0} pass {j} of {n}");
+                }
+                if n < 5000 {
+                    let after: Vec<_> = ranges(u64::from(b0 + n) + 1).collect();
+                    assert_ne!(after, base, "b0 {b0}: the pass after {n} steady ones moves a range");
+                }
+            }
+        }
+        let p = pool(vec![group("full", 16, 1, None)], 1 << 20);
+        assert_eq!(p.steady_decode_passes(&p.lease_for(0, 100)), 0, "a prefill lease starts no run");
+        assert_eq!(p.steady_decode_passes(&GroupLease::default()), 0);
     }
 
     /// The reference's own example: atomic reservation over groups, failure leaves the

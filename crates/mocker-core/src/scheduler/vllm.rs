@@ -268,12 +268,11 @@ impl VllmScheduler {
             record_kv_events: options.record_kv_events && prefix_caching,
             kv_token_ids: config.emit_kv_token_ids,
             // Bursts vary per pass: no two passes are alike, so no steady runs; host
-            // transfers complete between passes, which a run would step over; a grouped
-            // lease moves with every token (windows), so each pass allocates.
+            // transfers complete between passes, which a run would step over. A grouped
+            // lease's runs end where a page range moves (`steady_decode_passes`).
             aggregate_steady: options.aggregate_steady_tokens
                 && config.aic_nextn.is_none()
                 && config.native_host_offload.is_none()
-                && groups.is_none()
                 && config.state_cache.is_none(),
             opaque_output_blocks: options.opaque_output_blocks,
             timing,
@@ -813,19 +812,19 @@ impl VllmScheduler {
 
     /// Fast path for the common case, from `running[*i]` on: requests decoding one token
     /// that fits their last block and completes no block, so no allocation, hashing or
-    /// event can result. Stops at the first request that needs the general path and
+    /// event can result (with cache groups: decoding one token whose lease grows or
+    /// shrinks in place). Stops at the first request that needs the general path and
     /// returns how many were scheduled and their KV. Counts stay in locals so the loop
     /// does not round-trip the budget through memory.
     #[inline]
     fn plain_decode_run(&mut self, i: &mut usize, budget: u32) -> (usize, usize, u64) {
-        if self.groups.is_some() {
-            return (0, 0, 0); // every grouped token reallocates its lease (windows move)
-        }
         let bs = self.block_size;
         let pass_id = self.pass_id;
         let check_boundary = self.prefix_caching;
         // With a state cache only a token that leaves the state as it is may pass here.
         let state = self.state.as_ref().map(|sc| sc.align_unit().is_some());
+        // With a state cache grouped requests take the state path (`schedule`).
+        let grouped = self.groups.is_some() && self.state.is_none();
         // Squares for the forward-pass metrics' variance: a multiply per token, in u64
         // (a batch of 1024 requests of 2^20 tokens sums to 2^50).
         let (mut n, mut kv, mut kv_sq) = (0usize, 0usize, 0u64);
@@ -840,17 +839,27 @@ impl VllmScheduler {
                 continue;
             }
             if entry.in_run() {
-                break; // its steady run ends: the general path catches it up
+                if !grouped {
+                    break; // its steady run ends: the general path catches it up
+                }
+                self.catch_up(*i, false);
             }
             let Some(seq) = self.seqs[entry.key.0 as usize].as_mut() else { break };
             let len = seq.len;
-            // Block size is almost always a power of two: no division per token then.
-            let rem = if bs.is_power_of_two() { len & (bs - 1) } else { len % bs };
-            let plain = seq.num_computed + 1 == len
-                && seq.num_computed >= seq.prompt_len
-                && len as usize <= seq.blocks.len() * bs as usize
-                && (!check_boundary || rem != 0)
-                && state.is_none_or(|align| state::decode_leaves_state(seq, len, bs, align));
+            let decode = seq.num_computed + 1 == len && seq.num_computed >= seq.prompt_len;
+            let plain = if grouped {
+                // A grouped decode token only moves its lease (a run ends where a page
+                // range moves): reallocated here, as the general path would. When the
+                // others leave no room, nothing changes and the general path preempts.
+                decode && self.groups.as_mut().is_some_and(|g| g.allocate(&mut seq.lease, len - 1, len))
+            } else {
+                // Block size is almost always a power of two: no division per token then.
+                let rem = if bs.is_power_of_two() { len & (bs - 1) } else { len % bs };
+                decode
+                    && len as usize <= seq.blocks.len() * bs as usize
+                    && (!check_boundary || rem != 0)
+                    && state.is_none_or(|align| state::decode_leaves_state(seq, len, bs, align))
+            };
             if !plain {
                 break;
             }
@@ -1417,11 +1426,20 @@ impl VllmScheduler {
             work.decode_requests = batch;
             work.decode_kv_tokens = kv;
         }
-        // With groups the reference prices decode against the active tokens themselves
-        // (utilisation 1): the linear pool it would divide by does not exist.
-        let total_kv_tokens = if self.groups.is_some() { kv } else { self.kv_capacity_tokens() };
+        let total_kv_tokens = self.decode_total_kv_tokens(kv);
         let (prefill_ms, decode_ms) = pass_ms(self.timing.as_ref(), &work, total_kv_tokens);
         (scaled_nanos(prefill_ms, self.speedup), scaled_nanos(decode_ms, self.decode_speedup))
+    }
+
+    /// The KV capacity a decode pass holding `kv` tokens is priced against. With groups
+    /// the reference prices decode against the active tokens themselves (utilisation 1):
+    /// the linear pool it would divide by does not exist.
+    fn decode_total_kv_tokens(&self, kv: usize) -> usize {
+        if self.groups.is_some() {
+            kv
+        } else {
+            self.kv_capacity_tokens()
+        }
     }
 
     /// Every ready request samples one token; finished ones release their KV.

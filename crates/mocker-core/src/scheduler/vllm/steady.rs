@@ -89,7 +89,7 @@ impl VllmScheduler {
         if batch == 0 || self.worker_type == WorkerType::Prefill {
             return 0;
         }
-        let total_kv_tokens = self.kv_capacity_tokens();
+        let total_kv_tokens = self.decode_total_kv_tokens(kv);
         let ms = self.timing.decode_ms(DecodeShape { batch, active_kv_tokens: kv, total_kv_tokens });
         scaled_nanos(ms, self.decode_speedup)
     }
@@ -144,11 +144,16 @@ impl VllmScheduler {
         if !self.aggregate_steady || seq.generated < 2 || seq.num_computed + 1 != seq.len {
             return 0;
         }
+        let finishes = seq.max_output.saturating_sub(seq.generated + 1);
+        if let Some(groups) = &self.groups {
+            // A grouped request holds a lease, not blocks: it is steady while the lease's
+            // page ranges stay where they are.
+            return groups.steady_decode_passes(&seq.lease).min(finishes);
+        }
         let bs = self.block_size;
         let len = seq.len;
         // The pass j (1-based) ahead runs at length len + j - 1.
         let fits = (seq.blocks.len() as u32 * bs + 1).saturating_sub(len);
-        let finishes = seq.max_output.saturating_sub(seq.generated + 1);
         let mut passes = fits.min(finishes);
         if self.prefix_caching {
             let rem = len % bs;
