@@ -15,6 +15,7 @@ use mocker_replay::scaling::{PoolName, ScalingPlan, ScalingPolicy};
 
 use crate::telemetry::TelemetryFile;
 use mocker_replay::trace::load::load_trace_with;
+use mocker_replay::trace::stream::{scan_for_stream, StreamIf};
 use mocker_replay::trace::NestedTimestampBasis;
 use mocker_replay::{
     Cluster, Load, Pool, ReplayError, ReplayOptions, ReplayOutcome, RequestRecord, RouterMode, Sla,
@@ -344,8 +345,20 @@ impl ReplayArgs {
                     .into(),
             ));
         }
-        let trace = load_trace_with(path, format, self.trace_block_size, basis)
-            .map_err(|e| UsageError(e.to_string()))?;
+        // A trace replayed once, one row per session in release order, is read as the
+        // replay reaches its rows: memory then follows what is in flight, not the trace.
+        let streamed = if self.trace_repeat == 1 && self.agentic_lanes.is_none() {
+            let when = StreamIf { by_timestamp: self.concurrency.is_none() };
+            scan_for_stream(path, format, self.trace_block_size, when)
+                .map_err(|e| UsageError(e.to_string()))?
+        } else {
+            None
+        };
+        let trace = match streamed {
+            Some(trace) => trace,
+            None => load_trace_with(path, format, self.trace_block_size, basis)
+                .map_err(|e| UsageError(e.to_string()))?,
+        };
         if format == TraceFormat::Dynamo && self.agentic_lanes.is_some() {
             // mocker reads standard Dynamo traces only (agentic records are refused).
             return Err(UsageError("--agentic-lanes: requires an agentic Dynamo trace".into()));

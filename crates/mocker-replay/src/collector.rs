@@ -69,6 +69,13 @@ impl Collector {
         Self::default()
     }
 
+    /// Makes room for the per-request samples of `requests` requests (an upper bound).
+    pub fn expect_requests(&mut self, requests: usize) {
+        for d in [&mut self.ttft, &mut self.ttst, &mut self.tpot, &mut self.e2e] {
+            d.reserve_exact(requests);
+        }
+    }
+
     /// Builds the ITL distributions on a helper thread (for long replays).
     pub fn with_gap_thread(mut self) -> Self {
         self.gaps = GapStats::threaded();

@@ -341,8 +341,7 @@ impl SessionFeed {
             Workload::Trace(t) => {
                 let source = TraceSource::new(t);
                 let source = if tokenless_traces { source.tokenless() } else { source };
-                let per_copy: usize =
-                    t.trace.sessions.iter().flat_map(|s| &s.turns).map(|t| t.input_length as usize).sum();
+                let per_copy = t.trace.prompt_tokens() as usize;
                 let remaining = source.sessions_remaining();
                 (Generator::Trace(source), remaining, per_copy.saturating_mul(t.repeat))
             }

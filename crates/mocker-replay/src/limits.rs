@@ -132,6 +132,9 @@ fn trace_horizon(t: &TraceWorkload, r: f64) -> Result<(), ReplayError> {
         let times = trace.sessions.iter().flat_map(|s| {
             s.first_arrival_ms.into_iter().chain(s.turns.iter().filter_map(|t| t.not_before_ms))
         });
+        // A streamed trace's rows (one-turn sessions, none held) gave their span up front.
+        let streamed = trace.stream.as_ref().and_then(|st| st.span_ms).map(|(lo, hi)| [lo, hi]);
+        let times = times.chain(streamed.into_iter().flatten());
         let (lo, hi) = times.fold((f64::INFINITY, 0.0f64), |(lo, hi), x| (lo.min(x), hi.max(x)));
         let last = if lo.is_finite() { hi - lo } else { 0.0 };
         // Later copies start one span apart: the last arrival plus the mean gap, at most

@@ -66,9 +66,7 @@ impl Workload {
     pub fn total_requests(&self) -> usize {
         match self {
             Self::Synthetic(w) => w.total_requests(),
-            Self::Trace(t) => {
-                t.trace.sessions.iter().map(|s| s.turns.len()).sum::<usize>().saturating_mul(t.repeat)
-            }
+            Self::Trace(t) => t.trace.num_turns().saturating_mul(t.repeat),
         }
     }
 
@@ -106,6 +104,15 @@ impl Workload {
                         return Err(invalid("agentic_lanes", "replays the trace once (repeat 1)".into()));
                     }
                     t.trace.plays()?;
+                }
+                if let Some(st) = &t.trace.stream {
+                    // `scan_for_stream` promises these; a caller that streams otherwise errs.
+                    let by_time_ok = t.concurrency.is_some() || st.span_ms.is_some();
+                    if t.repeat != 1 || t.lanes.is_some() || !by_time_ok {
+                        let msg = "a streamed trace replays once, without lanes, and by timestamp only \
+                                   when every row has one";
+                        return Err(invalid("trace", msg.into()));
+                    }
                 }
                 if t.concurrency.is_none() {
                     if let Some(s) = t.trace.sessions.iter().find(|s| s.first_arrival_ms.is_none()) {

@@ -234,6 +234,11 @@ impl Labels {
     }
 
     fn of(&self, uuid: u128) -> (Option<String>, Option<u32>) {
+        if self.trace.stream.is_some() {
+            // Every row of a streamed trace is a session of its own, named by its line.
+            let line = uuid as u32;
+            return (Some(format!("request_{line}")), self.trace.format.numbers_turns().then_some(0));
+        }
         let Some(&(s, k)) = self.by_line.get(uuid as u32 as usize).filter(|e| e.0 > 0) else {
             return (None, None);
         };

@@ -218,10 +218,19 @@ fn scale(rows: u64, json_out: bool) -> Result<(), UsageError> {
     };
     write().map_err(|e| UsageError(format!("--scale: writing {}: {e}", path.display())))?;
     let started = std::time::Instant::now();
-    let trace =
-        mocker_replay::trace::load::load_trace(&path, mocker_replay::trace::TraceFormat::Mooncake, Some(512));
-    let _ = std::fs::remove_file(&path);
-    let trace = trace.map_err(|e| UsageError(format!("--scale: {e}")))?;
+    // Streamed as `mocker replay` streams it: the rows are read again as the replay
+    // reaches them, so the file goes only after the run.
+    let format = mocker_replay::trace::TraceFormat::Mooncake;
+    let when = mocker_replay::trace::stream::StreamIf { by_timestamp: true };
+    let trace = match mocker_replay::trace::stream::scan_for_stream(&path, format, Some(512), when) {
+        Ok(Some(trace)) => Ok(trace),
+        Ok(None) => mocker_replay::trace::load::load_trace(&path, format, Some(512)),
+        Err(e) => Err(e),
+    };
+    let trace = trace.map_err(|e| {
+        let _ = std::fs::remove_file(&path);
+        UsageError(format!("--scale: {e}"))
+    })?;
     let options = ReplayOptions {
         cluster: Cluster::aggregated(LaunchConfig::default(), 64),
         workload: Workload::Trace(mocker_replay::TraceWorkload {
@@ -233,8 +242,9 @@ fn scale(rows: u64, json_out: bool) -> Result<(), UsageError> {
         router: mocker_replay::RouterMode::Kv,
         ..Default::default()
     };
-    let out = mocker_replay::run_replay(&options, mocker_replay::Hooks::default())
-        .map_err(|e| UsageError(format!("--scale: {e}")))?;
+    let out = mocker_replay::run_replay(&options, mocker_replay::Hooks::default());
+    let _ = std::fs::remove_file(&path);
+    let out = out.map_err(|e| UsageError(format!("--scale: {e}")))?;
     let wall_ms = started.elapsed().as_secs_f64() * 1e3;
     // Peak resident memory of the whole process (VmHWM), as `time -v` reports it.
     let peak_mb = std::fs::read_to_string("/proc/self/status")

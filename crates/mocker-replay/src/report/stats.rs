@@ -100,6 +100,12 @@ impl ExactDistribution {
         self.values.push(value);
     }
 
+    /// Makes room for `more` samples exactly (growing by doubling could leave twice the
+    /// room a large run needs).
+    pub fn reserve_exact(&mut self, more: usize) {
+        self.values.reserve_exact(more);
+    }
+
     /// Number of samples recorded (the report's `num_*_samples`).
     pub fn len(&self) -> usize {
         self.values.len()

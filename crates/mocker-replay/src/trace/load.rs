@@ -88,7 +88,7 @@ pub fn parse_trace_with(
 
 /// A trace's lines, numbered from 1: from text in memory, or read from a file as they
 /// are needed.
-enum Lines<'a, R> {
+pub(crate) enum Lines<'a, R> {
     Text(std::iter::Enumerate<std::str::Lines<'a>>),
     Reader { reader: R, buf: Vec<u8>, line: usize },
 }
@@ -96,7 +96,7 @@ enum Lines<'a, R> {
 impl<R: BufRead> Lines<'_, R> {
     /// The next line and its number (line endings as [`str::lines`] drops them), or
     /// `None` at the end.
-    fn next_line(&mut self) -> Option<Result<(usize, &str), TraceError>> {
+    pub(crate) fn next_line(&mut self) -> Option<Result<(usize, &str), TraceError>> {
         match self {
             Lines::Text(lines) => lines.next().map(|(i, l)| Ok((i + 1, l))),
             Lines::Reader { reader, buf, line } => {
@@ -146,34 +146,9 @@ fn parse_lines<R: BufRead>(
         return Err(p.err(0, "trace_block_size", msg));
     }
     let mut first = true;
-    let plain = matches!(format, TraceFormat::Mooncake | TraceFormat::MooncakeDelta);
     while let Some(next) = lines.next_line() {
         let (n, line) = next?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        if line.len() >= crate::trace::scan::SCAN_MIN_LINE {
-            p.check_entries(n, line)?;
-        }
-        if plain {
-            if let Ok(row) = serde_json::from_str::<PlainRow>(line) {
-                if p.plain_row(n, row)? {
-                    continue;
-                }
-            }
-        }
-        let row = p.object(n, line)?;
-        let header = std::mem::take(&mut first)
-            && format == TraceFormat::AgenticMooncake
-            && row.contains_key("schema");
-        let read = if header { p.header(n, &row) } else { p.row(n, &row) };
-        // A field the row lacks may be there under a misspelt key: say so.
-        read.map_err(|mut e| {
-            if let Some(note) = p.keys.note(e.line, &e.field) {
-                e.message += &note;
-            }
-            e
-        })?;
+        p.read_line(n, line, &mut first)?;
     }
     if format == TraceFormat::Dynamo {
         p.finish_dynamo()?;
@@ -182,6 +157,37 @@ fn parse_lines<R: BufRead>(
 }
 
 impl Parser {
+    /// Reads line `n` of the trace (blank lines are skipped); `first` is whether no
+    /// non-blank line was read before (an agentic v2 header may only come first).
+    pub(crate) fn read_line(&mut self, n: usize, line: &str, first: &mut bool) -> Result<(), TraceError> {
+        if line.trim().is_empty() {
+            return Ok(());
+        }
+        if line.len() >= crate::trace::scan::SCAN_MIN_LINE {
+            self.check_entries(n, line)?;
+        }
+        if matches!(self.format, TraceFormat::Mooncake | TraceFormat::MooncakeDelta) {
+            if let Ok(row) = serde_json::from_str::<PlainRow>(line) {
+                if self.plain_row(n, row)? {
+                    *first = false;
+                    return Ok(());
+                }
+            }
+        }
+        let row = self.object(n, line)?;
+        let header = std::mem::take(first)
+            && self.format == TraceFormat::AgenticMooncake
+            && row.contains_key("schema");
+        let read = if header { self.header(n, &row) } else { self.row(n, &row) };
+        // A field the row lacks may be there under a misspelt key: say so.
+        read.map_err(|mut e| {
+            if let Some(note) = self.keys.note(e.line, &e.field) {
+                e.message += &note;
+            }
+            e
+        })
+    }
+
     /// A row read generically, by its format's reader.
     fn row(&mut self, line: usize, row: &Map<String, Value>) -> Result<(), TraceError> {
         match self.format {

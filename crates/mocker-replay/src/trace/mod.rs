@@ -17,7 +17,8 @@
 //! - formats: `mooncake` (and `mooncake-delta`), `agentic`, `applied`, `dynamo` and `weka`
 //!   (lowered to an agentic request graph, so above `agentic`), each reading its rows into
 //!   the shared parser;
-//! - entry: `load` (a file or text read in its format: [`load::load_trace`]), `source` (a
+//! - entry: `load` (a file or text read in its format: [`load::load_trace`]), `stream` (a
+//!   Mooncake file of one-row sessions read as the replay reaches its rows), `source` (a
 //!   trace's sessions, prompts synthesised, for the replay), `generator` (synthetic
 //!   Mooncake traces).
 
@@ -36,6 +37,7 @@ mod weka;
 pub mod generator;
 pub mod load;
 pub mod source;
+pub mod stream;
 
 use std::path::PathBuf;
 
@@ -227,6 +229,23 @@ pub struct Trace {
     /// Weka traces: the basis nested times were read by, as the reference reports it
     /// (`absolute`, `relative`, or `not_applicable` when `auto` found no nested requests).
     pub nested_timestamp_basis: Option<&'static str>,
+    /// Set when the trace is replayed as a stream (`stream::scan_for_stream`): `sessions`
+    /// is then empty and the rows are read again as the replay reaches them.
+    pub stream: Option<std::sync::Arc<TraceStream>>,
+}
+
+/// What the first pass over a streamed trace learnt (its rows are not held).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceStream {
+    /// Rows (each a one-turn session).
+    pub rows: usize,
+    /// Prompt tokens of all rows.
+    pub prompt_tokens: u64,
+    /// First and last timestamps (ms; the rows are in time order), `None` when some row
+    /// has none (replayable only by concurrency).
+    pub span_ms: Option<(f64, f64)>,
+    /// Rows using each dense hash id, saturating (see `TraceSource`'s private tails).
+    pub id_uses: Vec<u8>,
 }
 
 /// The play a request-graph row names: its trajectory, which `--agentic-lanes` runs as a
@@ -313,6 +332,22 @@ pub const MAX_TIMESTAMP_MS: f64 = 1e13;
 pub const MAX_DELAY_MS: f64 = 1e10;
 
 impl Trace {
+    /// Requests (turns) of one copy of the trace.
+    pub fn num_turns(&self) -> usize {
+        match &self.stream {
+            Some(st) => st.rows,
+            None => self.sessions.iter().map(|s| s.turns.len()).sum(),
+        }
+    }
+
+    /// Prompt tokens of one copy of the trace.
+    pub fn prompt_tokens(&self) -> u64 {
+        match &self.stream {
+            Some(st) => st.prompt_tokens,
+            None => self.sessions.iter().flat_map(|s| &s.turns).map(|t| u64::from(t.input_length)).sum(),
+        }
+    }
+
     /// A [`TraceError`] at `line` of this trace's file.
     pub fn error_at(&self, line: u32, field: &str, message: String) -> TraceError {
         TraceError { path: self.path.clone(), line: line as usize, field: field.into(), message }

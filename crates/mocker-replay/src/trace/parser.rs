@@ -76,6 +76,10 @@ pub(crate) struct Parser {
     pub(crate) dynamo_requests: Vec<DynamoRequest>,
     /// Unknown keys found so far.
     pub(crate) keys: KeyCheck,
+    /// Hash ids are used as they are (a streamed trace: no map of every id is kept, see
+    /// `stream`); `max_raw` is then the largest seen, for the stream to bound them.
+    pub(crate) raw_ids: bool,
+    pub(crate) max_raw: u64,
 }
 
 /// A row's prompt and output, common to every format.
@@ -118,11 +122,18 @@ impl Parser {
             unknown_keys: self.keys.finish(),
             graph_rows: self.graph_rows,
             nested_timestamp_basis: None,
+            stream: None,
         }
     }
 
     /// The dense id of a trace's raw hash id.
     pub(crate) fn dense_id(&mut self, raw: u64) -> u32 {
+        if self.raw_ids {
+            // Any injective map gives the replay the same prompts up to renaming; the
+            // stream refuses raw ids that do not fit (`stream::MAX_RAW_ID`).
+            self.max_raw = self.max_raw.max(raw);
+            return raw.min(u64::from(u32::MAX - 1)) as u32;
+        }
         if raw >= self.direct_bound() {
             self.widen_direct(raw);
         }
@@ -378,6 +389,17 @@ impl Parser {
     }
 
     /// Starts a session with `turn`; returns its index.
+    /// Takes back the session the last row made, when that row was a session of its own
+    /// (no session is open by key): a streamed trace hands rows out instead of keeping
+    /// them. `None` when it made none or sessions are keyed.
+    pub(crate) fn take_row_session(&mut self) -> Option<TraceSession> {
+        if !self.open.is_empty() {
+            return None;
+        }
+        self.history.pop();
+        self.sessions.pop()
+    }
+
     pub(crate) fn new_session(
         &mut self,
         first_arrival_ms: Option<f64>,

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use mocker_core::hashing::deterministic_output_token;
 
 use crate::options::TraceWorkload;
-use crate::trace::{expand_prompt, Trace, TraceFormat};
+use crate::trace::stream::StreamRows;
+use crate::trace::{expand_prompt, Trace, TraceFormat, TraceSession};
 
 /// One synthesised turn of a trace session.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,6 +66,47 @@ pub struct TraceSource {
     id_uses: Option<Vec<u8>>,
     /// Hand out block ids instead of synthesised tokens.
     tokenless: bool,
+    /// A streamed trace's rows (`order` is then empty), one read ahead.
+    stream: Option<Streamed>,
+}
+
+/// The rows of a streamed trace still to hand out.
+#[derive(Debug)]
+struct Streamed {
+    rows: Option<StreamRows>,
+    /// The next row's session, read ahead for its arrival.
+    ahead: Option<TraceSession>,
+    /// Rows handed out so far.
+    handed: usize,
+}
+
+impl Streamed {
+    fn open(trace: &Trace) -> Self {
+        let rows = StreamRows::open(&trace.path, trace.format, Some(trace.block_size));
+        let mut s = Self { rows: rows.map_err(|e| eprintln!("error: {e}")).ok(), ahead: None, handed: 0 };
+        s.read_ahead();
+        s
+    }
+
+    /// Reads the next row into `ahead`. The first pass read the same file without error,
+    /// so a failure here means it changed since: said, and the replay ends there.
+    fn read_ahead(&mut self) {
+        self.ahead = match self.rows.as_mut().map(StreamRows::next_row) {
+            Some(Ok(Some(Some(session)))) => Some(session),
+            Some(Ok(None)) | None => None,
+            Some(Ok(Some(None))) => {
+                eprintln!("error: the trace changed while it was replayed (a row is no longer a session of its own); the replay stops there");
+                None
+            }
+            Some(Err(e)) => {
+                eprintln!("error: the trace changed while it was replayed: {e}; the replay stops there");
+                None
+            }
+        };
+        if self.ahead.is_none() {
+            self.rows = None;
+        }
+    }
 }
 
 impl TraceSource {
@@ -72,6 +114,24 @@ impl TraceSource {
     pub fn new(w: &TraceWorkload) -> Self {
         let trace = w.trace.clone();
         let trace_mode = w.concurrency.is_none();
+        if let Some(st) = &trace.stream {
+            // Rows come in release order already (time order was checked by the scan).
+            let origin_ms = trace_mode.then(|| st.span_ms.map_or(0.0, |s| s.0));
+            let stream = Some(Streamed::open(&trace));
+            let id_uses = Some(st.id_uses.clone());
+            return Self {
+                trace,
+                order: Vec::new(),
+                span_ms: 0.0,
+                origin_ms,
+                repeat: 1,
+                copy: 0,
+                pos: 0,
+                id_uses,
+                tokenless: false,
+                stream,
+            };
+        }
         let mut order: Vec<(u32, Option<f64>)> = trace
             .sessions
             .iter()
@@ -118,6 +178,7 @@ impl TraceSource {
             pos: 0,
             id_uses,
             tokenless: false,
+            stream: None,
         }
     }
 
@@ -136,11 +197,20 @@ impl TraceSource {
 
     /// Sessions not started yet.
     pub fn sessions_remaining(&self) -> usize {
+        if let Some(st) = &self.stream {
+            let rows = self.trace.stream.as_ref().map_or(0, |t| t.rows);
+            // Fewer when the file was cut short since the first pass.
+            return if st.ahead.is_some() { rows - st.handed } else { 0 };
+        }
         (self.repeat - self.copy) * self.order.len() - self.pos
     }
 
     /// First arrival (ms) of the next session, in trace mode.
     pub fn next_arrival_ms(&self) -> Option<f64> {
+        if let Some(st) = &self.stream {
+            let origin = self.origin_ms?;
+            return st.ahead.as_ref().and_then(|s| s.first_arrival_ms).map(|t| t - origin);
+        }
         if self.sessions_remaining() == 0 {
             return None;
         }
@@ -149,18 +219,39 @@ impl TraceSource {
 
     /// The next session, prompts synthesised.
     pub fn next_session(&mut self) -> Option<SourcedSession> {
+        if let Some(st) = self.stream.as_mut() {
+            let session = st.ahead.take()?;
+            let index = st.handed as u32;
+            st.handed += 1;
+            st.read_ahead();
+            let shift = self.origin_ms.map(|o| -o);
+            return Some(self.source_session(&session, index, 0, shift));
+        }
         if self.sessions_remaining() == 0 {
             return None;
         }
         let (index, _) = self.order[self.pos];
-        let copy = self.copy as u128;
+        let copy = self.copy;
         let shift = self.origin_ms.map(|o| self.copy as f64 * self.span_ms - o);
         self.pos += 1;
         if self.pos == self.order.len() {
             self.pos = 0;
             self.copy += 1;
         }
-        let session = &self.trace.sessions[index as usize];
+        let trace = self.trace.clone();
+        Some(self.source_session(&trace.sessions[index as usize], index, copy, shift))
+    }
+
+    /// Session `index` (in file order) of copy `copy`, prompts synthesised; `shift` moves
+    /// its `not_before_ms` onto the replay's timeline.
+    fn source_session(
+        &self,
+        session: &TraceSession,
+        index: u32,
+        copy: usize,
+        shift: Option<f64>,
+    ) -> SourcedSession {
+        let copy = copy as u128;
         let bs = self.trace.block_size;
         let delta = self.trace.format == TraceFormat::MooncakeDelta;
         let mut history: Vec<u32> = Vec::new();
@@ -201,7 +292,7 @@ impl TraceSource {
         }
         let gate = session.gate.map(|g| copy as u64 * self.trace.gates.len() as u64 + u64::from(g));
         let order = copy as u64 * self.order.len() as u64 + u64::from(index);
-        Some(SourcedSession { turns, gate, order })
+        SourcedSession { turns, gate, order }
     }
 }
 
