@@ -132,6 +132,7 @@ fn hashes_after_prefix(
     tokens: &[u32],
     bs: usize,
     with_local: bool,
+    capacity: usize,
 ) -> PromptHashes {
     if cache.len() <= group {
         cache.resize(group + 1, None);
@@ -145,7 +146,14 @@ fn hashes_after_prefix(
             cache[group].insert(p)
         }
     };
-    let mut h = prefix.clone();
+    // Sized for the whole generation at once: a clone of the prefix grew (and copied) on
+    // the first block past it, for every turn, and again in the engine's submit.
+    let mut h = PromptHashes {
+        sequence: Vec::with_capacity(capacity),
+        local: Vec::with_capacity(if with_local { capacity } else { 0 }),
+    };
+    h.sequence.extend_from_slice(&prefix.sequence);
+    h.local.extend_from_slice(&prefix.local);
     let parent = h.sequence.last().copied();
     let locals = with_local.then_some(&mut h.local);
     extend_hashes(parent, &tokens[shared * bs..], bs, &mut h.sequence, locals);
@@ -296,6 +304,8 @@ impl KeyMaker {
         let with_local = self.hashing.with_local()?;
         let blocks = tokens.len() / bs;
         let hashed = shareable.map_or(blocks, |n| n.min(blocks));
+        // Sized for the whole generation, so the engine's submit need not grow them.
+        let capacity = (tokens.len() + max_output).div_ceil(bs);
         let mut h = match group {
             Some((g, prefix)) if prefix > 0 && prefix <= hashed => hashes_after_prefix(
                 &mut self.group_prefixes,
@@ -303,10 +313,9 @@ impl KeyMaker {
                 &tokens[..hashed * bs],
                 bs,
                 with_local,
+                capacity,
             ),
             _ => {
-                // Sized for the whole generation, so the engine's submit need not grow them.
-                let capacity = (tokens.len() + max_output).div_ceil(bs);
                 let mut h = PromptHashes {
                     sequence: Vec::with_capacity(capacity),
                     local: Vec::with_capacity(if with_local { capacity } else { 0 }),
