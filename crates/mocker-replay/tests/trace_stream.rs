@@ -121,6 +121,7 @@ fn only_traces_released_in_file_order_stream() {
     let sessions = "{\"session_id\": \"a\", \"timestamp\": 1, \"output_length\": 2, \"hash_ids\": [1]}\n\
                     {\"session_id\": \"a\", \"delay\": 3, \"output_length\": 2, \"hash_ids\": [1, 2]}\n";
     assert_eq!(scan(sessions, TraceFormat::Mooncake, by_time), Ok(false), "multi-turn sessions are loaded");
+    assert_eq!(scan("\n", TraceFormat::Mooncake, by_time), Ok(false), "an empty trace is a load's to refuse");
     // Ids are used as they are, so they must be small and dense enough to count.
     let sparse = "{\"timestamp\": 1, \"output_length\": 2, \"hash_ids\": [99999999999]}\n";
     assert_eq!(scan(sparse, TraceFormat::Mooncake, by_time), Ok(false), "ids past u32 are loaded");

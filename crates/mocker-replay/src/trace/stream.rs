@@ -86,6 +86,9 @@ pub fn scan_for_stream(
             stream.id_uses[i] = stream.id_uses[i].saturating_add(1);
         }
     }
+    if stream.rows == 0 {
+        return Ok(None); // nothing to stream: a load words what is wrong with it
+    }
     let mut trace = rows.parser.finish();
     trace.path = path.to_path_buf();
     trace.unknown_keys.set_path(path);
