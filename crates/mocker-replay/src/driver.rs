@@ -592,6 +592,12 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
         })
         .collect();
     let lifecycle_operations = sim.scaling.map(|sc| sc.operations).unwrap_or_default();
+    if let Workload::Trace(t) = &options.workload {
+        // A streamed trace whose second reading failed replayed only part of it.
+        if let Some(failure) = t.trace.stream.as_ref().and_then(|st| st.failure.get()) {
+            return Err(crate::options::invalid("trace", failure.clone()));
+        }
+    }
     Ok(ReplayOutcome { summary, worker_tokens, lifecycle_operations })
 }
 

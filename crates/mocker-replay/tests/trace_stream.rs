@@ -138,3 +138,36 @@ fn only_traces_released_in_file_order_stream() {
     let loaded = load_trace(file.path(), TraceFormat::Mooncake, Some(512)).unwrap_err();
     assert_eq!(scanned.to_string(), loaded.to_string());
 }
+
+#[test]
+fn a_trace_that_changes_under_its_replay_fails_it() {
+    let text = generated(200);
+    let when = StreamIf { by_timestamp: true };
+    // Gone before the replay: nothing is replayed, and the replay says why.
+    let file = TempFile::new("gone.jsonl", &text);
+    let trace = scan_for_stream(file.path(), TraceFormat::Mooncake, Some(512), when).unwrap().unwrap();
+    drop(file);
+    let options = |trace| ReplayOptions {
+        workload: Workload::Trace(TraceWorkload {
+            trace: Arc::new(trace),
+            concurrency: None,
+            repeat: 1,
+            lanes: None,
+        }),
+        ..Default::default()
+    };
+    let e = run_replay(&options(trace), Hooks::default()).unwrap_err();
+    assert!(e.to_string().contains("cannot read it again"), "{e}");
+    // Cut short, or rewritten, after the first pass: the replay fails.
+    let half: String = text.lines().take(100).map(|l| format!("{l}\n")).collect();
+    let keyed = half.replace("\"hash_ids\"", "\"session_id\": 1, \"hash_ids\"");
+    for (changed, why) in
+        [(half, "ended after 100 of its 200 rows"), (keyed, "no longer a request of its own")]
+    {
+        let file = TempFile::new("cut.jsonl", &text);
+        let trace = scan_for_stream(file.path(), TraceFormat::Mooncake, Some(512), when).unwrap().unwrap();
+        std::fs::write(file.path(), changed).unwrap();
+        let e = run_replay(&options(trace), Hooks::default()).unwrap_err();
+        assert!(e.to_string().contains(why), "{e}");
+    }
+}

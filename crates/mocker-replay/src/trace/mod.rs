@@ -246,6 +246,9 @@ pub struct TraceStream {
     pub span_ms: Option<(f64, f64)>,
     /// Rows using each dense hash id, saturating (see `TraceSource`'s private tails).
     pub id_uses: Vec<u8>,
+    /// Why reading the rows again failed (the file changed or went since the first pass):
+    /// the replay that read them then fails with this instead of reporting part of them.
+    pub failure: std::sync::OnceLock<String>,
 }
 
 /// The play a request-graph row names: its trajectory, which `--agentic-lanes` runs as a

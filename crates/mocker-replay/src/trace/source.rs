@@ -82,29 +82,51 @@ struct Streamed {
 
 impl Streamed {
     fn open(trace: &Trace) -> Self {
-        let rows = StreamRows::open(&trace.path, trace.format, Some(trace.block_size));
-        let mut s = Self { rows: rows.map_err(|e| eprintln!("error: {e}")).ok(), ahead: None, handed: 0 };
-        s.read_ahead();
+        let mut s = Self { rows: None, ahead: None, handed: 0 };
+        match StreamRows::open(&trace.path, trace.format, Some(trace.block_size)) {
+            Ok(rows) => s.rows = Some(rows),
+            Err(e) => Self::fail(trace, format!("cannot read it again: {e}")),
+        }
+        s.read_ahead(trace);
         s
     }
 
     /// Reads the next row into `ahead`. The first pass read the same file without error,
-    /// so a failure here means it changed since: said, and the replay ends there.
-    fn read_ahead(&mut self) {
+    /// so a failure here means it changed since: the sessions end there and the replay
+    /// fails (see [`crate::trace::TraceStream::failure`]).
+    fn read_ahead(&mut self, trace: &Trace) {
+        let rows = trace.stream.as_ref().map_or(0, |st| st.rows);
         self.ahead = match self.rows.as_mut().map(StreamRows::next_row) {
             Some(Ok(Some(Some(session)))) => Some(session),
+            Some(Ok(None)) if self.handed < rows => {
+                let read = self.handed;
+                Self::fail(
+                    trace,
+                    format!("changed while it was replayed: it ended after {read} of its {rows} rows"),
+                );
+                None
+            }
             Some(Ok(None)) | None => None,
             Some(Ok(Some(None))) => {
-                eprintln!("error: the trace changed while it was replayed (a row is no longer a session of its own); the replay stops there");
+                Self::fail(
+                    trace,
+                    "changed while it was replayed: a row is no longer a request of its own".into(),
+                );
                 None
             }
             Some(Err(e)) => {
-                eprintln!("error: the trace changed while it was replayed: {e}; the replay stops there");
+                Self::fail(trace, format!("changed while it was replayed: {e}"));
                 None
             }
         };
         if self.ahead.is_none() {
             self.rows = None;
+        }
+    }
+
+    fn fail(trace: &Trace, message: String) {
+        if let Some(st) = &trace.stream {
+            let _ = st.failure.set(format!("{}: {message}", trace.path.display()));
         }
     }
 }
@@ -223,7 +245,7 @@ impl TraceSource {
             let session = st.ahead.take()?;
             let index = st.handed as u32;
             st.handed += 1;
-            st.read_ahead();
+            st.read_ahead(&self.trace);
             let shift = self.origin_ms.map(|o| -o);
             return Some(self.source_session(&session, index, 0, shift));
         }

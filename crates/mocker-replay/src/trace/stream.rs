@@ -53,7 +53,13 @@ pub fn scan_for_stream(
         return Ok(None);
     }
     let mut rows = StreamRows::open(path, format, block_size)?;
-    let mut stream = TraceStream { rows: 0, prompt_tokens: 0, span_ms: None, id_uses: Vec::new() };
+    let mut stream = TraceStream {
+        rows: 0,
+        prompt_tokens: 0,
+        span_ms: None,
+        id_uses: Vec::new(),
+        failure: Default::default(),
+    };
     let mut all_timed = true;
     let mut occurrences = 0u64;
     while let Some(session) = rows.next_row()? {
