@@ -430,8 +430,8 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
         collector = collector.with_gap_thread();
     }
     if let Workload::Trace(_) = &options.workload {
-        // A trace's requests are rows it has: room for their samples at once, not the
-        // up to twice as much that growing by doubling leaves (10M rows: 320 MB, not 512).
+        // A trace's requests are rows it has: room for their samples at once, so a long
+        // replay does not copy them each time the vectors double.
         collector.expect_requests(options.workload.total_requests());
     }
     let (policy, sampled) = (hooks.scaling_policy.is_some(), hooks.telemetry.is_some());
