@@ -51,6 +51,11 @@ fn generated(rows: u64) -> String {
     String::from_utf8(out).unwrap()
 }
 
+/// `trace` replayed once, by timestamp or (with `concurrency`) in a closed loop.
+fn once(trace: mocker_replay::trace::Trace, concurrency: Option<usize>) -> Workload {
+    Workload::Trace(TraceWorkload { trace: Arc::new(trace), concurrency, repeat: 1, lanes: None })
+}
+
 /// The summary and every per-request record of a replay of `trace`.
 fn replay(
     trace: mocker_replay::trace::Trace,
@@ -60,12 +65,7 @@ fn replay(
     let engine = r#"{"engine": {"block_size": 16, "num_gpu_blocks": 600, "max_num_seqs": 16}}"#;
     let options = ReplayOptions {
         cluster: Cluster::aggregated(LaunchConfig::from_json_str(engine).expect("engine args"), 4),
-        workload: Workload::Trace(TraceWorkload {
-            trace: Arc::new(trace),
-            concurrency,
-            repeat: 1,
-            lanes: None,
-        }),
+        workload: once(trace, concurrency),
         router,
         ..Default::default()
     };
@@ -147,15 +147,7 @@ fn a_trace_that_changes_under_its_replay_fails_it() {
     let file = TempFile::new("gone.jsonl", &text);
     let trace = scan_for_stream(file.path(), TraceFormat::Mooncake, Some(512), when).unwrap().unwrap();
     drop(file);
-    let options = |trace| ReplayOptions {
-        workload: Workload::Trace(TraceWorkload {
-            trace: Arc::new(trace),
-            concurrency: None,
-            repeat: 1,
-            lanes: None,
-        }),
-        ..Default::default()
-    };
+    let options = |trace| ReplayOptions { workload: once(trace, None), ..Default::default() };
     let e = run_replay(&options(trace), Hooks::default()).unwrap_err();
     assert!(e.to_string().contains("cannot read it again"), "{e}");
     // Cut short, or rewritten, after the first pass: the replay fails.
