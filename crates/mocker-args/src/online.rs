@@ -114,7 +114,7 @@ pub async fn replay_online(options: &ReplayOptions) -> Result<ReplayOutcome, Onl
                 },
                 // Live engines publish every block's KV events.
                 private_tails: false,
-                tokenless_traces: false,
+                tokenless: false,
             },
         ),
         sessions: Vec::new(),

@@ -409,10 +409,10 @@ pub fn run_replay(options: &ReplayOptions, mut hooks: Hooks<'_>) -> Result<Repla
         block_size,
         hashing,
         private_tails: !outputs_reappear,
-        // Trace prompts are only hashed, and vLLM-style engines with opaque output blocks
-        // need no tokens beside the hashes (SGLang's radix cache reads them, a state
-        // cache's align mode hashes prompts inside blocks).
-        tokenless_traces: !outputs_reappear
+        // Prompts are only hashed, and vLLM-style engines with opaque output blocks need
+        // no tokens beside the hashes (SGLang's radix cache reads them, a state cache's
+        // align mode hashes prompts inside blocks).
+        tokenless: !outputs_reappear
             && engines().all(|e| {
                 e.backend != Backend::Sglang && !e.emit_kv_token_ids && e.prefix_match_unit.is_none()
             }),

@@ -17,7 +17,7 @@ use crate::workload::SyntheticSource;
 pub struct PlannedTurn {
     /// Request id.
     pub uuid: u128,
-    /// Prompt tokens; empty with [`FeedOptions::tokenless_traces`] (trace turns).
+    /// Prompt tokens; empty with [`FeedOptions::tokenless`].
     pub tokens: Vec<u32>,
     /// Prompt length.
     pub input_length: usize,
@@ -76,12 +76,14 @@ pub struct FeedOptions {
     /// identities instead of hashes, for engines told they are private. Only sound when
     /// no later prompt contains earlier outputs (not for delta traces).
     pub private_tails: bool,
-    /// Leave trace prompts unmaterialised (`PlannedTurn::tokens` empty): their block
-    /// identities come from the trace's block ids, folded so that they are equal exactly
-    /// when the content hashes of the synthesised tokens would be. Only for engines that
-    /// accept token-less requests (`mocker_core::Request::prompt_len`), and with
-    /// `private_tails` (identities never leave the process). Delta traces keep tokens.
-    pub tokenless_traces: bool,
+    /// Hand the engines no prompt tokens (`PlannedTurn::tokens` empty), only lengths and
+    /// block keys. Trace prompts are then never synthesised: their block identities come
+    /// from the trace's block ids, folded so that they are equal exactly when the content
+    /// hashes of the synthesised tokens would be. Synthetic prompts are hashed and then
+    /// dropped on the feed's side, so the replay neither copies nor frees them. Only for
+    /// engines that accept token-less requests (`mocker_core::Request::prompt_len`), and
+    /// with `private_tails` (identities never leave the process). Delta traces keep tokens.
+    pub tokenless: bool,
 }
 
 /// Prompt tokens below which a helper thread costs more than it saves.
@@ -113,6 +115,8 @@ struct Planner {
     keys: KeyMaker,
     /// Synthetic sessions generated so far (the next one's `PlannedSession::order`).
     generated: u64,
+    /// Synthetic prompts are dropped once hashed (see [`FeedOptions::tokenless`]).
+    tokenless: bool,
 }
 
 /// Computes prompts' block hashes and identities.
@@ -196,7 +200,7 @@ impl Planner {
                         block_hashes,
                         shareable_blocks: shareable,
                         input_length: t.tokens.len(),
-                        tokens: t.tokens,
+                        tokens: if self.tokenless { Vec::new() } else { t.tokens },
                         max_output_tokens: t.max_output_tokens,
                         delay_ms: if turns.is_empty() { 0.0 } else { delay },
                         not_before_ms: None,
@@ -340,7 +344,7 @@ pub struct SessionFeed {
 impl SessionFeed {
     /// A feed of `workload`, prompts prepared as `options` say.
     pub fn new(workload: &Workload, options: FeedOptions) -> Self {
-        let FeedOptions { block_size, hashing, private_tails, tokenless_traces } = options;
+        let FeedOptions { block_size, hashing, private_tails, tokenless } = options;
         let (source, remaining, total_prompt_tokens) = match workload {
             Workload::Synthetic(w) => (
                 Generator::Synthetic(SyntheticSource::new(w.clone(), block_size), w.inter_turn_delay_ms),
@@ -349,14 +353,15 @@ impl SessionFeed {
             ),
             Workload::Trace(t) => {
                 let source = TraceSource::new(t);
-                let source = if tokenless_traces { source.tokenless() } else { source };
+                let source = if tokenless { source.tokenless() } else { source };
                 let per_copy = t.trace.prompt_tokens() as usize;
                 let remaining = source.sessions_remaining();
                 (Generator::Trace(source), remaining, per_copy.saturating_mul(t.repeat))
             }
         };
         let keys = KeyMaker { block_size, hashing, private_tails, group_prefixes: Vec::new() };
-        let mut planner = Planner { source, keys, generated: 0 };
+        let tokenless = tokenless && private_tails;
+        let mut planner = Planner { source, keys, generated: 0, tokenless };
         let source = if total_prompt_tokens < THREAD_MIN_PROMPT_TOKENS {
             Source::Inline(Box::new(planner))
         } else {
@@ -435,7 +440,7 @@ mod tests {
     use crate::workload::SyntheticWorkload;
 
     fn opts(block_size: usize, hashing: PromptHashing, private_tails: bool) -> FeedOptions {
-        FeedOptions { block_size, hashing, private_tails, tokenless_traces: false }
+        FeedOptions { block_size, hashing, private_tails, tokenless: false }
     }
 
     fn collect(w: &SyntheticWorkload) -> Vec<PlannedSession> {
@@ -613,9 +618,9 @@ mod tests {
             for bs in [1, 2, 3, 4, 5, 8] {
                 for hashing in [PromptHashing::Sequence, PromptHashing::WithLocal] {
                     let plain =
-                        FeedOptions { block_size: bs, hashing, private_tails: true, tokenless_traces: false };
+                        FeedOptions { block_size: bs, hashing, private_tails: true, tokenless: false };
                     let mut with_tokens = SessionFeed::new(&w, plain);
-                    let mut tokenless = SessionFeed::new(&w, FeedOptions { tokenless_traces: true, ..plain });
+                    let mut tokenless = SessionFeed::new(&w, FeedOptions { tokenless: true, ..plain });
                     let (mut by_hash, mut by_id) = (FxHashMap::default(), FxHashMap::default());
                     let mut shared = 0;
                     while let Some(a) = with_tokens.start_session() {
