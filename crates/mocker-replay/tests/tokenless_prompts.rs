@@ -3,10 +3,11 @@
 //! Engines asked to put token ids in their KV events (`emit_kv_token_ids`) still get
 //! them, which makes the two runs to compare.
 
+mod replay_capture;
+use replay_capture::capture;
+
 use mocker_core::config::LaunchConfig;
-use mocker_replay::{
-    run_replay, Cluster, Hooks, Load, ReplayOptions, RouterMode, SyntheticWorkload, Workload,
-};
+use mocker_replay::{Cluster, Load, ReplayOptions, RouterMode, SyntheticWorkload, Workload};
 
 fn replay(engine: &str, router: RouterMode, turns: usize) -> (String, Vec<String>) {
     let options = ReplayOptions {
@@ -24,13 +25,7 @@ fn replay(engine: &str, router: RouterMode, turns: usize) -> (String, Vec<String
         router,
         ..Default::default()
     };
-    let mut records = Vec::new();
-    let mut sink = |r: mocker_replay::RequestRecord| records.push(serde_json::to_string(&r).unwrap());
-    let out =
-        run_replay(&options, Hooks { request_ended: Some(&mut sink), ..Default::default() }).expect("replay");
-    let mut summary = out.summary.to_json_value();
-    summary.as_object_mut().unwrap().retain(|k, _| !k.contains("wall") && !k.starts_with("processed_"));
-    (summary.to_string(), records)
+    capture(&options)
 }
 
 #[test]

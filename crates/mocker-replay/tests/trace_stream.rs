@@ -2,6 +2,9 @@
 //! as the same trace loaded whole, and only traces whose release order is their file's
 //! are streamed.
 
+mod replay_capture;
+use replay_capture::capture;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -69,13 +72,7 @@ fn replay(
         router,
         ..Default::default()
     };
-    let mut records = Vec::new();
-    let mut sink = |r: mocker_replay::RequestRecord| records.push(serde_json::to_string(&r).unwrap());
-    let out =
-        run_replay(&options, Hooks { request_ended: Some(&mut sink), ..Default::default() }).expect("replay");
-    let mut summary = out.summary.to_json_value();
-    summary.as_object_mut().unwrap().retain(|k, _| !k.contains("wall") && !k.starts_with("processed_"));
-    (summary.to_string(), records)
+    capture(&options)
 }
 
 #[test]

@@ -100,8 +100,8 @@ impl ExactDistribution {
         self.values.push(value);
     }
 
-    /// Makes room for `more` samples exactly (growing by doubling could leave twice the
-    /// room a large run needs).
+    /// Makes room for `more` samples at once (a long run then never copies them as the
+    /// vector doubles).
     pub fn reserve_exact(&mut self, more: usize) {
         self.values.reserve_exact(more);
     }

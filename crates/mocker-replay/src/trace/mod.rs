@@ -241,8 +241,9 @@ pub struct TraceStream {
     pub rows: usize,
     /// Prompt tokens of all rows.
     pub prompt_tokens: u64,
-    /// First and last timestamps (ms; the rows are in time order), `None` when some row
-    /// has none (replayable only by concurrency).
+    /// Earliest and latest timestamps (ms; the first and last row's when replayed by
+    /// timestamp, which needs time order), `None` when some row has none (replayable only
+    /// by concurrency).
     pub span_ms: Option<(f64, f64)>,
     /// Rows using each dense hash id, saturating (see `TraceSource`'s private tails).
     pub id_uses: Vec<u8>,

@@ -140,7 +140,6 @@ impl TraceSource {
             // Rows come in release order already (time order was checked by the scan).
             let origin_ms = trace_mode.then(|| st.span_ms.map_or(0.0, |s| s.0));
             let stream = Some(Streamed::open(&trace));
-            let id_uses = Some(st.id_uses.clone());
             return Self {
                 trace,
                 order: Vec::new(),
@@ -149,7 +148,8 @@ impl TraceSource {
                 repeat: 1,
                 copy: 0,
                 pos: 0,
-                id_uses,
+                // The stream keeps them (`uses`): one copy, a byte per id value.
+                id_uses: None,
                 tokenless: false,
                 stream,
             };
@@ -264,6 +264,14 @@ impl TraceSource {
         Some(self.source_session(&trace.sessions[index as usize], index, copy, shift))
     }
 
+    /// Rows using each hash id, when a turn's unshared tail is known (see `id_uses`).
+    fn uses(&self) -> Option<&[u8]> {
+        match &self.trace.stream {
+            Some(st) => Some(&st.id_uses),
+            None => self.id_uses.as_deref(),
+        }
+    }
+
     /// Session `index` (in file order) of copy `copy`, prompts synthesised; `shift` moves
     /// its `not_before_ms` onto the replay's timeline.
     fn source_session(
@@ -297,8 +305,7 @@ impl TraceSource {
             };
             let input_length = if delta { tokens.len() } else { input_length };
             let shareable_tokens = self
-                .id_uses
-                .as_ref()
+                .uses()
                 .and_then(|uses| t.ids.iter().position(|&id| uses[id as usize] == 1))
                 .map(|j| (j * bs).min(input_length));
             turns.push(SourcedTurn {

@@ -60,22 +60,21 @@ pub fn scan_for_stream(
         id_uses: Vec::new(),
         failure: Default::default(),
     };
-    let mut all_timed = true;
+    // Time order is what a replay by timestamp needs; the span bounds its horizon.
+    let (mut untimed, mut in_order) = (false, true);
+    let (mut first, mut last) = (f64::INFINITY, f64::NEG_INFINITY);
     let mut occurrences = 0u64;
     while let Some(session) = rows.next_row()? {
         let Some(session) = session else { return Ok(None) };
         let turn = &session.turns[0];
-        match (session.first_arrival_ms, stream.span_ms.as_mut()) {
-            (Some(t), Some(span)) if t >= span.1 => span.1 = t,
-            (Some(_), Some(_)) if when.by_timestamp => return Ok(None),
-            (Some(t), None) if all_timed => stream.span_ms = Some((t, t)),
-            (None, _) => {
-                all_timed = false;
-                stream.span_ms = None;
+        match session.first_arrival_ms {
+            Some(t) => {
+                in_order &= t >= last;
+                (first, last) = (first.min(t), last.max(t));
             }
-            _ => {}
+            None => untimed = true,
         }
-        if when.by_timestamp && !all_timed {
+        if when.by_timestamp && (untimed || !in_order) {
             return Ok(None);
         }
         stream.rows += 1;
@@ -95,6 +94,7 @@ pub fn scan_for_stream(
     if stream.rows == 0 {
         return Ok(None); // nothing to stream: a load words what is wrong with it
     }
+    stream.span_ms = (!untimed).then_some((first, last));
     let mut trace = rows.parser.finish();
     trace.path = path.to_path_buf();
     trace.unknown_keys.set_path(path);
