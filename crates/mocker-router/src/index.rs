@@ -1,9 +1,10 @@
 //! Which workers cache which blocks and which live requests hold them: one flat hash map
 //! from block (sequence) hash to the set of workers caching it (from KV events) and, for a
-//! router that tracks holds, the set of workers where live routed requests hold it, with
-//! per-worker live-request counts in a side table while held (most blocks are only
-//! cached, and counts for every worker on every block doubled the memory at 64 workers
-//! and slowed the walk with it). A route walks the prompt's prefix once for both
+//! router that tracks holds, the set of workers where live routed requests hold it. A
+//! held bit stands for one live request; only a (block, worker) pair held by more keeps a
+//! count, in a small side map (most held blocks have one holder per worker, and a row of
+//! counts per held block was a quarter of a 64-worker replay's working set and three
+//! cache misses per acquire and release). A route walks the prompt's prefix once for both
 //! overlaps, and a prefix walk costs one lookup and a few word operations per block
 //! whatever the number of workers.
 //!
@@ -16,9 +17,8 @@
 use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
-use rustc_hash::FxBuildHasher;
-
-const NO_ROW: u32 = u32::MAX;
+use rustc_hash::{FxBuildHasher, FxHashMap};
+use std::collections::hash_map::Entry;
 
 /// Entries from which a full table grows straight toward the expected size.
 const GROW_AT_ONCE_FROM: usize = 3_584;
@@ -27,6 +27,12 @@ const GROW_AT_ONCE_FROM: usize = 3_584;
 #[inline]
 fn key(hash: u64) -> u64 {
     FxBuildHasher.hash_one(hash)
+}
+
+/// The side-map key of `slot` held on `worker`.
+#[inline]
+fn holder_key(slot: u32, worker: usize) -> u64 {
+    u64::from(slot) << 32 | worker as u64
 }
 
 /// Block hash -> cached (and held) worker sets.
@@ -65,11 +71,9 @@ struct Slotted {
     records: Vec<u64>,
     /// `1 + 2 * words`, or `1 + words` without holds.
     stride: usize,
-    /// Per slot, its row in `counts` while some live request holds it, else `NO_ROW`.
-    count_row: Vec<u32>,
-    /// `num_workers` live-request counts per row.
-    counts: Vec<u32>,
-    free_rows: Vec<u32>,
+    /// Live requests beyond the first holding a slot on a worker, keyed by
+    /// [`holder_key`]: present only while two or more do (the held bit is the first).
+    extra_holders: FxHashMap<u64, u32>,
     free: Vec<u32>,
 }
 
@@ -109,9 +113,7 @@ impl BlockIndex {
                 slots: HashTable::new(),
                 records: Vec::new(),
                 stride: 1 + words * if holds { 2 } else { 1 },
-                count_row: Vec::new(),
-                counts: Vec::new(),
-                free_rows: Vec::new(),
+                extra_holders: FxHashMap::default(),
                 free: Vec::new(),
             })
         };
@@ -214,46 +216,35 @@ impl BlockIndex {
 
     /// [`acquire`](Self::acquire) of a block whose slot a walk just found (no lookup).
     pub fn acquire_slot(&mut self, slot: u32, worker: usize) -> bool {
-        let (n, words) = (self.num_workers, self.words);
+        let words = self.words;
         let s = self.slotted();
-        let mut row = s.count_row[slot as usize];
-        if row == NO_ROW {
-            row = s.free_rows.pop().unwrap_or_else(|| {
-                s.counts.resize(s.counts.len() + n, 0);
-                (s.counts.len() / n - 1) as u32
-            });
-            s.count_row[slot as usize] = row;
+        let i = s.held_word(slot, words, worker);
+        let bit = 1 << (worker % 64);
+        if s.records[i] & bit == 0 {
+            s.records[i] |= bit;
+            return true;
         }
-        let c = &mut s.counts[row as usize * n + worker];
-        *c += 1;
-        let first = *c == 1;
-        if first {
-            let i = s.held_word(slot, words, worker);
-            s.records[i] |= 1 << (worker % 64);
-        }
-        first
+        *s.extra_holders.entry(holder_key(slot, worker)).or_insert(0) += 1;
+        false
     }
 
     /// Undoes one [`acquire`](Self::acquire) of `slot` on `worker`; returns whether no
     /// live request holds the block there any more.
     pub fn release(&mut self, slot: u32, worker: usize) -> bool {
-        let (n, words) = (self.num_workers, self.words);
+        let words = self.words;
         let s = self.slotted();
-        let row = s.count_row[slot as usize];
-        let c = &mut s.counts[row as usize * n + worker];
-        debug_assert!(*c > 0, "release without acquire");
-        *c -= 1;
-        if *c != 0 {
-            return false;
+        if !s.extra_holders.is_empty() {
+            if let Entry::Occupied(mut e) = s.extra_holders.entry(holder_key(slot, worker)) {
+                *e.get_mut() -= 1;
+                if *e.get() == 0 {
+                    e.remove();
+                }
+                return false;
+            }
         }
-        let held = s.held_word(slot, words, 0);
-        s.records[held + worker / 64] &= !(1 << (worker % 64));
-        if s.records[held..held + words].iter().all(|&m| m == 0) {
-            // Every count of the row is zero again (a held bit is set exactly while its
-            // count is not), so the row can serve another slot.
-            s.count_row[slot as usize] = NO_ROW;
-            s.free_rows.push(row);
-        }
+        let i = s.held_word(slot, words, worker);
+        debug_assert!(s.records[i] & (1 << (worker % 64)) != 0, "release without acquire");
+        s.records[i] &= !(1 << (worker % 64));
         if s.unused(slot) {
             s.drop_slot(slot);
         }
@@ -285,9 +276,6 @@ impl BlockIndex {
         self.alive_cached = vec![0; words];
         self.alive_held = vec![0; words];
         if words == old_words {
-            if let Store::Slotted(s) = &mut self.store {
-                s.widen_counts(old_n, n);
-            }
             return;
         }
         match &mut self.store {
@@ -297,9 +285,7 @@ impl BlockIndex {
                     slots: HashTable::new(),
                     records: Vec::new(),
                     stride: 1 + words,
-                    count_row: Vec::new(),
-                    counts: Vec::new(),
-                    free_rows: Vec::new(),
+                    extra_holders: FxHashMap::default(),
                     free: Vec::new(),
                 };
                 for &(hash, mask) in t.iter() {
@@ -325,7 +311,6 @@ impl BlockIndex {
                 }
                 s.records = records;
                 s.stride = stride;
-                s.widen_counts(old_n, n);
             }
         }
     }
@@ -440,27 +425,13 @@ impl Slotted {
                     None => {
                         self.records.push(hash);
                         self.records.resize(self.records.len() + stride - 1, 0);
-                        self.count_row.push(NO_ROW);
-                        (self.count_row.len() - 1) as u32
+                        (self.records.len() / stride - 1) as u32
                     }
                 };
                 e.insert(s);
                 s
             }
         }
-    }
-
-    /// Rewrites the per-row live-request counts from `old` to `new` workers a row.
-    fn widen_counts(&mut self, old: usize, new: usize) {
-        if self.counts.is_empty() {
-            return;
-        }
-        let rows = self.counts.len() / old;
-        let mut counts = vec![0; rows * new];
-        for r in 0..rows {
-            counts[r * new..r * new + old].copy_from_slice(&self.counts[r * old..(r + 1) * old]);
-        }
-        self.counts = counts;
     }
 
     /// The slot of `hash`, if some worker caches it or some live request holds it.
@@ -693,10 +664,8 @@ mod tests {
                 let distinct: BTreeSet<u64> =
                     held_model.keys().map(|k| k.0).chain(cached_model.iter().map(|k| k.0)).collect();
                 assert_eq!(ix.len(), distinct.len());
-                let held: BTreeSet<u64> = held_model.keys().map(|k| k.0).collect();
-                let slotted = ix.slotted();
-                let rows = slotted.counts.len() / n - slotted.free_rows.len();
-                assert_eq!(rows, held.len(), "count rows only for held blocks");
+                let shared = held_model.values().filter(|&&c| c > 1).count();
+                assert_eq!(ix.slotted().extra_holders.len(), shared, "counts only for shared holds");
                 let probe: Vec<u64> = (0..rng.random_range(0..6)).map(|_| rng.random_range(0..20)).collect();
                 check(&mut ix, &probe, &held_model, &cached_model, &mut out, &mut out_held, &mut found);
                 ix.prefix_overlaps(&probe, &mut out, None, &mut found);
