@@ -379,9 +379,17 @@ impl BlockIndex {
                 }
             }
             Store::Slotted(s) => {
+                // Probes first (each confirms its block on the record, bringing the sets
+                // into cache), in a loop whose loads do not depend on one another so the
+                // misses of successive blocks overlap; then the sets. Interleaved, the
+                // narrowing's branches kept fewer blocks' misses in flight. A block past
+                // the point where every worker dropped out is still found (its slot spares
+                // admission a probe).
                 for &h in hashes {
                     let Some(slot) = s.find(h) else { break };
                     found.push(slot);
+                }
+                for &slot in found.iter() {
                     let base = slot as usize * s.stride + 1;
                     let mut any = false;
                     for i in 0..w {
