@@ -48,7 +48,13 @@ pub struct BlockIndex {
     /// Scratch sets of workers still matching during a walk.
     alive_cached: Vec<u64>,
     alive_held: Vec<u64>,
+    /// Slots an event's blocks were found at (`NO_SLOT`: absent), between the probes and
+    /// the changes of [`insert_all`](Self::insert_all) and [`remove_all`](Self::remove_all).
+    probed: Vec<u32>,
 }
+
+/// Marks a block [`BlockIndex::probed`] absent.
+const NO_SLOT: u32 = u32::MAX;
 
 #[derive(Debug)]
 enum Store {
@@ -90,6 +96,19 @@ fn narrow(alive: &mut u64, mask: u64, word: usize, out: &mut [u32], depth: u32) 
     *alive != 0
 }
 
+/// Asks for the cache line holding `x` ahead of its use: a hint, with no effect on what
+/// any code computes.
+#[inline(always)]
+fn prefetch<T>(x: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing into the program and cannot fault.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((x as *const T).cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
+}
+
 fn flush(alive: &[u64], out: &mut [u32], depth: u32) {
     for (i, &a) in alive.iter().enumerate() {
         let mut m = a;
@@ -124,6 +143,7 @@ impl BlockIndex {
             expected: 0,
             alive_cached: vec![0; words],
             alive_held: vec![0; words],
+            probed: Vec::new(),
         }
     }
 
@@ -183,6 +203,52 @@ impl BlockIndex {
                 let slot = s.slot_of(hash);
                 let i = s.cached_word(slot, worker);
                 s.records[i] |= 1 << (worker % 64);
+            }
+        }
+    }
+
+    /// [`insert`](Self::insert) of every block of `hashes` (a Stored event's). With slots,
+    /// every block is probed before any changes: the probes do not wait on one another, so
+    /// their cache misses overlap (one at a time, they were most of applying an event).
+    pub fn insert_all(&mut self, hashes: impl Iterator<Item = u64> + Clone, worker: usize) {
+        let Store::Slotted(s) = &self.store else {
+            return hashes.for_each(|h| self.insert(h, worker));
+        };
+        self.probed.clear();
+        self.probed.extend(hashes.clone().map(|h| s.find(h).unwrap_or(NO_SLOT)));
+        let mut probed = std::mem::take(&mut self.probed);
+        for (h, &slot) in hashes.zip(&probed) {
+            let slot = if slot == NO_SLOT {
+                self.make_room();
+                self.slotted().slot_of(h)
+            } else {
+                slot
+            };
+            let s = self.slotted();
+            let i = s.cached_word(slot, worker);
+            s.records[i] |= 1 << (worker % 64);
+        }
+        probed.clear();
+        self.probed = probed;
+    }
+
+    /// [`remove`](Self::remove) of every block of `hashes` (a Removed event's), probing
+    /// them all first as [`insert_all`](Self::insert_all) does.
+    pub fn remove_all(&mut self, hashes: &[u64], worker: usize) {
+        let Store::Slotted(s) = &mut self.store else {
+            return hashes.iter().for_each(|&h| self.remove(h, worker));
+        };
+        self.probed.clear();
+        self.probed.extend(hashes.iter().map(|&h| s.find(h).unwrap_or(NO_SLOT)));
+        for &slot in &self.probed {
+            // A slot this event already dropped (its hash listed twice) names nobody.
+            if slot == NO_SLOT || s.unused(slot) {
+                continue;
+            }
+            let i = s.cached_word(slot, worker);
+            s.records[i] &= !(1 << (worker % 64));
+            if s.unused(slot) {
+                s.drop_slot(slot);
             }
         }
     }
@@ -249,6 +315,20 @@ impl BlockIndex {
             s.drop_slot(slot);
         }
         true
+    }
+
+    /// [`release`](Self::release) of each of `slots` on `worker`; returns how many blocks
+    /// no live request holds there any more. The slots are known up front, so their records
+    /// are asked for before any is changed and their cache misses overlap.
+    pub fn release_all(&mut self, slots: &[u32], worker: usize) -> u64 {
+        if slots.is_empty() {
+            return 0; // also an index without holds, whose requests hold no slots
+        }
+        let s = self.slotted();
+        for &slot in slots {
+            prefetch(&s.records[slot as usize * s.stride]);
+        }
+        slots.iter().map(|&slot| u64::from(self.release(slot, worker))).sum()
     }
 
     /// The slotted store; holds exist only there (see [`new`](Self::new)).
@@ -529,6 +609,22 @@ mod tests {
     }
 
     #[test]
+    fn an_event_listing_a_block_twice_frees_its_slot_once() {
+        for (n, holds) in [(3, true), (70, false)] {
+            let mut ix = BlockIndex::new(n, holds);
+            ix.insert_all([1, 2].into_iter(), 0);
+            ix.remove_all(&[1, 1], 0);
+            // A slot freed twice would be handed to both new blocks.
+            ix.insert_all([3, 4].into_iter(), 0);
+            let (mut out, mut found) = (vec![0; n], Vec::new());
+            ix.prefix_overlaps(&[3, 4], &mut out, None, &mut found);
+            assert_eq!(out[0], 2, "{n} workers");
+            ix.prefix_overlaps(&[2], &mut out, None, &mut found);
+            assert_eq!((out[0], ix.len()), (1, 3), "{n} workers");
+        }
+    }
+
+    #[test]
     fn an_index_told_its_size_grows_past_its_first_table_and_keeps_every_block() {
         // Past a few thousand entries the table jumps toward the expected size: every
         // block must still be found, for both stores, through removals and reinsertion.
@@ -653,14 +749,27 @@ mod tests {
                         }
                     }
                     3 => {
-                        let (h, w) = (rng.random_range(0..20), rng.random_range(0..n));
-                        ix.insert(h, w);
-                        cached_model.insert((h, w));
+                        // One block, or an event's list (repeats included).
+                        let w = rng.random_range(0..n);
+                        let hs: Vec<u64> =
+                            (0..rng.random_range(1..5)).map(|_| rng.random_range(0..20)).collect();
+                        if hs.len() == 1 {
+                            ix.insert(hs[0], w);
+                        } else {
+                            ix.insert_all(hs.iter().copied(), w);
+                        }
+                        hs.iter().for_each(|&h| _ = cached_model.insert((h, w)));
                     }
                     4 => {
-                        let (h, w) = (rng.random_range(0..20), rng.random_range(0..n));
-                        ix.remove(h, w);
-                        cached_model.remove(&(h, w));
+                        let w = rng.random_range(0..n);
+                        let hs: Vec<u64> =
+                            (0..rng.random_range(1..5)).map(|_| rng.random_range(0..20)).collect();
+                        if hs.len() == 1 {
+                            ix.remove(hs[0], w);
+                        } else {
+                            ix.remove_all(&hs, w);
+                        }
+                        hs.iter().for_each(|&h| _ = cached_model.remove(&(h, w)));
                     }
                     _ if rng.random_range(0..20) == 0 => {
                         let w = rng.random_range(0..n);
@@ -701,14 +810,23 @@ mod tests {
             let (mut out, mut found) = (vec![0; n], Vec::new());
             for _ in 0..4000 {
                 let (h, w) = (rng.random_range(0..20), rng.random_range(0..n));
+                let hs: Vec<u64> = (0..rng.random_range(1..4)).map(|_| rng.random_range(0..20)).collect();
                 match rng.random_range(0..10) {
-                    0..=3 => {
+                    0 | 1 => {
                         ix.insert(h, w);
                         model.insert((h, w));
                     }
-                    4..=6 => {
+                    2 | 3 => {
+                        ix.insert_all(hs.iter().copied(), w);
+                        hs.iter().for_each(|&h| _ = model.insert((h, w)));
+                    }
+                    4 | 5 => {
                         ix.remove(h, w);
                         model.remove(&(h, w));
+                    }
+                    6 => {
+                        ix.remove_all(&hs, w);
+                        hs.iter().for_each(|&h| _ = model.remove(&(h, w)));
                     }
                     7 if rng.random_range(0..10) == 0 => {
                         ix.clear_worker(w);

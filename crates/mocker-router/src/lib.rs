@@ -180,11 +180,9 @@ impl KvRouter {
         for e in events {
             match &e.data {
                 KvEventData::Stored { blocks, .. } => {
-                    blocks.iter().for_each(|b| self.index.insert(b.block_hash, w))
+                    self.index.insert_all(blocks.iter().map(|b| b.block_hash), w)
                 }
-                KvEventData::Removed { block_hashes } => {
-                    block_hashes.iter().for_each(|&h| self.index.remove(h, w))
-                }
+                KvEventData::Removed { block_hashes } => self.index.remove_all(block_hashes, w),
                 KvEventData::Cleared => self.index.clear_worker(w),
             }
         }
@@ -367,11 +365,9 @@ impl KvRouter {
         self.prefill_done(id);
         let l = std::mem::take(&mut self.live[id as usize]);
         let w = l.worker as usize;
-        for &slot in &l.slots {
-            if self.index.release(slot, w) || !self.cfg.router_assume_kv_reuse {
-                self.active_blocks[w] -= 1;
-            }
-        }
+        // Slots are kept only with holds, which assume KV reuse: a block leaves the
+        // worker's load when its last holder goes.
+        self.active_blocks[w] -= self.index.release_all(&l.slots, w);
         self.active_blocks[w] -= l.private_blocks;
         self.active_requests[w] -= 1;
         self.spare.push(l.slots);
