@@ -3,6 +3,8 @@
 
 use std::hash::BuildHasher;
 
+use std::collections::VecDeque;
+
 use hashbrown::HashTable;
 use rustc_hash::FxBuildHasher;
 
@@ -24,6 +26,8 @@ struct Block {
     /// Sequence hash once the block is cached (`registered`), meaningless otherwise.
     hash: u64,
     refcount: u32,
+    /// The stamp of its entry in the LRU queue while it is inactive, else `NOT_QUEUED`.
+    lru_stamp: u32,
     registered: bool,
     /// First copy of its hash: the one the index points at.
     primary: bool,
@@ -31,9 +35,6 @@ struct Block {
     unindexed: bool,
     /// Its eviction is not announced (registered [`Scope::Private`] or [`Scope::Silent`]).
     silent: bool,
-    /// Inactive LRU links.
-    prev: u32,
-    next: u32,
     /// Next copy of the same hash. Duplicates arise when concurrent requests compute the
     /// same block; only the first is visible to events, and the hash goes with the last.
     next_copy: u32,
@@ -43,8 +44,27 @@ struct Block {
     bucket: u32,
 }
 
-// Two records to a cache line: the bucket field filled the padding.
+// Two records to a cache line.
 const _: () = assert!(std::mem::size_of::<Block>() == 32);
+
+/// [`Block::lru_stamp`] of a block not in the LRU queue.
+const NOT_QUEUED: u32 = u32::MAX;
+
+/// Blocks the LRU queue looks ahead of an eviction run, asking for their records.
+const EVICT_LOOKAHEAD: usize = 16;
+
+/// Asks for the cache line holding `x` ahead of its use: a hint, with no effect on what
+/// any code computes.
+#[inline(always)]
+fn prefetch<T>(x: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing into the program and cannot fault.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((x as *const T).cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
+}
 
 /// Lineage links of one block (kept only under [`EvictionPolicy::Lineage`]).
 ///
@@ -105,8 +125,18 @@ pub struct BlockPool {
     blocks: Vec<Block>,
     capacity: usize,
     free: Vec<BlockId>,
-    lru_head: u32,
-    lru_tail: u32,
+    /// Inactive blocks in release order, oldest first, each with the stamp it was queued
+    /// under; an entry whose block has another stamp now is stale (the block was hit, or
+    /// released again later) and is skipped. A queue rather than a linked list: eviction
+    /// takes victims from the front in order, so their ids are known ahead and their
+    /// records' cache misses overlap, where following links was one miss after another.
+    lru: VecDeque<(BlockId, u32)>,
+    /// Stamp of the next entry queued. Entries' stamps are distinct (the counter restarts
+    /// only with the queue renumbered, see `lru_push_tail`), so a stale entry never passes
+    /// for its block's current one.
+    lru_next_stamp: u32,
+    /// Stale entries in `lru`.
+    lru_stale: usize,
     num_inactive: usize,
     /// The primary copy of each resident hash, keyed by that block's `hash`: an entry is
     /// its 4-byte id, not a 16-byte (hash, id) pair, so the table of a full 16k-block pool
@@ -165,8 +195,9 @@ impl BlockPool {
             blocks: Vec::with_capacity(capacity.min(1 << 21)),
             capacity,
             free: Vec::new(),
-            lru_head: NIL,
-            lru_tail: NIL,
+            lru: VecDeque::new(),
+            lru_next_stamp: 0,
+            lru_stale: 0,
             num_inactive: 0,
             // At most one entry per block, but not sized for all of them up front: a table
             // for 16k blocks is half a megabyte, and inserts scattered over it touch (and
@@ -353,14 +384,58 @@ impl BlockPool {
     #[inline]
     fn take_fresh(&mut self, n: usize, out: &mut Vec<BlockId>, evicted: &mut Vec<u64>) {
         out.reserve(n);
-        for _ in 0..n {
-            // Freed blocks first, then never-used ones in id order: the same ids a pool
-            // created whole with a free list of every block would hand out.
+        let mut left = n;
+        // Freed blocks first, then never-used ones in id order (the same ids a pool created
+        // whole with a free list of every block would hand out), then evictions.
+        while left > 0 {
             let id = match self.free.pop() {
                 Some(id) => id,
                 None if self.blocks.len() < self.capacity => self.new_block(),
-                None => self.evict(evicted),
+                None => break,
             };
+            self.blocks[id as usize].refcount = 1;
+            out.push(id);
+            left -= 1;
+        }
+        if left == 0 {
+            return;
+        }
+        if self.policy == EvictionPolicy::Lru {
+            self.evict_lru_run(left, out, evicted);
+        } else {
+            for _ in 0..left {
+                let id = self.evict(evicted);
+                self.blocks[id as usize].refcount = 1;
+                out.push(id);
+            }
+        }
+    }
+
+    /// Evicts the `n` least-recently-released blocks (there must be as many) into `out`,
+    /// referenced once: the same victims, in the same order, as `n` single evictions
+    /// (forgetting one does not reorder the rest). The queue names the next victims, so
+    /// their records are asked for ahead of the one being evicted.
+    #[inline(always)]
+    fn evict_lru_run(&mut self, n: usize, out: &mut Vec<BlockId>, evicted: &mut Vec<u64>) {
+        debug_assert!(n <= self.num_inactive, "eviction past the LRU");
+        for &(id, _) in self.lru.iter().take(EVICT_LOOKAHEAD) {
+            prefetch(&self.blocks[id as usize]);
+        }
+        for _ in 0..n {
+            let id = loop {
+                // Entries reach the front `EVICT_LOOKAHEAD` pops after they are asked for.
+                if let Some(&(far, _)) = self.lru.get(EVICT_LOOKAHEAD) {
+                    prefetch(&self.blocks[far as usize]);
+                }
+                let (id, stamp) = self.lru.pop_front().expect("an inactive block per eviction");
+                if self.blocks[id as usize].lru_stamp == stamp {
+                    break id;
+                }
+                self.lru_stale -= 1;
+            };
+            self.blocks[id as usize].lru_stamp = NOT_QUEUED;
+            self.num_inactive -= 1;
+            self.forget(id, evicted);
             self.blocks[id as usize].refcount = 1;
             out.push(id);
         }
@@ -478,13 +553,12 @@ impl BlockPool {
     fn new_block(&mut self) -> BlockId {
         self.blocks.push(Block {
             hash: 0,
+            lru_stamp: NOT_QUEUED,
             refcount: 0,
             registered: false,
             primary: false,
             unindexed: false,
             silent: false,
-            prev: NIL,
-            next: NIL,
             next_copy: NIL,
             bucket: NIL,
         });
@@ -640,7 +714,7 @@ impl BlockPool {
 
     /// Forgets every inactive cached block (cache reset); their hashes go to `evicted`.
     pub fn clear_inactive(&mut self, evicted: &mut Vec<u64>) {
-        while self.lru_head != NIL {
+        while self.num_inactive > 0 {
             let id = self.evict(evicted);
             self.free.push(id);
         }
@@ -657,8 +731,7 @@ impl BlockPool {
 
     #[inline(always)]
     fn evict_lru(&mut self, evicted: &mut Vec<u64>) -> BlockId {
-        let id = self.lru_head;
-        debug_assert!(id != NIL, "eviction with an empty LRU");
+        let id = self.lru_front();
         self.lru_unlink(id);
         self.forget(id, evicted);
         id
@@ -667,8 +740,7 @@ impl BlockPool {
     /// The oldest leaf, or, when every inactive block still has cached children (see
     /// `with_policy`), the least-recently-released inactive block, whose children are orphaned.
     fn evict_lineage(&mut self, evicted: &mut Vec<u64>) -> BlockId {
-        let id = if self.leaf_head != NIL { self.leaf_head } else { self.lru_head };
-        debug_assert!(id != NIL, "eviction with an empty LRU");
+        let id = if self.leaf_head != NIL { self.leaf_head } else { self.lru_front() };
         self.lru_unlink(id);
         if self.lineage[id as usize].first_child == NIL {
             self.leaf_unlink(id);
@@ -748,19 +820,41 @@ impl BlockPool {
     }
 
     fn lru_push_tail(&mut self, id: BlockId) {
-        let tail = self.lru_tail;
-        {
-            let b = &mut self.blocks[id as usize];
-            b.prev = tail;
-            b.next = NIL;
+        if self.lru_next_stamp == NOT_QUEUED {
+            self.renumber_lru();
         }
-        if tail == NIL {
-            self.lru_head = id;
-        } else {
-            self.blocks[tail as usize].next = id;
-        }
-        self.lru_tail = id;
+        let stamp = self.lru_next_stamp;
+        self.lru_next_stamp += 1;
+        self.blocks[id as usize].lru_stamp = stamp;
+        self.lru.push_back((id, stamp));
         self.num_inactive += 1;
+    }
+
+    /// Drops the stale entries and stamps the live ones afresh from 0, in order (once per
+    /// four billion releases).
+    #[cold]
+    fn renumber_lru(&mut self) {
+        let blocks = &mut self.blocks;
+        self.lru.retain(|&(id, stamp)| blocks[id as usize].lru_stamp == stamp);
+        for (stamp, entry) in self.lru.iter_mut().enumerate() {
+            entry.1 = stamp as u32;
+            blocks[entry.0 as usize].lru_stamp = stamp as u32;
+        }
+        self.lru_stale = 0;
+        self.lru_next_stamp = self.lru.len() as u32;
+    }
+
+    /// The least-recently-released inactive block (there must be one), its stale
+    /// predecessors dropped from the queue.
+    fn lru_front(&mut self) -> BlockId {
+        loop {
+            let &(id, stamp) = self.lru.front().expect("eviction with an empty LRU");
+            if self.blocks[id as usize].lru_stamp == stamp {
+                return id;
+            }
+            self.lru.pop_front();
+            self.lru_stale -= 1;
+        }
     }
 
     fn leaf_push_tail(&mut self, id: BlockId) {
@@ -791,25 +885,18 @@ impl BlockPool {
         (node.leaf_prev, node.leaf_next) = (NIL, NIL);
     }
 
+    /// Takes inactive block `id` out of the eviction order: its queue entry goes stale.
+    /// Stale entries are dropped as eviction reaches them, or all at once when they
+    /// outnumber the live ones (a pool whose hits keep pinning cached blocks).
     fn lru_unlink(&mut self, id: BlockId) {
-        let (prev, next) = {
-            let b = &self.blocks[id as usize];
-            (b.prev, b.next)
-        };
-        if prev == NIL {
-            self.lru_head = next;
-        } else {
-            self.blocks[prev as usize].next = next;
-        }
-        if next == NIL {
-            self.lru_tail = prev;
-        } else {
-            self.blocks[next as usize].prev = prev;
-        }
-        let b = &mut self.blocks[id as usize];
-        b.prev = NIL;
-        b.next = NIL;
+        self.blocks[id as usize].lru_stamp = NOT_QUEUED;
         self.num_inactive -= 1;
+        self.lru_stale += 1;
+        if self.lru_stale > 1024 && self.lru_stale > self.num_inactive {
+            let blocks = &self.blocks;
+            self.lru.retain(|&(id, stamp)| blocks[id as usize].lru_stamp == stamp);
+            self.lru_stale = 0;
+        }
     }
 
     /// Checks the pool's bookkeeping; for tests and debug assertions.
@@ -826,14 +913,14 @@ impl BlockPool {
                 // With the leaf list exact, an empty one means every inactive block has a
                 // cached child, so (the links being a finite forest) a referenced descendant:
                 // only then may a block with children go.
-                let id = if drain.leaf_head != NIL { drain.leaf_head } else { drain.lru_head };
+                let id = if drain.leaf_head != NIL { drain.leaf_head } else { drain.lru_front() };
                 let is_leaf = drain.lineage[id as usize].first_child == NIL;
                 if is_leaf != (drain.leaf_head != NIL) || drain.evict(&mut sink) != id {
                     return Err(format!("draining evicted around block {id} out of leaf order"));
                 }
                 drain.free.push(id);
             }
-            if drain.num_inactive != 0 || drain.lru_head != NIL || drain.leaf_head != NIL {
+            if drain.num_inactive != 0 || drain.leaf_head != NIL {
                 return Err(format!("draining left {} inactive blocks", drain.num_inactive));
             }
             drain.check_bookkeeping()?;
@@ -844,18 +931,34 @@ impl BlockPool {
     fn check_bookkeeping(&self) -> Result<(), String> {
         let mut in_lru = vec![false; self.blocks.len()];
         let mut n = 0;
-        let mut cur = self.lru_head;
-        while cur != NIL {
+        let mut stale = 0;
+        let mut last_stamp = None;
+        for &(cur, stamp) in &self.lru {
+            if last_stamp.is_some_and(|l| stamp <= l) {
+                return Err(format!("LRU stamps out of order at block {cur}"));
+            }
+            last_stamp = Some(stamp);
             let b = &self.blocks[cur as usize];
-            if b.refcount != 0 || !b.registered {
+            if b.lru_stamp != stamp {
+                stale += 1;
+                continue;
+            }
+            if b.refcount != 0 || !b.registered || in_lru[cur as usize] {
                 return Err(format!(
-                    "block {cur} in LRU with refcount {} registered {}",
-                    b.refcount, b.registered
+                    "block {cur} in LRU with refcount {} registered {} (twice: {})",
+                    b.refcount, b.registered, in_lru[cur as usize]
                 ));
             }
             in_lru[cur as usize] = true;
             n += 1;
-            cur = b.next;
+        }
+        if stale != self.lru_stale {
+            return Err(format!("{stale} stale LRU entries, {} counted", self.lru_stale));
+        }
+        if let Some((i, _)) =
+            self.blocks.iter().enumerate().find(|&(i, b)| b.lru_stamp != NOT_QUEUED && !in_lru[i])
+        {
+            return Err(format!("block {i} has an LRU stamp but no live entry"));
         }
         if n != self.num_inactive {
             return Err(format!("LRU length {n} != num_inactive {}", self.num_inactive));

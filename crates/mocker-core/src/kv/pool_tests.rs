@@ -358,3 +358,129 @@ fn index_grows_and_churns_past_its_initial_size_with_buckets_kept() {
         }
     }
 }
+
+/// LRU eviction against a model of the order (a list of inactive block ids, oldest first,
+/// a LIFO free list and ids created in order): under random requests over prefix-sharing
+/// chains, every fresh block is the one the model names, and a failed allocation is one
+/// the model could not supply. Prefix hits pin inactive blocks in the middle of the
+/// order, the queue's stale entries.
+#[test]
+fn lru_eviction_order_matches_a_list_model() {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    use std::collections::HashMap;
+
+    for capacity in [8usize, 40] {
+        let mut rng = StdRng::seed_from_u64(capacity as u64);
+        let mut pool = BlockPool::new(capacity);
+        let (mut lru, mut free, mut created) = (Vec::<BlockId>::new(), Vec::<BlockId>::new(), 0u32);
+        let mut refs: HashMap<BlockId, u32> = HashMap::new();
+        let mut registered: HashMap<BlockId, bool> = HashMap::new();
+        let mut live: Vec<Vec<BlockId>> = Vec::new();
+        let mut ev = Vec::new();
+        for step in 0..20_000 {
+            if !live.is_empty() && (live.len() > 5 || rng.random_bool(0.45)) {
+                let mut blocks = live.swap_remove(rng.random_range(0..live.len()));
+                for &id in blocks.iter().rev() {
+                    let r = refs.get_mut(&id).unwrap();
+                    *r -= 1;
+                    if *r == 0 {
+                        if registered[&id] {
+                            lru.push(id);
+                        } else {
+                            free.push(id);
+                        }
+                    }
+                }
+                pool.release(&mut blocks);
+            } else {
+                let family = rng.random_range(0..6u64);
+                let hashes: Vec<u64> = (0..rng.random_range(1..7u64)).map(|k| family << 8 | k).collect();
+                let mut matched = Vec::new();
+                let hits = pool.match_prefix_into(&hashes, &mut matched).blocks;
+                let fresh = hashes.len() - hits;
+                let inactive_hits = matched.iter().filter(|id| refs[id] == 0).count();
+                let supply = free.len() + (capacity - created as usize) + lru.len() - inactive_hits;
+                let mut owned = Vec::new();
+                let ok = pool.allocate_matched(&mut owned, hashes.len(), &hashes[..hits], &matched, &mut ev);
+                assert_eq!(ok, fresh <= supply, "capacity {capacity}, step {step}");
+                if !ok {
+                    continue;
+                }
+                for &id in &matched {
+                    let r = refs.get_mut(&id).unwrap();
+                    if *r == 0 {
+                        lru.retain(|&x| x != id);
+                    }
+                    *r += 1;
+                }
+                for &got in &owned[hits..] {
+                    let want = free.pop().unwrap_or_else(|| {
+                        if (created as usize) < capacity {
+                            created += 1;
+                            created - 1
+                        } else {
+                            lru.remove(0)
+                        }
+                    });
+                    assert_eq!(got, want, "capacity {capacity}, step {step}");
+                    refs.insert(got, 1);
+                    registered.insert(got, false);
+                }
+                // The last block stays unregistered now and then (a partial block).
+                let computed = if rng.random_bool(0.2) { hashes.len() - 1 } else { hashes.len() };
+                for k in hits..computed {
+                    pool.register(owned[k], hashes[k], k.checked_sub(1).map(|j| owned[j]));
+                    registered.insert(owned[k], true);
+                }
+                live.push(owned);
+            }
+            if step % 256 == 0 {
+                pool.check_invariants().unwrap();
+            }
+        }
+    }
+}
+
+/// Hits that pin and re-release the same cached blocks pile up stale queue entries until
+/// they outnumber the live ones and are dropped at once: the order stays the release order.
+#[test]
+fn stale_queue_entries_are_dropped_without_changing_the_order() {
+    let mut pool = BlockPool::new(4);
+    let mut ev = Vec::new();
+    let mut a = compute(&mut pool, &[1, 2], 0, &mut ev);
+    pool.release(&mut a); // order: 2, 1
+    let mut b = compute(&mut pool, &[9], 0, &mut ev);
+    pool.release(&mut b); // order: 2, 1, 9
+    for _ in 0..3_000 {
+        let mut owned = Vec::new();
+        assert!(pool.allocate(&mut owned, 1, &[2], &mut ev));
+        pool.release(&mut owned); // 2 moves to the tail: 1, 9, 2
+    }
+    assert!(pool.lru.len() < 2_000, "stale entries were dropped ({} queued)", pool.lru.len());
+    pool.check_invariants().unwrap();
+    let mut c = Vec::new();
+    assert!(pool.allocate(&mut c, 4, &[], &mut ev));
+    assert_eq!(ev, vec![1, 9, 2]);
+}
+
+/// The stamp counter restarting (after four billion releases) renumbers the queue: the
+/// order and the stale entries' staleness survive it.
+#[test]
+fn lru_order_survives_the_stamp_counter_restarting() {
+    let mut pool = BlockPool::new(4);
+    pool.lru_next_stamp = NOT_QUEUED - 3;
+    let mut ev = Vec::new();
+    let mut a = compute(&mut pool, &[1, 2], 0, &mut ev);
+    pool.release(&mut a); // order: 2, 1
+    let mut b = compute(&mut pool, &[9], 0, &mut ev);
+    pool.release(&mut b); // order: 2, 1, 9 (the counter is spent)
+    let mut hit = Vec::new();
+    assert!(pool.allocate(&mut hit, 1, &[2], &mut ev)); // 2's entry goes stale
+    pool.release(&mut hit); // renumbered, then order: 1, 9, 2
+    assert!(pool.lru_next_stamp < 10, "the counter restarted");
+    pool.check_invariants().unwrap();
+    let mut c = Vec::new();
+    assert!(pool.allocate(&mut c, 4, &[], &mut ev));
+    assert_eq!(ev, vec![1, 9, 2]);
+}
