@@ -50,7 +50,7 @@ const _: () = assert!(std::mem::size_of::<Block>() == 32);
 /// [`Block::lru_stamp`] of a block not in the LRU queue.
 const NOT_QUEUED: u32 = u32::MAX;
 
-/// Blocks the LRU queue looks ahead of an eviction run, asking for their records.
+/// Blocks an eviction run (or a release) looks ahead, asking for their records.
 const EVICT_LOOKAHEAD: usize = 16;
 
 /// Asks for the cache line holding `x` ahead of its use: a hint, with no effect on what
@@ -572,7 +572,14 @@ impl BlockPool {
     /// are evicted before its root. Cached blocks that reach zero join the LRU tail (and,
     /// under lineage, the leaf-list tail when they have no cached children).
     pub fn release(&mut self, owned: &mut Vec<BlockId>) {
+        // The records are asked for `EVICT_LOOKAHEAD` blocks ahead, so their misses overlap.
+        for &id in owned.iter().rev().take(EVICT_LOOKAHEAD) {
+            prefetch(&self.blocks[id as usize]);
+        }
         while let Some(id) = owned.pop() {
+            if let Some(ahead) = owned.len().checked_sub(EVICT_LOOKAHEAD) {
+                prefetch(&self.blocks[owned[ahead] as usize]);
+            }
             let b = &mut self.blocks[id as usize];
             debug_assert!(b.refcount > 0);
             b.refcount -= 1;
