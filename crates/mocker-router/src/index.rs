@@ -14,11 +14,12 @@
 //! caches it or any live request holds it, so a request keeps its blocks' slot ids and
 //! freeing needs no hash lookup.
 
+use std::collections::hash_map::Entry;
 use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
+use mocker_core::kv::prefetch;
 use rustc_hash::{FxBuildHasher, FxHashMap};
-use std::collections::hash_map::Entry;
 
 /// Entries from which a full table grows straight toward the expected size.
 const GROW_AT_ONCE_FROM: usize = 3_584;
@@ -94,19 +95,6 @@ fn narrow(alive: &mut u64, mask: u64, word: usize, out: &mut [u32], depth: u32) 
     }
     *alive &= mask;
     *alive != 0
-}
-
-/// Asks for the cache line holding `x` ahead of its use: a hint, with no effect on what
-/// any code computes.
-#[inline(always)]
-fn prefetch<T>(x: &T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch reads nothing into the program and cannot fault.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((x as *const T).cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = x;
 }
 
 fn flush(alive: &[u64], out: &mut [u32], depth: u32) {

@@ -1,13 +1,13 @@
 //! A fixed pool of physical KV blocks: free, active (referenced) and inactive (cached,
 //! evictable in least-recently-released order, or leaves first under the `lineage` policy).
 
-use std::hash::BuildHasher;
-
 use std::collections::VecDeque;
+use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
 use rustc_hash::FxBuildHasher;
 
+use super::prefetch;
 use crate::config::EvictionPolicy;
 
 /// Index of a physical block in the pool.
@@ -52,19 +52,6 @@ const NOT_QUEUED: u32 = u32::MAX;
 
 /// Blocks an eviction run (or a release) looks ahead, asking for their records.
 const EVICT_LOOKAHEAD: usize = 16;
-
-/// Asks for the cache line holding `x` ahead of its use: a hint, with no effect on what
-/// any code computes.
-#[inline(always)]
-fn prefetch<T>(x: &T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch reads nothing into the program and cannot fault.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((x as *const T).cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = x;
-}
 
 /// Lineage links of one block (kept only under [`EvictionPolicy::Lineage`]).
 ///
