@@ -26,8 +26,11 @@ struct Block {
     /// Sequence hash once the block is cached (`registered`), meaningless otherwise.
     hash: u64,
     refcount: u32,
-    /// The stamp of its entry in the LRU queue while it is inactive, else `NOT_QUEUED`.
-    lru_stamp: u32,
+    /// While `queued`, the position of its live entry in the LRU queue (see
+    /// `BlockPool::lru`).
+    lru_pos: u32,
+    /// Inactive: it has a live entry in the LRU queue.
+    queued: bool,
     registered: bool,
     /// First copy of its hash: the one the index points at.
     primary: bool,
@@ -46,9 +49,6 @@ struct Block {
 
 // Two records to a cache line.
 const _: () = assert!(std::mem::size_of::<Block>() == 32);
-
-/// [`Block::lru_stamp`] of a block not in the LRU queue.
-const NOT_QUEUED: u32 = u32::MAX;
 
 /// Blocks an eviction run (or a release) looks ahead, asking for their records.
 const EVICT_LOOKAHEAD: usize = 16;
@@ -112,16 +112,16 @@ pub struct BlockPool {
     blocks: Vec<Block>,
     capacity: usize,
     free: Vec<BlockId>,
-    /// Inactive blocks in release order, oldest first, each with the stamp it was queued
-    /// under; an entry whose block has another stamp now is stale (the block was hit, or
-    /// released again later) and is skipped. A queue rather than a linked list: eviction
-    /// takes victims from the front in order, so their ids are known ahead and their
-    /// records' cache misses overlap, where following links was one miss after another.
-    lru: VecDeque<(BlockId, u32)>,
-    /// Stamp of the next entry queued. Entries' stamps are distinct (the counter restarts
-    /// only with the queue renumbered, see `lru_push_tail`), so a stale entry never passes
-    /// for its block's current one.
-    lru_next_stamp: u32,
+    /// Inactive blocks in release order, oldest first. Entry `k` is at position
+    /// `lru_front_pos + k` (wrapping: fewer entries than positions, so positions in the
+    /// queue are distinct); it is live while its block is queued at that position, and
+    /// stale once the block was hit (or released again later), to be skipped. A queue
+    /// rather than a linked list: eviction takes victims from the front in order, so their
+    /// ids are known ahead and their records' cache misses overlap, where following links
+    /// was one miss after another.
+    lru: VecDeque<BlockId>,
+    /// Position of the queue's front entry.
+    lru_front_pos: u32,
     /// Stale entries in `lru`.
     lru_stale: usize,
     num_inactive: usize,
@@ -183,7 +183,7 @@ impl BlockPool {
             capacity,
             free: Vec::new(),
             lru: VecDeque::new(),
-            lru_next_stamp: 0,
+            lru_front_pos: 0,
             lru_stale: 0,
             num_inactive: 0,
             // At most one entry per block, but not sized for all of them up front: a table
@@ -405,22 +405,21 @@ impl BlockPool {
     #[inline(always)]
     fn evict_lru_run(&mut self, n: usize, out: &mut Vec<BlockId>, evicted: &mut Vec<u64>) {
         debug_assert!(n <= self.num_inactive, "eviction past the LRU");
-        for &(id, _) in self.lru.iter().take(EVICT_LOOKAHEAD) {
+        for &id in self.lru.iter().take(EVICT_LOOKAHEAD) {
             prefetch(&self.blocks[id as usize]);
         }
         for _ in 0..n {
             let id = loop {
                 // Entries reach the front `EVICT_LOOKAHEAD` pops after they are asked for.
-                if let Some(&(far, _)) = self.lru.get(EVICT_LOOKAHEAD) {
+                if let Some(&far) = self.lru.get(EVICT_LOOKAHEAD) {
                     prefetch(&self.blocks[far as usize]);
                 }
-                let (id, stamp) = self.lru.pop_front().expect("an inactive block per eviction");
-                if self.blocks[id as usize].lru_stamp == stamp {
+                let (id, live) = self.lru_pop_front();
+                if live {
                     break id;
                 }
-                self.lru_stale -= 1;
             };
-            self.blocks[id as usize].lru_stamp = NOT_QUEUED;
+            self.blocks[id as usize].queued = false;
             self.num_inactive -= 1;
             self.forget(id, evicted);
             self.blocks[id as usize].refcount = 1;
@@ -540,7 +539,8 @@ impl BlockPool {
     fn new_block(&mut self) -> BlockId {
         self.blocks.push(Block {
             hash: 0,
-            lru_stamp: NOT_QUEUED,
+            lru_pos: 0,
+            queued: false,
             refcount: 0,
             registered: false,
             primary: false,
@@ -814,40 +814,43 @@ impl BlockPool {
     }
 
     fn lru_push_tail(&mut self, id: BlockId) {
-        if self.lru_next_stamp == NOT_QUEUED {
-            self.renumber_lru();
-        }
-        let stamp = self.lru_next_stamp;
-        self.lru_next_stamp += 1;
-        self.blocks[id as usize].lru_stamp = stamp;
-        self.lru.push_back((id, stamp));
+        let b = &mut self.blocks[id as usize];
+        b.lru_pos = self.lru_front_pos.wrapping_add(self.lru.len() as u32);
+        b.queued = true;
+        self.lru.push_back(id);
         self.num_inactive += 1;
     }
 
-    /// Drops the stale entries and stamps the live ones afresh from 0, in order (once per
-    /// four billion releases).
-    #[cold]
-    fn renumber_lru(&mut self) {
-        let blocks = &mut self.blocks;
-        self.lru.retain(|&(id, stamp)| blocks[id as usize].lru_stamp == stamp);
-        for (stamp, entry) in self.lru.iter_mut().enumerate() {
-            entry.1 = stamp as u32;
-            blocks[entry.0 as usize].lru_stamp = stamp as u32;
+    /// Whether the entry of `id` at position `pos` is its live one.
+    #[inline]
+    fn lru_live(&self, id: BlockId, pos: u32) -> bool {
+        let b = &self.blocks[id as usize];
+        b.queued && b.lru_pos == pos
+    }
+
+    /// Takes the front entry (there must be one): its block and whether it was live (a
+    /// stale one is no longer counted).
+    #[inline]
+    fn lru_pop_front(&mut self) -> (BlockId, bool) {
+        let id = self.lru.pop_front().expect("an inactive block per eviction");
+        let pos = self.lru_front_pos;
+        self.lru_front_pos = pos.wrapping_add(1);
+        let live = self.lru_live(id, pos);
+        if !live {
+            self.lru_stale -= 1;
         }
-        self.lru_stale = 0;
-        self.lru_next_stamp = self.lru.len() as u32;
+        (id, live)
     }
 
     /// The least-recently-released inactive block (there must be one), its stale
     /// predecessors dropped from the queue.
     fn lru_front(&mut self) -> BlockId {
         loop {
-            let &(id, stamp) = self.lru.front().expect("eviction with an empty LRU");
-            if self.blocks[id as usize].lru_stamp == stamp {
+            let &id = self.lru.front().expect("eviction with an empty LRU");
+            if self.lru_live(id, self.lru_front_pos) {
                 return id;
             }
-            self.lru.pop_front();
-            self.lru_stale -= 1;
+            self.lru_pop_front();
         }
     }
 
@@ -883,14 +886,29 @@ impl BlockPool {
     /// Stale entries are dropped as eviction reaches them, or all at once when they
     /// outnumber the live ones (a pool whose hits keep pinning cached blocks).
     fn lru_unlink(&mut self, id: BlockId) {
-        self.blocks[id as usize].lru_stamp = NOT_QUEUED;
+        self.blocks[id as usize].queued = false;
         self.num_inactive -= 1;
         self.lru_stale += 1;
         if self.lru_stale > 1024 && self.lru_stale > self.num_inactive {
-            let blocks = &self.blocks;
-            self.lru.retain(|&(id, stamp)| blocks[id as usize].lru_stamp == stamp);
-            self.lru_stale = 0;
+            self.compact_lru();
         }
+    }
+
+    /// Drops the stale entries; the live ones close up, their blocks' positions following.
+    #[cold]
+    fn compact_lru(&mut self) {
+        let front = self.lru_front_pos;
+        let mut kept = 0;
+        for k in 0..self.lru.len() {
+            let id = self.lru[k];
+            if self.lru_live(id, front.wrapping_add(k as u32)) {
+                self.lru[kept] = id;
+                self.blocks[id as usize].lru_pos = front.wrapping_add(kept as u32);
+                kept += 1;
+            }
+        }
+        self.lru.truncate(kept);
+        self.lru_stale = 0;
     }
 
     /// Checks the pool's bookkeeping; for tests and debug assertions.
@@ -926,14 +944,9 @@ impl BlockPool {
         let mut in_lru = vec![false; self.blocks.len()];
         let mut n = 0;
         let mut stale = 0;
-        let mut last_stamp = None;
-        for &(cur, stamp) in &self.lru {
-            if last_stamp.is_some_and(|l| stamp <= l) {
-                return Err(format!("LRU stamps out of order at block {cur}"));
-            }
-            last_stamp = Some(stamp);
+        for (k, &cur) in self.lru.iter().enumerate() {
             let b = &self.blocks[cur as usize];
-            if b.lru_stamp != stamp {
+            if !self.lru_live(cur, self.lru_front_pos.wrapping_add(k as u32)) {
                 stale += 1;
                 continue;
             }
@@ -949,10 +962,8 @@ impl BlockPool {
         if stale != self.lru_stale {
             return Err(format!("{stale} stale LRU entries, {} counted", self.lru_stale));
         }
-        if let Some((i, _)) =
-            self.blocks.iter().enumerate().find(|&(i, b)| b.lru_stamp != NOT_QUEUED && !in_lru[i])
-        {
-            return Err(format!("block {i} has an LRU stamp but no live entry"));
+        if let Some((i, _)) = self.blocks.iter().enumerate().find(|&(i, b)| b.queued && !in_lru[i]) {
+            return Err(format!("block {i} is queued but has no live entry"));
         }
         if n != self.num_inactive {
             return Err(format!("LRU length {n} != num_inactive {}", self.num_inactive));
