@@ -204,19 +204,16 @@ impl BlockIndex {
         };
         self.probed.clear();
         self.probed.extend(hashes.clone().map(|h| s.find(h).unwrap_or(NO_SLOT)));
-        let mut probed = std::mem::take(&mut self.probed);
+        let probed = std::mem::take(&mut self.probed);
         for (h, &slot) in hashes.zip(&probed) {
-            let slot = if slot == NO_SLOT {
-                self.make_room();
-                self.slotted().slot_of(h)
+            if slot == NO_SLOT {
+                self.insert(h, worker); // a new block: one probe more, to enter it
             } else {
-                slot
-            };
-            let s = self.slotted();
-            let i = s.cached_word(slot, worker);
-            s.records[i] |= 1 << (worker % 64);
+                let s = self.slotted();
+                let i = s.cached_word(slot, worker);
+                s.records[i] |= 1 << (worker % 64);
+            }
         }
-        probed.clear();
         self.probed = probed;
     }
 

@@ -120,10 +120,9 @@ pub struct BlockPool {
     /// ids are known ahead and their records' cache misses overlap, where following links
     /// was one miss after another.
     lru: VecDeque<BlockId>,
-    /// Position of the queue's front entry.
+    /// Position of the queue's front entry. Every inactive block has one live entry, so
+    /// `lru.len() - num_inactive` entries are stale.
     lru_front_pos: u32,
-    /// Stale entries in `lru`.
-    lru_stale: usize,
     num_inactive: usize,
     /// The primary copy of each resident hash, keyed by that block's `hash`: an entry is
     /// its 4-byte id, not a 16-byte (hash, id) pair, so the table of a full 16k-block pool
@@ -184,7 +183,6 @@ impl BlockPool {
             free: Vec::new(),
             lru: VecDeque::new(),
             lru_front_pos: 0,
-            lru_stale: 0,
             num_inactive: 0,
             // At most one entry per block, but not sized for all of them up front: a table
             // for 16k blocks is half a megabyte, and inserts scattered over it touch (and
@@ -828,18 +826,13 @@ impl BlockPool {
         b.queued && b.lru_pos == pos
     }
 
-    /// Takes the front entry (there must be one): its block and whether it was live (a
-    /// stale one is no longer counted).
+    /// Takes the front entry (there must be one): its block and whether it was live.
     #[inline]
     fn lru_pop_front(&mut self) -> (BlockId, bool) {
         let id = self.lru.pop_front().expect("an inactive block per eviction");
         let pos = self.lru_front_pos;
         self.lru_front_pos = pos.wrapping_add(1);
-        let live = self.lru_live(id, pos);
-        if !live {
-            self.lru_stale -= 1;
-        }
-        (id, live)
+        (id, self.lru_live(id, pos))
     }
 
     /// The least-recently-released inactive block (there must be one), its stale
@@ -888,8 +881,8 @@ impl BlockPool {
     fn lru_unlink(&mut self, id: BlockId) {
         self.blocks[id as usize].queued = false;
         self.num_inactive -= 1;
-        self.lru_stale += 1;
-        if self.lru_stale > 1024 && self.lru_stale > self.num_inactive {
+        let stale = self.lru.len() - self.num_inactive;
+        if stale > 1024 && stale > self.num_inactive {
             self.compact_lru();
         }
     }
@@ -908,7 +901,6 @@ impl BlockPool {
             }
         }
         self.lru.truncate(kept);
-        self.lru_stale = 0;
     }
 
     /// Checks the pool's bookkeeping; for tests and debug assertions.
@@ -943,11 +935,9 @@ impl BlockPool {
     fn check_bookkeeping(&self) -> Result<(), String> {
         let mut in_lru = vec![false; self.blocks.len()];
         let mut n = 0;
-        let mut stale = 0;
         for (k, &cur) in self.lru.iter().enumerate() {
             let b = &self.blocks[cur as usize];
             if !self.lru_live(cur, self.lru_front_pos.wrapping_add(k as u32)) {
-                stale += 1;
                 continue;
             }
             if b.refcount != 0 || !b.registered || in_lru[cur as usize] {
@@ -958,9 +948,6 @@ impl BlockPool {
             }
             in_lru[cur as usize] = true;
             n += 1;
-        }
-        if stale != self.lru_stale {
-            return Err(format!("{stale} stale LRU entries, {} counted", self.lru_stale));
         }
         if let Some((i, _)) = self.blocks.iter().enumerate().find(|&(i, b)| b.queued && !in_lru[i]) {
             return Err(format!("block {i} is queued but has no live entry"));
